@@ -1,0 +1,26 @@
+"""Pure-torch RL algorithms: advantage estimators, the policy loss, reward mixing.
+
+Imports nothing from Lightning or the rest of drmas, so it can be reused and tested alone.
+"""
+
+from drmas.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    group_advantages,
+    register_estimator,
+)
+from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_is_weights
+from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "aggregate",
+    "compute_advantages",
+    "group_advantages",
+    "invalid_action_penalty",
+    "mix_rewards",
+    "policy_loss",
+    "register_estimator",
+    "truncated_is_weights",
+]

@@ -1,0 +1,218 @@
+"""Group-relative advantage estimators.
+
+Every estimator turns a batch of samples (one LLM call each) into one advantage per sample.
+They differ only in how samples are grouped and which score enters the group statistics;
+the statistics themselves live in :func:`group_advantages`.
+
+A sample is any object with the attributes ``reward``, ``task_uid``, ``traj_uid``, ``env_uid``,
+``agent`` and ``turn``. A sample whose optional attribute ``is_pad`` is true (a duplicate added
+to fill a batch) gets advantage 0 and never enters any group statistic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "Sample",
+    "compute_advantages",
+    "group_advantages",
+    "register_estimator",
+]
+
+_SCALES = ("std", "none")
+
+
+class Sample(Protocol):
+    reward: float
+    task_uid: Hashable
+    traj_uid: Hashable
+    env_uid: Hashable
+    agent: Hashable
+    turn: int
+
+
+def _group_ids(keys: Sequence[Hashable] | Tensor, n: int) -> Tensor:
+    """Dense integer ids 0..G-1, one per sample; equal keys share an id."""
+    if isinstance(keys, Tensor):
+        if keys.dtype.is_floating_point or keys.dtype == torch.bool or keys.dim() != 1:
+            raise TypeError("precomputed group ids must be a 1-D integer tensor")
+        if keys.numel() != n:
+            raise ValueError(f"got {n} scores but {keys.numel()} group ids")
+        return torch.unique(keys, return_inverse=True)[1]
+    if len(keys) != n:
+        raise ValueError(f"got {n} scores but {len(keys)} keys")
+    # The only per-sample Python work: hashing each key once.
+    table: dict[Hashable, int] = {}
+    return torch.tensor([table.setdefault(k, len(table)) for k in keys], dtype=torch.long)
+
+
+def group_advantages(
+    scores: Tensor,
+    keys: Sequence[Hashable] | Tensor,
+    scale: str = "std",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Group-relative advantages: ``A_i = (s_i - mean_g) / (std_g + eps)``.
+
+    Args:
+        scores: one score per sample, shape ``[N]``.
+        keys: one hashable group key per sample, or a 1-D integer tensor of precomputed
+            group ids (skips hashing; any integers, they need not be contiguous).
+        scale: ``"std"`` divides by the unbiased group std plus ``eps``; ``"none"`` only
+            subtracts the group mean (Dr. GRPO).
+        eps: added to the std.
+
+    Groups of one sample and groups whose scores are all equal get exactly 0.
+    The result does not depend on the order of the samples; it has the dtype of ``scores``.
+    """
+    if scale not in _SCALES:
+        raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
+    scores = torch.as_tensor(scores)
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be 1-D, got shape {tuple(scores.shape)}")
+    n = scores.numel()
+    ids = _group_ids(keys, n)
+    out_dtype = scores.dtype if scores.dtype.is_floating_point else torch.float32
+    if n == 0:
+        return torch.zeros(0, dtype=out_dtype)
+    s = scores.detach().to(torch.float64).cpu()
+    if not torch.isfinite(s).all():
+        bad = torch.nonzero(~torch.isfinite(s)).flatten()[:5].tolist()
+        raise ValueError(f"scores must be finite; non-finite at indices {bad}")
+
+    num_groups = int(ids.max()) + 1
+    count = torch.bincount(ids, minlength=num_groups).to(torch.float64)
+    mean = torch.bincount(ids, weights=s, minlength=num_groups) / count
+    dev = s - mean[ids]
+    adv = dev
+    if scale == "std":
+        sq = torch.bincount(ids, weights=dev * dev, minlength=num_groups)
+        std = (sq / (count - 1).clamp(min=1)).sqrt()
+        adv = dev / (std[ids] + eps)
+    # Exact zeros for singletons and constant groups: rounding in the mean would otherwise
+    # leave residues of order 1e-17 / eps.
+    hi = torch.full((num_groups,), -math.inf, dtype=torch.float64).scatter_reduce(0, ids, s, "amax")
+    lo = torch.full((num_groups,), math.inf, dtype=torch.float64).scatter_reduce(0, ids, s, "amin")
+    flat = (count < 2) | (hi == lo)
+    adv = torch.where(flat[ids], torch.zeros_like(adv), adv)
+    return adv.to(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Estimators: fn(samples, scale, eps) -> Tensor[N] (float32), for non-padding samples only.
+
+Estimator = Callable[[Sequence[Any], str, float], Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry.
+
+    ``samples`` never contains padding; the function returns one advantage per sample.
+    """
+
+    def deco(fn: Estimator) -> Estimator:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def _rewards(samples: Sequence[Any]) -> Tensor:
+    return torch.tensor([float(s.reward) for s in samples], dtype=torch.float64)
+
+
+def _per_trajectory(samples: Sequence[Any]) -> tuple[Tensor, Tensor, list[Hashable]]:
+    """(trajectory index of each sample, mean reward per trajectory, task of each trajectory)."""
+    table: dict[tuple[Hashable, Hashable], int] = {}
+    tasks: list[Hashable] = []
+    idx = []
+    for s in samples:
+        key = (s.task_uid, s.traj_uid)
+        if key not in table:
+            table[key] = len(table)
+            tasks.append(s.task_uid)
+        idx.append(table[key])
+    traj = torch.tensor(idx, dtype=torch.long)
+    count = torch.bincount(traj, minlength=len(tasks)).to(torch.float64)
+    score = torch.bincount(traj, weights=_rewards(samples), minlength=len(tasks)) / count
+    return traj, score, tasks
+
+
+@register_estimator("grpo")
+def _grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
+    """Global baseline: one score per trajectory (its mean reward), grouped by task."""
+    traj, score, tasks = _per_trajectory(samples)
+    return group_advantages(score, tasks, scale, eps)[traj]
+
+
+@register_estimator("grpo_step")
+def _grpo_step(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
+    """Global baseline at step level: each sample's own reward, grouped by task."""
+    return group_advantages(_rewards(samples), [s.task_uid for s in samples], scale, eps)
+
+
+@register_estimator("drmas")
+def _drmas(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
+    """Dr. MAS agent-wise baseline: each sample's own reward, grouped by (task, agent)."""
+    keys = [(s.task_uid, s.agent) for s in samples]
+    return group_advantages(_rewards(samples), keys, scale, eps)
+
+
+@register_estimator("at_grpo")
+def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
+    """AT-GRPO: each sample's own reward, grouped by (env, agent, turn).
+
+    The task is part of the key as well, so two tasks can never share a group even if an
+    environment id were reused across them.
+    """
+    keys = [(s.task_uid, s.env_uid, s.agent, s.turn) for s in samples]
+    return group_advantages(_rewards(samples), keys, scale, eps)
+
+
+@register_estimator("rloo")
+def _rloo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
+    """Leave-one-out: trajectory score minus the mean of the other trajectories of its task.
+
+    ``scale`` and ``eps`` are ignored: RLOO does not divide by a std.
+    """
+    traj, score, tasks = _per_trajectory(samples)
+    centred = group_advantages(score, tasks, "none")
+    ids = _group_ids(tasks, len(tasks))
+    n = torch.bincount(ids).to(torch.float64)[ids]
+    # s - mean(others) = n/(n-1) * (s - mean(all)); singletons already have 0.
+    return (centred.to(torch.float64) * n / (n - 1).clamp(min=1))[traj]
+
+
+def compute_advantages(
+    samples: Sequence[Any], estimator: str, scale: str = "std", eps: float = 1e-6
+) -> Tensor:
+    """One advantage per sample (float32, aligned with ``samples``) from a registered estimator.
+
+    Samples with a true ``is_pad`` attribute get 0 and are left out of every statistic.
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
+        raise KeyError(f"unknown advantage estimator {estimator!r}; known: {known}")
+    if scale not in _SCALES:
+        raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
+    out = torch.zeros(len(samples), dtype=torch.float32)
+    real = [i for i, s in enumerate(samples) if not getattr(s, "is_pad", False)]
+    if not real:
+        return out
+    adv = ADVANTAGE_ESTIMATORS[estimator]([samples[i] for i in real], scale, eps)
+    if adv.shape != (len(real),):
+        raise ValueError(
+            f"estimator {estimator!r} returned shape {tuple(adv.shape)}, expected ({len(real)},)"
+        )
+    out[torch.tensor(real, dtype=torch.long)] = adv.to(torch.float32)
+    return out

@@ -1,0 +1,145 @@
+import math
+
+import pytest
+import torch
+
+from drmas.algorithms import aggregate, policy_loss, truncated_is_weights
+
+
+def _lp(ratios):
+    """Log-probs whose ratio against old log-probs of 0 is exactly ``ratios``."""
+    return torch.log(torch.tensor(ratios, dtype=torch.float64)).requires_grad_(True)
+
+
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])
+ADV = torch.tensor([1.0, -3.0])
+
+
+@pytest.mark.parametrize(
+    "agg,want",
+    [
+        # ratio 1: per-token loss is -A: tokens -1, -1 (seq 1) and +3 (seq 2)
+        ("token-mean", (-1 - 1 + 3) / 3),
+        ("seq-mean-token-mean", (-1 + 3) / 2),
+        ("seq-mean-token-sum-norm", (-2 / 3 + 3 / 3) / 2),  # token sums over T = 3
+    ],
+)
+def test_aggregation_modes_on_hand_made_tensors(agg, want):
+    lp = torch.zeros(2, 3)
+    loss, m = policy_loss(lp, lp.clone(), ADV, MASK, agg=agg)
+    assert loss.item() == pytest.approx(want)
+    assert m["pg_loss"].item() == pytest.approx(want)
+    assert m["ratio_mean"].item() == pytest.approx(1.0)
+    assert m["clip_frac"].item() == 0.0
+
+
+def test_seq_sum_norm_takes_a_constant_budget():
+    v = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]])
+    assert aggregate(v, MASK, "seq-mean-token-sum-norm", norm_len=10).item() == pytest.approx((3 / 10 + 4 / 10) / 2)
+
+
+def test_sequences_without_tokens_do_not_dilute_sequence_means():
+    v = torch.tensor([[2.0, 4.0], [9.0, 9.0]])
+    mask = torch.tensor([[1, 1], [0, 0]])
+    assert aggregate(v, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert aggregate(v, mask, "token-mean").item() == pytest.approx(3.0)
+
+
+def test_unknown_aggregation_is_refused():
+    with pytest.raises(ValueError, match="agg must be one of"):
+        aggregate(torch.zeros(1, 1), torch.ones(1, 1), "sum")
+
+
+def test_clip_engages_exactly_past_the_bounds_and_zeroes_the_gradient():
+    # positive advantage: 1 + clip_high = 1.2 is the bound
+    lp = _lp([[1.19, 1.21, 1.0, 1.0]])
+    mask = torch.ones(1, 4)
+    loss, m = policy_loss(lp, torch.zeros(1, 4, dtype=torch.float64), torch.tensor([1.0]), mask)
+    loss.backward()
+    # d(-A r)/d logp = -A r per token, over 4 tokens; the clipped token has no gradient
+    assert torch.allclose(lp.grad, torch.tensor([[-1.19, 0.0, -1.0, -1.0]], dtype=torch.float64) / 4)
+    assert m["clip_frac_high"].item() == 0.25 and m["clip_frac_low"].item() == 0.0
+    assert loss.item() == pytest.approx(-(1.19 + 1.2 + 1 + 1) / 4)
+
+    # negative advantage: 1 - clip_low = 0.8 is the bound
+    lp = _lp([[0.81, 0.79]])
+    loss, m = policy_loss(lp, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([-1.0]), torch.ones(1, 2))
+    loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[0.81, 0.0]], dtype=torch.float64) / 2)
+    assert m["clip_frac_low"].item() == 0.5 and m["clip_frac_high"].item() == 0.0
+
+    # asymmetric bounds (DAPO clip-higher): 1.21 is inside 1 + 0.28
+    lp = _lp([[1.21, 1.29]])
+    _, m = policy_loss(lp, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]), torch.ones(1, 2), clip_high=0.28)
+    assert m["clip_frac_high"].item() == 0.5
+
+
+def test_a_ratio_moving_against_the_advantage_is_never_clipped():
+    lp = _lp([[0.5, 2.0]])
+    loss, m = policy_loss(lp, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]), torch.ones(1, 2))
+    loss.backward()
+    # A > 0 and r < 0.8 keeps its gradient (pessimistic bound); r = 2 is clipped
+    assert torch.allclose(lp.grad, torch.tensor([[-0.5, 0.0]], dtype=torch.float64) / 2)
+    assert m["clip_frac"].item() == 0.5
+
+
+def test_dual_clip_bounds_the_loss_for_negative_advantages():
+    lp = _lp([[4.0, 2.5]])
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    loss, m = policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), dual_clip=3.0)
+    loss.backward()
+    # r = 4: min(max(4, 1.2), 3) = 3 with no gradient; r = 2.5: 2.5, gradient -A r = 2.5
+    assert loss.item() == pytest.approx((3.0 + 2.5) / 2)
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, 2.5]], dtype=torch.float64) / 2)
+    assert m["dual_clip_frac"].item() == 0.5
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), dual_clip=1.0)
+
+
+def test_masked_tokens_contribute_nothing():
+    lp = torch.zeros(2, 3, requires_grad=True)
+    loss, m = policy_loss(lp, torch.zeros(2, 3), ADV, MASK)
+    loss.backward()
+    assert (lp.grad[MASK == 0] == 0).all()
+
+    wild = torch.zeros(2, 3)
+    wild[MASK == 0] = 50.0  # huge ratios at masked positions
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        a, ma = policy_loss(wild, torch.zeros(2, 3), ADV, MASK, agg=agg)
+        b, mb = policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, agg=agg)
+        assert a.item() == b.item()
+        assert ma["ratio_max"].item() == mb["ratio_max"].item() == 1.0
+
+
+def test_k3_kl_and_entropy_terms():
+    lp = torch.zeros(1, 2)
+    ref = torch.full((1, 2), math.log(2.0))  # ref - logp = log 2: k3 = 2 - log 2 - 1
+    ent = torch.tensor([[0.5, 1.5]])
+    base, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2))
+    loss, m = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01)
+    k3 = 1.0 - math.log(2.0)
+    assert m["kl"].item() == pytest.approx(k3)
+    assert m["entropy"].item() == pytest.approx(1.0)
+    assert loss.item() == pytest.approx(base.item() + 0.1 * k3 - 0.01 * 1.0)
+
+
+def test_approx_kl_between_old_and_new_policy():
+    lp = torch.log(torch.tensor([[2.0]]))
+    _, m = policy_loss(lp, torch.zeros(1, 1), torch.tensor([0.0]), torch.ones(1, 1))
+    assert m["approx_kl"].item() == pytest.approx(2.0 - 1.0 - math.log(2.0))
+    assert m["ratio_max"].item() == pytest.approx(2.0)
+
+
+def test_truncated_importance_weights_scale_the_policy_gradient():
+    trainer = torch.log(torch.tensor([[1.0, 1.0]]))
+    engine = torch.log(torch.tensor([[2.0, 0.1]]))
+    w = truncated_is_weights(trainer, engine, cap=2.0)
+    assert torch.allclose(w, torch.tensor([[0.5, 2.0]]))  # 10 is truncated to 2
+    lp = torch.zeros(1, 2)
+    loss, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), is_weights=w)
+    assert loss.item() == pytest.approx(-(0.5 + 2.0) / 2)
+
+
+def test_shape_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match="same shape"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 2), ADV, MASK)
