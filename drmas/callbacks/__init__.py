@@ -1,0 +1,7 @@
+"""Training callbacks: gradient-norm spike monitor, Hugging Face checkpoints, rollout statistics."""
+
+from drmas.callbacks.grad_norm import GradNormSpikeMonitor
+from drmas.callbacks.hf_checkpoint import HFCheckpoint
+from drmas.callbacks.rollout_stats import RolloutStats
+
+__all__ = ["GradNormSpikeMonitor", "HFCheckpoint", "RolloutStats"]

@@ -1,0 +1,156 @@
+"""Save every policy as a Hugging Face directory (``save_pretrained``) during and after training.
+
+Lightning's own checkpoints hold optimiser and loop state for resuming; these directories are
+what a user serves, evaluates or loads into vLLM. Layout::
+
+    <dirpath>/iter_<k>/<policy>/   config.json, model.safetensors, tokenizer files
+    <dirpath>/latest               text: the newest directory name, e.g. "iter_12"
+
+where k is the number of finished RL iterations (one Lightning epoch = one iteration).
+
+The module advances ``pl_module.iteration`` when an iteration begins (its rollout), so in
+``on_train_epoch_end`` it already names the iteration that is finishing. That matters because
+Lightning calls plain callbacks' ``on_train_epoch_end`` BEFORE the module's own
+(``lightning/pytorch/loops/fit_loop.py``, ``_FitLoop.on_advance_end``, lines 482-484).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+__all__ = ["HFCheckpoint"]
+
+LATEST_FILE = "latest"
+
+
+def _full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """A full (unsharded) CPU state dict when ``model`` is sharded with FSDP2, else None.
+
+    Gathering is a collective: every rank must call this, even though only rank 0 saves.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+class HFCheckpoint(Callback):
+    """Write ``<dirpath>/iter_<k>/<policy>/`` with ``save_pretrained`` every n iterations and at the end.
+
+    Each iteration directory is written under a temporary sibling name and renamed into place,
+    so a reader (or a resumed run) never sees a partly written one; ``latest`` is replaced
+    atomically after the rename. Only global rank 0 writes. Saving iteration k again (a run
+    resumed from an older Lightning checkpoint) replaces the old ``iter_<k>``.
+    """
+
+    def __init__(
+        self, every_n_iterations: int = 0, dirpath: str | None = None, save_tokenizer: bool = True
+    ) -> None:
+        """
+        Args:
+            every_n_iterations: save after every n-th finished RL iteration; 0 saves only when
+                training ends (the final weights are always saved).
+            dirpath: where to write; default ``<trainer.log_dir>/hf`` (``default_root_dir/hf``
+                without a logger).
+            save_tokenizer: also save each policy's tokenizer next to its weights.
+        """
+        if every_n_iterations < 0:
+            raise ValueError(f"every_n_iterations must be >= 0, got {every_n_iterations}")
+        self.every_n_iterations = int(every_n_iterations)
+        self.dirpath = dirpath
+        self.save_tokenizer = save_tokenizer
+        # The iteration most recently written by this run, so on_train_end does not save it twice.
+        self.last_saved: int | None = None
+        self.last_saved_path: str | None = None
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        finished = int(pl_module.iteration)
+        if self.every_n_iterations and finished % self.every_n_iterations == 0:
+            self.save(trainer, pl_module, finished)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        finished = int(pl_module.iteration)
+        if finished != self.last_saved:
+            self.save(trainer, pl_module, finished)
+
+    # ------------------------------------------------------------------ saving
+
+    def resolve_dirpath(self, trainer: pl.Trainer) -> str:
+        if self.dirpath is not None:
+            return os.path.abspath(os.path.expanduser(self.dirpath))
+        # trainer.log_dir broadcasts from rank 0: every rank must evaluate it.
+        return os.path.join(trainer.log_dir or trainer.default_root_dir, "hf")
+
+    def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, iteration: int) -> str:
+        """Save all policies as ``<dirpath>/iter_<iteration>/``; return that path.
+
+        Call on every rank (sharded weights are gathered collectively); only rank 0 writes.
+        """
+        root = self.resolve_dirpath(trainer)
+        name = f"iter_{iteration}"
+        target = os.path.join(root, name)
+        policies = pl_module.policies
+        full = {pname: _full_state_dict(policy.model) for pname, policy in policies.items()}
+        if trainer.is_global_zero:
+            os.makedirs(root, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
+            try:
+                for pname, policy in policies.items():
+                    out = os.path.join(tmp, pname)
+                    kwargs: dict[str, Any] = {}
+                    if full[pname] is not None:
+                        kwargs["state_dict"] = full[pname]
+                    policy.model.save_pretrained(out, **kwargs)
+                    if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
+                        policy.tokenizer.save_pretrained(out)
+                self._move_into_place(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            self._write_latest(root, name)
+            rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")
+        # Keep ranks together: nobody reads `latest` or moves on before rank 0 has finished.
+        trainer.strategy.barrier("HFCheckpoint.save")
+        self.last_saved = iteration
+        self.last_saved_path = target
+        return target
+
+    @staticmethod
+    def _move_into_place(tmp: str, target: str) -> None:
+        if not os.path.exists(target):
+            os.rename(tmp, target)
+            return
+        # rename() cannot replace a non-empty directory: move the old one aside first, so
+        # `target` is missing only between two renames and never half written.
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
+        os.rmdir(old)
+        os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def _write_latest(root: str, name: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{LATEST_FILE}.", dir=root)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(name + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(root, LATEST_FILE))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise

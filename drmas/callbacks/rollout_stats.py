@@ -1,0 +1,59 @@
+"""Per-agent statistics of each rollout, and sample completions as text."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import lightning as L
+
+from drmas.envs.base import RolloutResult
+
+__all__ = ["RolloutStats", "rollout_scalars"]
+
+
+def rollout_scalars(result: RolloutResult) -> dict[str, float]:
+    """``rollout/<agent>/{reward_mean,valid_ratio,advantage_abs_mean,samples}``, ``rollout/success_rate``,
+    ``rollout/turns_mean``, and ``rollout/<agent>/response_tokens_mean``."""
+    by_agent = defaultdict(list)
+    for s in result.experiences:
+        by_agent[s.agent].append(s)
+    out: dict[str, float] = {}
+    for agent, samples in by_agent.items():
+        n = len(samples)
+        out[f"rollout/{agent}/reward_mean"] = sum(s.reward for s in samples) / n
+        out[f"rollout/{agent}/valid_ratio"] = sum(s.valid for s in samples) / n
+        out[f"rollout/{agent}/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / n
+        out[f"rollout/{agent}/response_tokens_mean"] = sum(len(s.response_ids) for s in samples) / n
+        out[f"rollout/{agent}/samples"] = float(n)
+    eps = result.episodes
+    if eps:
+        out["rollout/success_rate"] = sum(e.success for e in eps) / len(eps)
+        out["rollout/turns_mean"] = sum(e.turns for e in eps) / len(eps)
+    return out
+
+
+class RolloutStats(L.Callback):
+    """Logs the statistics of the rollout that feeds the iteration, at the iteration's step."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        result = getattr(dm, "last_rollout", None)
+        if result is None:
+            return
+        pl_module.log_scalars({**rollout_scalars(result), **getattr(dm, "last_timing", {})})
+        every = getattr(dm, "log_completions_every", 0)
+        if every and pl_module.iteration % every == 0 and trainer.is_global_zero:
+            self._log_text(trainer, pl_module, result)
+
+    @staticmethod
+    def _log_text(trainer: L.Trainer, pl_module: L.LightningModule, result: RolloutResult) -> None:
+        seen = set()
+        for s in result.experiences:
+            if s.agent in seen:
+                continue
+            seen.add(s.agent)
+            text = f"reward {s.reward:+.3f}, advantage {s.advantage:+.3f}, valid {s.valid}\n\n    {s.text}"
+            for lg in trainer.loggers:
+                writer = getattr(lg, "experiment", None)
+                if hasattr(writer, "add_text"):
+                    writer.add_text(f"completions/{s.agent}", text, global_step=pl_module.iteration)

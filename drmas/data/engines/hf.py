@@ -1,0 +1,220 @@
+"""Rollouts with transformers ``generate`` on the training model itself.
+
+No second copy of the weights exists, so there is nothing to synchronise and the engine
+runs anywhere the model runs. It is the reference the vLLM engine is tested against.
+
+Log-probs are ``log_softmax(logits / T)`` of the raw logits at each sampled token (raw
+logits when ``T == 0``): the quantity the trainer recomputes, so the PPO ratio starts at 1.
+They are read from the logits ``generate`` already computes (no second forward pass):
+a logits processor placed *before* the sampling warpers records them, and a stopping
+criterion picks the sampled token's entry after each step. Top-k / top-p truncation is
+deliberately not reflected in them (the trainer does not truncate either); note that the
+vLLM engine's log-probs *do* include the truncation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from drmas.data.engines.base import Engine, Generation, SamplingParams, check_request
+
+__all__ = ["HFEngine"]
+
+
+class _StepTracker:
+    """Per-row state of one ``generate`` call: log-probs, where each row ended, and why."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_len: int,
+        batch: int,
+        temperature: float,
+        eos_ids: set[int],
+        stop: Sequence[str],
+        device: torch.device,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_len = prompt_len
+        self.temperature = temperature
+        self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        self.stop = [s for s in stop if s]
+        # Enough trailing tokens to contain the longest stop string even if each token is one
+        # character, plus slack for tokens that decode to nothing (skipped special tokens).
+        self.window = max((len(s) for s in self.stop), default=0) + 4
+        self.last_logprobs: torch.Tensor | None = None
+        self.step_logprobs: list[torch.Tensor] = []
+        self.length = torch.full((batch,), -1, dtype=torch.long, device=device)  # -1: still running
+
+    def record(self, scores: torch.Tensor) -> None:
+        scores = scores.float()
+        if self.temperature > 0:
+            scores = scores / self.temperature
+        self.last_logprobs = torch.log_softmax(scores, dim=-1)
+
+    def after_step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.last_logprobs is not None, "the recorder did not run before the stopping criterion"
+        new = input_ids[:, -1]
+        self.step_logprobs.append(self.last_logprobs.gather(1, new[:, None])[:, 0])
+        step = input_ids.shape[1] - self.prompt_len  # tokens generated so far, this one included
+        running = self.length < 0
+        ended = running & torch.isin(new, self.eos)
+        if self.stop:
+            for row in torch.nonzero(running & ~ended).flatten().tolist():
+                tail = input_ids[row, max(self.prompt_len, input_ids.shape[1] - self.window) :]
+                text = self.tokenizer.decode(tail, skip_special_tokens=True)
+                if any(s in text for s in self.stop):
+                    ended[row] = True
+        self.length[ended] = step
+        return self.length >= 0
+
+
+class _Recorder(LogitsProcessor):
+    def __init__(self, tracker: _StepTracker) -> None:
+        self.tracker = tracker
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.tracker.record(scores)
+        return scores
+
+
+class _StopTracker(StoppingCriteria):
+    def __init__(self, tracker: _StepTracker) -> None:
+        self.tracker = tracker
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return self.tracker.after_step(input_ids)
+
+
+class HFEngine(Engine):
+    """Batched ``model.generate`` with left padding; all ``prompts x n`` rows in one call.
+
+    ``max_batch_size`` caps the rows per ``generate`` call (None: no cap). Sampling uses
+    torch's global RNG, so it is reproducible under ``torch.manual_seed``. Generation
+    settings stored on the model (``model.generation_config``) other than the ones set
+    from :class:`SamplingParams` still apply, as with a plain ``generate`` call.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int | None = None) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
+        self.pad_id = int(pad)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        config_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for value in (config_eos, self.tokenizer.eos_token_id):
+            if value is None:
+                continue
+            ids.update([value] if isinstance(value, int) else value)
+        return ids
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Generation]]:
+        check_request(prompts, n, params)
+        rows = [list(p) for p in prompts for _ in range(n)]
+        size = self.max_batch_size or len(rows)
+        out: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(rows), size):
+                    out.extend(self._generate_rows(rows[start : start + size], params))
+        finally:
+            self.model.train(was_training)
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_rows(self, rows: list[list[int]], params: SamplingParams) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            attention_mask[i, width - len(r) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+
+        greedy = params.temperature == 0
+        eos_ids = self._eos_ids()
+        tracker = _StepTracker(
+            self.tokenizer, width, len(rows), params.temperature, eos_ids, params.stop, device
+        )
+        # The recorder must see the raw logits, but generate appends custom processors after
+        # its own warpers. So generate's warpers are switched off and ours follow the recorder.
+        processors: list[LogitsProcessor] = [_Recorder(tracker)]
+        if not greedy:
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        # Neutral values only when sampling: generate warns about sampling flags in greedy mode.
+        sampling_off = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        sequences = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=not greedy,
+            **sampling_off,
+            repetition_penalty=1.0,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=sorted(eos_ids) or None,
+            pad_token_id=self.pad_id,
+            logits_processor=LogitsProcessorList(processors),
+            stopping_criteria=StoppingCriteriaList([_StopTracker(tracker)]),
+        )
+        generated = sequences[:, width:].cpu()
+        logprobs = torch.stack(tracker.step_logprobs, dim=1).cpu() if tracker.step_logprobs else None
+        lengths = tracker.length.cpu().tolist()
+        results = []
+        for i in range(len(rows)):
+            stopped = lengths[i] >= 0
+            length = lengths[i] if stopped else generated.shape[1]
+            token_ids = generated[i, :length].tolist()
+            # An EOS id need not be a special token (generation_config may list any id): keep
+            # it out of the text explicitly.
+            ended_by_eos = stopped and token_ids[-1] in eos_ids
+            text = self.tokenizer.decode(token_ids[:-1] if ended_by_eos else token_ids, skip_special_tokens=True)
+            if stopped and not ended_by_eos:
+                text = cut_after_stop(text, params.stop)
+            results.append(
+                Generation(
+                    token_ids=token_ids,
+                    logprobs=logprobs[i, :length].tolist() if logprobs is not None else [],
+                    text=text,
+                    finish_reason="stop" if stopped else "length",
+                )
+            )
+        return results
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to copy: this engine generates with the model object it was given.
+
+        A different object (e.g. a re-wrapped model) replaces the one used so far.
+        """
+        self.model = model
+
+
+def cut_after_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to and including the earliest stop string (unchanged when none occurs)."""
+    ends = [text.find(s) + len(s) for s in stop if s and s in text]
+    return text[: min(ends)] if ends else text

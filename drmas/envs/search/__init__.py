@@ -1,0 +1,24 @@
+"""The hierarchical search workflow of Dr. MAS (verifier, searcher, answerer) and its parts."""
+
+from drmas.envs.search.answers import contains_answer, exact_match, normalize_answer
+from drmas.envs.search.data import SearchTask, World, load_corpus, load_search_r1, synthetic_world, write_corpus
+from drmas.envs.search.retrieval import RETRIEVERS, HTTPRetriever, RetrievalError, Retriever, make_retriever
+from drmas.envs.search.workflow import SearchWorkflow
+
+__all__ = [
+    "RETRIEVERS",
+    "HTTPRetriever",
+    "RetrievalError",
+    "Retriever",
+    "SearchTask",
+    "SearchWorkflow",
+    "World",
+    "contains_answer",
+    "exact_match",
+    "load_corpus",
+    "load_search_r1",
+    "make_retriever",
+    "normalize_answer",
+    "synthetic_world",
+    "write_corpus",
+]

@@ -1,0 +1,337 @@
+"""The LightningModule that holds every policy and updates each on its own agents' samples.
+
+One Lightning epoch is one RL iteration (see ``RolloutDataModule``). Optimisation is manual:
+one AdamW per policy, gradients accumulated over a policy's micro-batches, clipped per policy
+(the pre-clip norm is recorded), and a non-finite loss or gradient skips that policy's step
+and is logged. ``iteration`` counts RL iterations and is the x-axis of every logged scalar;
+``trainer.global_step`` advances once per optimiser step and is not used for logging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import lightning as L
+import torch
+
+from drmas.algorithms import policy_loss, truncated_is_weights
+from drmas.data.engines import ENGINES, Engine, SamplingParams, vllm_available
+from drmas.data.experience import MicroBatch
+from drmas.envs.base import ChatPrompt, Completion
+from drmas.modules.policy import Policy, PolicyConfig
+
+__all__ = ["MultiAgentRL", "VLLMConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VLLMConfig:
+    """Settings of the vLLM engines (one per policy)."""
+
+    dtype: str = "bfloat16"
+    """Engine dtype; the truncated importance weights correct its mismatch with the trainer."""
+    max_model_len: int = 4096
+    """Longest prompt + response the engine accepts."""
+    gpu_memory_utilization: float = 0.5
+    """GPU memory fraction per engine (split it between the engines of several policies)."""
+    kv_cache_gib: float = 2.0
+    """KV-cache size on CPU, in GiB."""
+
+
+class MultiAgentRL(L.LightningModule):
+    def __init__(
+        self,
+        policies: dict[str, PolicyConfig] = {"shared": PolicyConfig()},  # noqa: B006 (jsonargparse needs a concrete default)
+        agents: dict[str, str] | None = None,
+        engine: str = "auto",
+        vllm: VLLMConfig = VLLMConfig(),  # noqa: B008
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        dual_clip: float | None = None,
+        agg: str = "token-mean",
+        entropy_coef: float = 0.0,
+        is_cap: float | None = 2.0,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            policies: policy name -> settings. One entry = all agents share one model.
+            agents: agent -> policy name. Default: every agent to the only policy, or each
+                agent to the policy of the same name.
+            engine: rollout engine: ``hf`` (transformers generate), ``vllm``, or ``auto``
+                (vLLM when installed, else HF).
+            vllm: vLLM engine settings.
+            clip_low: PPO lower clip (ratio >= 1 - clip_low for negative advantages).
+            clip_high: PPO upper clip (ratio <= 1 + clip_high for positive advantages; DAPO: 0.28).
+            dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages (None = off).
+            agg: loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``
+                (normalised by each policy's ``train_sampling.max_new_tokens``).
+            entropy_coef: entropy bonus weight (0 = off; computing entropy costs a full softmax).
+            is_cap: cap of the truncated importance weights between trainer and engine
+                log-probs (None = no correction).
+            seed: seed of the engines' samplers.
+        """
+        super().__init__()
+        if not policies:
+            raise ValueError("at least one policy is needed")
+        if engine not in ("auto", *ENGINES):
+            raise ValueError(f"engine must be 'auto' or one of {sorted(ENGINES)}, got {engine!r}")
+        # Plain values only: Lightning reads them back with torch.load(weights_only=True) on resume.
+        self.save_hyperparameters(ignore=["policies", "vllm"])
+        self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
+        self.hparams["vllm"] = dataclasses.asdict(vllm)
+        self.automatic_optimization = False
+        self.policy_configs = policies
+        self.policies = torch.nn.ModuleDict({name: Policy(name, cfg) for name, cfg in policies.items()})
+        self.agent_map = dict(agents or {})
+        self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+        self.vllm_config, self.seed = vllm, seed
+        self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
+        self.is_cap = is_cap
+        self.iteration = 0
+        self._bad_loss = False
+        self.engines: dict[str, Engine] = {}
+        self._synced: dict[str, int] = {}
+        self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
+        self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+        self.history: list[dict[str, float]] = []
+
+    # ---- agents, engines, generation ------------------------------------------------------
+
+    def bind_agents(self, agents: Sequence[str]) -> None:
+        """Resolve and check the agent -> policy map for a workflow's agents."""
+        names = list(self.policies)
+        mapping = {}
+        for agent in agents:
+            if agent in self.agent_map:
+                mapping[agent] = self.agent_map[agent]
+            elif len(names) == 1:
+                mapping[agent] = names[0]
+            elif agent in self.policies:
+                mapping[agent] = agent
+            else:
+                raise ValueError(f"agent {agent!r} has no policy: set --model.agents (policies: {names})")
+        bad = {a: p for a, p in mapping.items() if p not in self.policies}
+        if bad:
+            raise ValueError(f"agents mapped to unknown policies: {bad}; policies: {names}")
+        unknown = set(self.agent_map) - set(agents)
+        if unknown:
+            raise ValueError(f"--model.agents names unknown agents {sorted(unknown)}; agents: {list(agents)}")
+        self.agent_map = mapping
+
+    def policy_of(self, agent: str) -> str:
+        return self.agent_map[agent]
+
+    def _engine(self, name: str) -> Engine:
+        if name not in self.engines:
+            policy = self.policies[name]
+            if self.engine_name == "hf":
+                self.engines[name] = ENGINES["hf"](policy.model, policy.tokenizer)
+            else:
+                from drmas.models import resolve_model_path
+
+                v = self.vllm_config
+                self.engines[name] = ENGINES["vllm"](
+                    resolve_model_path(policy.config.model), dtype=v.dtype, max_model_len=v.max_model_len,
+                    seed=self.seed, gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gib=v.kv_cache_gib,
+                )
+            self._synced[name] = 0
+        return self.engines[name]
+
+    def sync_engines(self) -> None:
+        """Make every engine serve its policy's current weights (only after they changed)."""
+        for name, policy in self.policies.items():
+            engine = self._engine(name)
+            if self._synced[name] != policy.version:
+                engine.sync_weights(policy.model)
+                self._synced[name] = policy.version
+
+    def make_generate(self, train: bool):
+        """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
+
+        def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
+            if not prompts:
+                return []
+            policy = self.policies[self.policy_of(agent)]
+            base = policy.config.train_sampling if train else policy.config.eval_sampling
+            stops = list(dict.fromkeys([*base.stop, *(s for p in prompts for s in p.stop)]))
+            params = dataclasses.replace(base, stop=stops)
+            ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
+            outs = self._engine(policy.name).generate(ids, n, params)
+            return [
+                [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
+                for pid, p, gens in zip(ids, prompts, outs)
+            ]
+
+        return generate
+
+    # ---- training -------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
+        pairs = [p.make_optimizer(total) for p in self.policies.values()]
+        self._schedulers = [s for _, s in pairs]
+        return [o for o, _ in pairs]
+
+    def _optimizer(self, name: str):
+        opts = self.optimizers()
+        opts = opts if isinstance(opts, list) else [opts]
+        return opts[list(self.policies).index(name)]
+
+    def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of each next token from logits / temperature (as the engine sampled)."""
+        logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        logp_all = torch.log_softmax(logits, -1)
+        logp = logp_all.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+        entropy = None
+        if self.loss_kwargs["entropy_coef"]:
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+    def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
+        policy = self.policies[batch.policy]
+        sampling = policy.config.train_sampling
+        logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
+        mask = batch.response_mask
+        # First PPO epoch: the weights are still those that sampled, so the current log-probs
+        # are the old ones; keep them for the later epochs instead of an extra forward pass.
+        if batch.epoch == 0:
+            old = logp.detach()
+            for row, i in enumerate(batch.sample_index.tolist()):
+                if policy.config.ppo_epochs > 1:
+                    self._old_logprobs[(batch.policy, i)] = old[row]
+        else:
+            old = torch.stack([self._old_logprobs[(batch.policy, i)] for i in batch.sample_index.tolist()])
+        is_weights = None
+        if self.is_cap is not None:
+            is_weights = truncated_is_weights(old, batch.engine_logprobs, self.is_cap) * mask
+        loss, metrics = policy_loss(
+            logp, old, batch.advantages, mask, entropy=entropy, is_weights=is_weights,
+            norm_len=sampling.max_new_tokens, **self.loss_kwargs,
+        )
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            self.manual_backward(loss * batch.loss_scale)
+        else:
+            self._bad_loss = True
+        bucket = self._metrics[batch.policy]
+        for k, v in metrics.items():
+            bucket[k].append((float(v), batch.loss_scale))
+        bucket["loss"].append((float(loss.detach()), batch.loss_scale))
+        bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
+        if is_weights is not None and mask.any():
+            bucket["is_weight_mean"].append((float(is_weights[mask].mean()), batch.loss_scale))
+        out: dict[str, Any] = {}
+        if batch.step_after:
+            out["grad_norms"] = {batch.policy: self._step(policy)}
+        return out
+
+    def _step(self, policy: Policy) -> float:
+        opt = self._optimizer(policy.name)
+        params = [p for p in policy.model.parameters() if p.grad is not None]
+        clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+        bad = self._bad_loss or not math.isfinite(norm)
+        bucket = self._metrics[policy.name]
+        if bad:
+            log.warning("policy %s: non-finite loss or gradient (norm=%s) at iteration %d; step skipped",
+                        policy.name, norm, self.iteration)
+            bucket["skipped_steps"].append((1.0, 0.0))
+        else:
+            opt.step()
+            policy.version += 1
+        opt.zero_grad(set_to_none=True)
+        self._bad_loss = False
+        bucket["grad_norm"].append((norm, 1.0))
+        return norm
+
+    def begin_iteration(self) -> None:
+        """Called by the data module when a rollout starts: iteration k runs as ``iteration == k``."""
+        self.iteration += 1
+        self._old_logprobs.clear()
+
+    def on_train_epoch_end(self) -> None:
+        for sched in self._schedulers:
+            sched.step()
+        scalars: dict[str, float] = {}
+        for name, bucket in self._metrics.items():
+            for key, values in bucket.items():
+                if key == "skipped_steps":
+                    scalars[f"train/{name}/skipped_steps"] = float(len(values))
+                elif key == "samples":  # sequences trained on per PPO epoch
+                    scalars[f"train/{name}/samples"] = sum(v for v, _ in values) / self.policies[name].config.ppo_epochs
+                elif key == "grad_norm":
+                    scalars[f"train/{name}/grad_norm"] = values[-1][0]
+                    scalars[f"train/{name}/grad_norm_max"] = max(v for v, _ in values)
+                else:
+                    # weighted by micro-batch share: the value of the whole batch
+                    scalars[f"train/{name}/{key}"] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1e-12)
+            scalars[f"train/{name}/lr"] = self._optimizer(name).param_groups[0]["lr"]
+        self._metrics.clear()
+        self.log_scalars(scalars)
+        dm = self.trainer.datamodule
+        if dm is not None and hasattr(dm, "maybe_validate"):
+            dm.maybe_validate(self, final=self.trainer.max_epochs is not None and self.iteration >= self.trainer.max_epochs)
+
+    # ---- logging and checkpoints ------------------------------------------------------------
+
+    def log_scalars(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Log to every logger with the RL iteration as the x-axis; keep a copy in ``history``."""
+        step = self.iteration if step is None else step
+        self.history.append({"iteration": step, **metrics})
+        if self.trainer is not None and self.trainer.is_global_zero:
+            for lg in self.loggers:
+                lg.log_metrics(metrics, step=step)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        import random
+
+        import numpy as np
+
+        checkpoint["drmas"] = {
+            "iteration": self.iteration,
+            "versions": {n: p.version for n, p in self.policies.items()},
+            "history": self.history,
+            # numpy's state as plain values so the checkpoint loads with weights_only=True
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "numpy": [v.tolist() if isinstance(v, np.ndarray) else v for v in np.random.get_state()]},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        import random
+
+        import numpy as np
+
+        state = checkpoint.get("drmas")
+        if state is None:
+            raise ValueError("this checkpoint was not written by drmas.MultiAgentRL")
+        self.iteration = state["iteration"]
+        self.history = state["history"]
+        for n, v in state["versions"].items():
+            self.policies[n].version = v
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        name, keys, *rest = state["rng"]["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+
+    def teardown(self, stage: str) -> None:
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+
+
+def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of the chat prompt with the generation header and the assistant prefill."""
+    messages = [{"role": r, "content": c} for r, c in prompt.messages]
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+    ) + prompt.prefill
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

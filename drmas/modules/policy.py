@@ -1,0 +1,87 @@
+"""One trainable policy: a causal LM, its tokenizer, and its own optimiser and sampling settings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from drmas.data.engines.base import SamplingParams
+from drmas.models import load_causal_lm
+
+__all__ = ["Policy", "PolicyConfig"]
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class PolicyConfig:
+    """Settings of one policy (one model shared by the agents mapped to it)."""
+
+    model: str = "embedded:smollm2-135m-instruct"
+    """Model name: ``embedded:<name>``, ``tiny-random``, a local directory or a hub id."""
+    dtype: str = "float32"
+    """Parameter dtype of the trained model (use ``--trainer.precision bf16-mixed`` for autocast)."""
+    lr: float = 1e-6
+    """Peak learning rate (AdamW)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Clip the total grad norm to this value (0 = no clipping; the norm is still recorded)."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward pass; gradients accumulate to one step per PPO epoch."""
+    ppo_epochs: int = 1
+    """Optimiser steps per RL iteration, each over all of this policy's samples."""
+    lr_schedule: str = "constant"
+    """``constant``, ``linear`` (decay to 0) or ``cosine`` (to 0), after warm-up, over the run's iterations."""
+    warmup_iterations: int = 0
+    """Iterations of linear warm-up from 0 to ``lr``."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
+    train_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=64))
+    """Sampling during training rollouts."""
+    eval_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
+    """Sampling during validation."""
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.micro_batch_size < 1 or self.ppo_epochs < 1:
+            raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
+
+
+class Policy(nn.Module):
+    """A policy's model and tokenizer; the tokenizer is left out of the state dict."""
+
+    def __init__(self, name: str, config: PolicyConfig) -> None:
+        super().__init__()
+        self.name, self.config = name, config
+        self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
+        self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.version = 0  # optimiser steps taken; engines compare it to know when to re-sync
+
+    def make_optimizer(self, total_iterations: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        c = self.config
+        opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_factor(c, it, total_iterations))
+
+
+def lr_factor(c: PolicyConfig, iteration: int, total: int) -> float:
+    """Multiplier of ``lr`` at a 0-based iteration."""
+    if iteration < c.warmup_iterations:
+        return (iteration + 1) / (c.warmup_iterations + 1)
+    if c.lr_schedule == "constant" or total <= c.warmup_iterations:
+        return 1.0
+    progress = min(1.0, (iteration - c.warmup_iterations) / max(1, total - c.warmup_iterations))
+    if c.lr_schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

