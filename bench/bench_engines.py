@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     args = ap.parse_args()
     params = SamplingParams(temperature=1.0, max_new_tokens=args.tokens)
-    print(f"{args.prompts} prompts x n={args.n} x {args.tokens} new tokens, T=1, threads={torch.get_num_threads()}")
+    threads = torch.get_num_threads()
+    print(f"{args.prompts} prompts x n={args.n} x {args.tokens} new tokens, T=1, torch threads={threads}")
     for name in args.models:
         model, tok = load_causal_lm(name)
         prompts = chat_prompts(tok, args.prompts)

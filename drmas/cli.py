@@ -18,13 +18,16 @@ __all__ = ["DrmasCLI", "format_summary", "run_recipe"]
 class DrmasCLI(LightningCLI):
     """LightningCLI for ``MultiAgentRL`` + ``RolloutDataModule`` with a recipe's workflow as default."""
 
-    def __init__(self, workflow: str, name: str, **kwargs: Any) -> None:
+    def __init__(self, workflow: str, name: str, default_config: str | None = None, **kwargs: Any) -> None:
         self._workflow, self._name = workflow, name
+        # The default config is read first; --config files and flags override it.
+        parser_kwargs = {"fit": {"default_config_files": [default_config]}} if default_config else {}
         super().__init__(
             MultiAgentRL,
             RolloutDataModule,
             trainer_defaults=trainer_defaults(name),
             save_config_kwargs={"overwrite": True},
+            parser_kwargs=parser_kwargs,
             **kwargs,
         )
 
@@ -66,7 +69,7 @@ def format_summary(module: MultiAgentRL, log_dir: str | None) -> str:
         lines.append(f"resume with:      --ckpt_path {os.path.join(log_dir, 'checkpoints', 'last.ckpt')}")
     if rows:
         first, last = rows[0], rows[-1]
-        agents = sorted({k.split("/")[1] for k in first if k.count("/") == 2 and k.startswith("rollout/")})
+        agents = sorted({k.split("/")[1] for h in rows for k in h if k.count("/") == 2 and k.startswith("rollout/")})
         lines.append(f"\n{'agent':10s} {'reward@first':>12s} {'reward@last':>12s} {'valid@first':>12s} {'valid@last':>11s}")
         for a in agents:
             g = lambda h, k: h.get(f"rollout/{a}/{k}", float("nan"))  # noqa: E731
@@ -82,8 +85,9 @@ def format_summary(module: MultiAgentRL, log_dir: str | None) -> str:
     return "\n".join(lines)
 
 
-def run_recipe(workflow: str, name: str, args: Any = None) -> DrmasCLI:
-    cli = DrmasCLI(workflow, name, args=args)
+def run_recipe(workflow: str, name: str, default_config: str | None = None, args: Any = None) -> DrmasCLI:
+    """Run a recipe's CLI; after ``fit``, print where the logs are and the summary table."""
+    cli = DrmasCLI(workflow, name, default_config, args=args)
     if getattr(cli, "subcommand", None) == "fit" and cli.trainer.is_global_zero:
         print(format_summary(cli.model, cli.trainer.log_dir), flush=True)
     return cli

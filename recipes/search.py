@@ -9,12 +9,15 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 # vLLM must run in-process to share weights with the trainer (see DESIGN.md section 6).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from drmas.cli import run_recipe  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 if __name__ == "__main__":
-    run_recipe("drmas.envs.search.SearchWorkflow", "search")
+    run_recipe("drmas.envs.search.SearchWorkflow", "search", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -258,10 +259,13 @@ class MultiAgentRL(L.LightningModule):
         self.iteration += 1
         self._old_logprobs.clear()
 
+    def on_train_epoch_start(self) -> None:
+        self._update_started = time.perf_counter()
+
     def on_train_epoch_end(self) -> None:
         for sched in self._schedulers:
             sched.step()
-        scalars: dict[str, float] = {}
+        scalars: dict[str, float] = {"time/update_s": time.perf_counter() - self._update_started}
         for name, bucket in self._metrics.items():
             for key, values in bucket.items():
                 if key == "skipped_steps":

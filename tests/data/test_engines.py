@@ -34,7 +34,8 @@ def prompts(tiny) -> list[list[int]]:
         [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=False
     )
     chat = tok(text, add_special_tokens=False)["input_ids"]
-    plain = [tok(t)["input_ids"] for t in ("Hello there, how are", "The capital of France is a city named", "x")]
+    texts = ("Hello there, how are", "The capital of France is a city named", "x")
+    plain = [tok(t)["input_ids"] for t in texts]
     return [chat, *plain]
 
 
@@ -183,6 +184,10 @@ def test_request_checks():
         check_request([[1]], 1, SamplingParams(temperature=-1))
 
 
+def test_hf_no_prompts(tiny):
+    assert HFEngine(*tiny).generate([], 3, GREEDY) == []
+
+
 # ---------------------------------------------------------------- vLLM engine
 
 
@@ -212,7 +217,9 @@ def vllm_engine():
     torch.manual_seed(1234)
     expected = torch.rand(3)
     torch.manual_seed(1234)
-    engine = VLLMEngine(resolve_model_path("tiny-random"), dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine = VLLMEngine(
+        resolve_model_path("tiny-random"), dtype="float32", max_model_len=512, kv_cache_gib=0.25
+    )
     # LLM(seed=...) re-seeds torch globally; the engine must hand back the caller's RNG state.
     engine.rng_preserved = torch.equal(torch.rand(3), expected)
     yield engine
@@ -283,6 +290,23 @@ def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
         v = vllm_engine.generate([prompt], 1, params)[0][0]
         assert v.text == h.text == expected
         assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "stop"
+
+
+def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
+    """One engine per policy: closing one must leave the others working."""
+    from drmas.data.engines import VLLMEngine
+
+    model, tok = tiny
+    before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    other = VLLMEngine(
+        resolve_model_path("tiny-random"), dtype="float32", max_model_len=256, kv_cache_gib=0.25
+    )
+    try:
+        assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
+    finally:
+        other.close()
+    vllm_engine.sync_weights(model)
+    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
 
 
 def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):

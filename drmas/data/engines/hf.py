@@ -93,7 +93,9 @@ class _StopTracker(StoppingCriteria):
     def __init__(self, tracker: _StepTracker) -> None:
         self.tracker = tracker
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
+    ) -> torch.BoolTensor:
         return self.tracker.after_step(input_ids)
 
 
@@ -130,6 +132,8 @@ class HFEngine(Engine):
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> list[list[Generation]]:
         check_request(prompts, n, params)
+        if not prompts:
+            return []
         rows = [list(p) for p in prompts for _ in range(n)]
         size = self.max_batch_size or len(rows)
         out: list[Generation] = []
@@ -193,7 +197,8 @@ class HFEngine(Engine):
             # An EOS id need not be a special token (generation_config may list any id): keep
             # it out of the text explicitly.
             ended_by_eos = stopped and token_ids[-1] in eos_ids
-            text = self.tokenizer.decode(token_ids[:-1] if ended_by_eos else token_ids, skip_special_tokens=True)
+            shown = token_ids[:-1] if ended_by_eos else token_ids
+            text = self.tokenizer.decode(shown, skip_special_tokens=True)
             if stopped and not ended_by_eos:
                 text = cut_after_stop(text, params.stop)
             results.append(

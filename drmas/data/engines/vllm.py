@@ -29,7 +29,7 @@ import importlib.util
 import logging
 import os
 import random
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -82,6 +82,9 @@ class VLLMEngine(Engine):
     ``vllm.LLM`` unchanged (e.g. ``max_num_batched_tokens``).
     """
 
+    _open: ClassVar[int] = 0
+    """Engines alive in this process: they share vLLM's process-wide distributed state."""
+
     def __init__(
         self,
         model_path: str,
@@ -121,6 +124,7 @@ class VLLMEngine(Engine):
         _guard_kernel_rebind_scan()
         with _preserved_rng():
             self.llm = vllm.LLM(**kwargs)
+        VLLMEngine._open += 1
         self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
         self._asleep = False
 
@@ -128,8 +132,10 @@ class VLLMEngine(Engine):
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> list[list[Generation]]:
         if self._asleep:
-            raise RuntimeError("the vLLM engine is asleep (weights discarded): call sync_weights(model) first")
+            raise RuntimeError("the vLLM engine is asleep (weights discarded): call sync_weights(model)")
         check_request(prompts, n, params)
+        if not prompts:
+            return []
         vllm = self._vllm
         sampling = vllm.SamplingParams(
             n=n,
@@ -179,19 +185,20 @@ class VLLMEngine(Engine):
             self._asleep = True
 
     def close(self) -> None:
+        """Shut the engine down; the last engine of the process also tears down vLLM's
+        process-wide distributed state. Close engines explicitly: when an ``LLM`` is merely
+        garbage-collected, vLLM's finaliser tears that state down under the other engines."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        VLLMEngine._open -= 1
         engine_core = getattr(llm.llm_engine, "engine_core", None)
         if engine_core is not None:
-            engine_core.shutdown()
+            with _keep_dist_state(VLLMEngine._open > 0):
+                engine_core.shutdown()
         del self.llm
         del llm
         gc.collect()
-        # Tear down the in-process distributed state so a later engine can be created.
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
 
 
 def _weights(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
@@ -222,6 +229,29 @@ def _guard_kernel_rebind_scan() -> None:
 def _vars_or_empty(obj: object) -> dict[str, Any]:
     namespace = getattr(obj, "__dict__", None)
     return namespace if isinstance(namespace, dict) else {}
+
+
+class _keep_dist_state:
+    """Skip vLLM's distributed teardown while shutting one engine down and others still live.
+
+    ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory()``, which destroys the
+    model-parallel groups that every in-process engine shares; the surviving engines then fail
+    with "AssertionError: pipeline model parallel group is not initialized".
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> None:
+        if self.enabled:
+            from vllm.v1.engine import core
+
+            self.core, self.saved = core, core.cleanup_dist_env_and_memory
+            core.cleanup_dist_env_and_memory = lambda *args, **kwargs: None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.core.cleanup_dist_env_and_memory = self.saved
 
 
 class _preserved_rng:
