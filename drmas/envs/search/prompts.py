@@ -19,10 +19,15 @@ MAX_ACTION_CHARS = 300
 """A query or answer longer than this is treated as malformed."""
 
 _EXAMPLE_Q = "In which city was Dorvik Alsenne born?"
-_EXAMPLE_INFO = "<information>Doc 1: Dorvik Alsenne is a sculptor born in Quellmar in 1871.</information>"
+_EXAMPLE_INFO = (
+    "<search>Dorvik Alsenne</search>\n<information>\n- Dorvik Alsenne is a sculptor born in Quellmar in 1871."
+    "\n</information>"
+)
 _SYSTEM = "You are the {role} of a search team that answers questions about a fictional world."
 
-_USER = "Question: {question}\nGathered information:\n{information}\n\n"
+# Information first, question last: the 135M answerer copies the right answer 5-7 times in 40
+# this way, 0-1 times with the question first and the passages run together (measured).
+_USER = "Gathered information:\n{information}\n\nQuestion: {question}\n"
 
 
 def default_templates(think: bool = False) -> dict[str, PromptTemplate]:
@@ -32,13 +37,16 @@ def default_templates(think: bool = False) -> dict[str, PromptTemplate]:
     example reasons first; otherwise they are prefilled with the action tag directly (the think
     block stays optional for the parser).
     """
+    # The explicit rule matters: with the bare question the untrained 135M model says yes to an
+    # empty history 84% of the time (measured), so the searcher would hardly ever act.
+    verify_instr = (
+        "Say yes only if a passage above contains the answer; with (none), say no. Is the gathered "
+        "information enough to answer the question? Reply <verify>yes</verify> or <verify>no</verify>."
+    )
     verifier = PromptTemplate(
         system=_SYSTEM.format(role="verifier"),
-        instruction=_USER + "Is the gathered information enough to answer the question? "
-        "Reply <verify>yes</verify> or <verify>no</verify>.",
-        example_user=_USER.format(question=_EXAMPLE_Q, information="(none)")
-        + "Is the gathered information enough to answer the question? "
-        "Reply <verify>yes</verify> or <verify>no</verify>.",
+        instruction=_USER + verify_instr,
+        example_user=_USER.format(question=_EXAMPLE_Q, information="(none)") + verify_instr,
         example_assistant="<verify>no</verify>",
         prefill="<verify>",
         stop=("</verify>",),
@@ -52,7 +60,7 @@ def default_templates(think: bool = False) -> dict[str, PromptTemplate]:
         prefill="<search>",
         stop=("</search>",),
     )
-    answer_instr = "Answer the question with a short phrase as <answer>answer</answer>."
+    answer_instr = "Answer with a short phrase copied from the information, as <answer>answer</answer>."
     answerer = PromptTemplate(
         system=_SYSTEM.format(role="answerer"),
         instruction=_USER + answer_instr,
@@ -82,8 +90,8 @@ def format_information(history: list[tuple[str, list[str]]]) -> str:
         return "(none)"
     blocks = []
     for query, passages in history:
-        docs = " ".join(f"Doc {i + 1}: {p}" for i, p in enumerate(passages))
-        blocks.append(f"<search>{query}</search>\n<information>{docs}</information>")
+        docs = "".join(f"- {p}\n" for p in passages)
+        blocks.append(f"<search>{query}</search>\n<information>\n{docs}</information>")
     return "\n".join(blocks)
 
 
