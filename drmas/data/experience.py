@@ -13,7 +13,10 @@ __all__ = ["Experience", "MicroBatch", "make_micro_batches"]
 
 @dataclass
 class Experience:
-    """One agent's LLM call with everything the estimators and the trainer need."""
+    """One agent's LLM call with everything the estimators and the trainer need.
+
+    Padding samples (``is_pad``) are never packed into micro-batches and never enter statistics.
+    """
 
     task_uid: Hashable
     traj_uid: Hashable
@@ -60,10 +63,6 @@ class MicroBatch:
     step_after: bool = False
     """Run the optimiser step of ``policy`` after this micro-batch's backward."""
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.response_mask.sum())
-
 
 def _pack(samples: Sequence[Experience], pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     length = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -77,8 +76,7 @@ def _pack(samples: Sequence[Experience], pad_id: int) -> tuple[Tensor, Tensor, T
         ids[i, : p + r] = torch.tensor(list(s.prompt_ids) + list(s.response_ids))
         attn[i, : p + r] = 1
         # logits at position t predict token t+1: response tokens p..p+r-1 come from p-1..p+r-2
-        if not s.is_pad:
-            resp[i, p - 1 : p + r - 1] = True
+        resp[i, p - 1 : p + r - 1] = True
         elp[i, p - 1 : p + r - 1] = torch.tensor(s.engine_logprobs[:r], dtype=torch.float32)
     return ids, attn, resp, elp
 

@@ -1,0 +1,111 @@
+"""MultiAgentRL in-process: routing, the non-finite guard, agent -> policy mapping errors."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+
+from drmas.data.datamodule import RolloutDataModule
+from drmas.data.engines import SamplingParams
+from drmas.envs.search import SearchWorkflow
+from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.modules.policy import lr_factor
+
+AGENTS = ("verifier", "searcher", "answerer")
+
+
+def tiny(**kw) -> PolicyConfig:
+    return PolicyConfig(model="tiny-random", lr=1e-2, train_sampling=SamplingParams(max_new_tokens=6), **kw)
+
+
+@pytest.fixture(scope="module")
+def workflow():
+    return SearchWorkflow(max_turns=2)
+
+
+class PoisonedData(RolloutDataModule):
+    """Turns the advantages of the first micro-batch into NaN, as a numerical blow-up would."""
+
+    def route(self, samples, module):
+        batches = super().route(samples, module)
+        batches[0].advantages[:] = float("nan")
+        return batches
+
+
+def fit(module, dm, tmp_path, epochs=1):
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=epochs, reload_dataloaders_every_n_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=dm)
+    return trainer
+
+
+def test_a_non_finite_loss_skips_the_step_and_is_logged(workflow, tmp_path, caplog):
+    module = MultiAgentRL(policies={"shared": tiny(micro_batch_size=64)}, engine="hf", entropy_coef=0.1)
+    before = {k: v.clone() for k, v in module.policies["shared"].model.state_dict().items()}
+    dm = PoisonedData(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
+    with caplog.at_level("WARNING"):
+        fit(module, dm, tmp_path)
+    after = module.policies["shared"].model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # no step was taken
+    logged = [h for h in module.history if "train/shared/skipped_steps" in h]
+    assert logged and logged[0]["train/shared/skipped_steps"] == 1.0
+    assert math.isnan(logged[0]["train/shared/loss"])
+    assert "step skipped" in caplog.text
+    assert module.policies["shared"].version == 0  # the engine is not re-synced for nothing
+
+
+def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
+    module = MultiAgentRL(policies={"shared": tiny(ppo_epochs=2)}, engine="hf", entropy_coef=0.1)
+    before = module.policies["shared"].model.lm_head.weight.detach().clone()
+    dm = RolloutDataModule(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
+    fit(module, dm, tmp_path)
+    assert module.policies["shared"].version == 2  # two PPO epochs, two optimiser steps
+    assert not torch.equal(before, module.policies["shared"].model.lm_head.weight)
+    scalars = next(h for h in module.history if "train/shared/samples" in h)
+    assert scalars["train/shared/samples"] == len(dm.last_rollout.experiences)  # per PPO epoch
+
+
+def test_routing_with_one_policy_per_agent(workflow):
+    module = MultiAgentRL(policies={a: tiny() for a in AGENTS}, engine="hf")
+    module.bind_agents(workflow.agents)
+    dm = RolloutDataModule(workflow, group_size=2, tasks_per_iteration=2)
+    res = workflow.rollout(list(workflow.tasks("train"))[:2], module.make_generate(train=True), n=2)
+    for s in res.experiences:
+        s.policy = module.policy_of(s.agent)
+    batches = dm.route(res.experiences, module)
+    per_policy = {a: [s for s in res.experiences if s.agent == a] for a in AGENTS}
+    for b in batches:
+        own = per_policy[b.policy]
+        # every row of a policy's micro-batch is one of its own agent's samples, token for token
+        for row, i in enumerate(b.sample_index.tolist()):
+            ids = own[i].prompt_ids + own[i].response_ids
+            assert b.input_ids[row, : len(ids)].tolist() == ids
+    for a in AGENTS:
+        rows = sum(b.input_ids.shape[0] for b in batches if b.policy == a)
+        assert rows == len(per_policy[a])
+        assert sum(b.step_after for b in batches if b.policy == a) == (1 if per_policy[a] else 0)
+
+
+def test_agent_mapping_errors_name_the_problem():
+    module = MultiAgentRL(policies={"a": tiny(), "b": tiny()}, engine="hf")
+    with pytest.raises(ValueError, match="agent 'verifier' has no policy"):
+        module.bind_agents(AGENTS)
+    module = MultiAgentRL(policies={"a": tiny()}, agents={"planner": "a"}, engine="hf")
+    with pytest.raises(ValueError, match="unknown agents"):
+        module.bind_agents(AGENTS)
+    module = MultiAgentRL(policies={"a": tiny()}, agents={"verifier": "zzz"}, engine="hf")
+    with pytest.raises(ValueError, match="unknown policies"):
+        module.bind_agents(AGENTS)
+
+
+def test_lr_schedules():
+    c = PolicyConfig(model="tiny-random", lr_schedule="linear", warmup_iterations=2)
+    assert [round(lr_factor(c, i, 6), 3) for i in range(6)] == [0.333, 0.667, 1.0, 0.75, 0.5, 0.25]
+    c = PolicyConfig(model="tiny-random", lr_schedule="cosine")
+    assert [round(lr_factor(c, i, 4), 3) for i in range(4)] == [1.0, 0.854, 0.5, 0.146]
+    with pytest.raises(ValueError, match="lr_schedule"):
+        PolicyConfig(lr_schedule="step")
