@@ -13,14 +13,15 @@ Three sources:
 
 from __future__ import annotations
 
-import json
 import random
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
+
+from drmas.envs.records import read_records
 
 __all__ = [
     "MATH_DATASETS",
@@ -390,31 +391,6 @@ def arithmetic_word_problems(
 # ---------------------------------------------------------------------------------------------
 
 
-def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """("line N" or "row N", record) pairs from JSONL (1-based lines) or parquet (0-based rows)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as err:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
-        for row, record in enumerate(pq.read_table(path).to_pylist()):
-            yield f"row {row}", record
-        return
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}: line {lineno} is not a JSON object")
-            yield f"line {lineno}", record
-
-
 def _lookup(record: Mapping[str, Any], key: str) -> Any:
     """``record[key]``; a dotted key ("reward_model.ground_truth") walks nested objects."""
     if key in record:
@@ -451,7 +427,7 @@ def load_math_file(
     path = Path(path)
     src = source or path.stem
     tasks = []
-    for index, (where, record) in enumerate(_records(path)):
+    for index, (where, record) in enumerate(read_records(path)):
         problem = _lookup(record, problem_key)
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{path}: {where} has no problem text in {problem_key!r} "

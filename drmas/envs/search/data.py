@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drmas.envs.records import read_records
 from drmas.envs.search.answers import contains_answer
 
 __all__ = ["SearchTask", "World", "synthetic_world", "load_search_r1", "load_corpus", "write_corpus"]
@@ -355,30 +356,6 @@ def _valid(corpus: _Corpus, entity: str, answer: str, bridge: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line or row number, record) pairs from JSONL (1-based lines) or parquet (0-based rows)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as err:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
-        yield from enumerate(pq.read_table(path).to_pylist())
-        return
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}: line {lineno} is not a JSON object")
-            yield lineno, record
-
-
 def _as_list(value: Any) -> list[Any]:
     """A string, list, tuple or numpy array (parquet read through pandas) as a list."""
     if value is None:
@@ -406,15 +383,14 @@ def load_search_r1(path: str | Path, source: str | None = None) -> list[SearchTa
     ``data_source``; without either the file name is used. Hops are unknown (0).
     """
     path = Path(path)
-    where = "row" if path.suffix == ".parquet" else "line"
     tasks = []
-    for index, (pos, record) in enumerate(_records(path)):
+    for index, (where, record) in enumerate(read_records(path)):
         question = record.get("question")
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{path}: {where} {pos} has no 'question'")
+            raise ValueError(f"{path}: {where} has no 'question'")
         answers = _gold_answers(record)
         if not answers:
-            raise ValueError(f"{path}: {where} {pos} has no answers "
+            raise ValueError(f"{path}: {where} has no answers "
                              "('golden_answers' or 'reward_model.ground_truth.target')")
         question = question.strip()
         if not question.endswith("?"):
@@ -430,14 +406,14 @@ def load_corpus(path: str | Path) -> list[str]:
     there) or else ``text`` (prefixed with ``title`` and a newline when there is one)."""
     path = Path(path)
     passages = []
-    for pos, record in _records(path):
+    for where, record in read_records(path):
         if isinstance(record.get("contents"), str):
             passages.append(record["contents"])
         elif isinstance(record.get("text"), str):
             title = record.get("title")
             passages.append(f"{title}\n{record['text']}" if title else record["text"])
         else:
-            raise ValueError(f"{path}: line {pos} has neither 'contents' nor 'text'")
+            raise ValueError(f"{path}: {where} has neither 'contents' nor 'text'")
     return passages
 
 
