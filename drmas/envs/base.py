@@ -10,6 +10,7 @@ agent, or different model families alike. Nothing here imports Lightning.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
@@ -25,6 +26,7 @@ __all__ = [
     "Registry",
     "RolloutResult",
     "Workflow",
+    "sample_each",
 ]
 
 T = TypeVar("T")
@@ -152,6 +154,23 @@ class Workflow(ABC):
     ) -> RolloutResult:
         """Play the tasks. ``parallel``: ``n`` independent trajectories per task. ``tree``: one
         executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt."""
+
+
+def sample_each(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt]) -> list[Completion]:
+    """One completion per prompt; identical prompts share one request with ``n`` > 1, so the
+    engine computes their common prefix once."""
+    slots: dict[ChatPrompt, list[int]] = defaultdict(list)
+    for i, p in enumerate(prompts):
+        slots[p].append(i)
+    by_count: dict[int, list[ChatPrompt]] = defaultdict(list)
+    for p, idx in slots.items():
+        by_count[len(idx)].append(p)
+    out: list[Completion | None] = [None] * len(prompts)
+    for n, unique in by_count.items():
+        for p, comps in zip(unique, generate(agent, unique, n)):
+            for i, c in zip(slots[p], comps):
+                out[i] = c
+    return out  # type: ignore[return-value]
 
 
 WORKFLOWS: Registry[type[Workflow]] = Registry("workflow")

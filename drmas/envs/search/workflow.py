@@ -29,7 +29,6 @@ retrieves nothing, a malformed answer is wrong).
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -44,6 +43,7 @@ from drmas.envs.base import (
     PromptTemplate,
     RolloutResult,
     Workflow,
+    sample_each,
 )
 from drmas.envs.search.answers import contains_answer, exact_match
 from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1, synthetic_world
@@ -72,23 +72,6 @@ class _Episode:
 
     def gathered_text(self) -> str:
         return " ".join(p for _, ps in self.history for p in ps)
-
-
-def sample_each(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt]) -> list[Completion]:
-    """One completion per prompt; identical prompts share one request with ``n`` > 1, so the
-    engine computes their common prefix once."""
-    slots: dict[ChatPrompt, list[int]] = defaultdict(list)
-    for i, p in enumerate(prompts):
-        slots[p].append(i)
-    by_count: dict[int, list[ChatPrompt]] = defaultdict(list)
-    for p, idx in slots.items():
-        by_count[len(idx)].append(p)
-    out: list[Completion | None] = [None] * len(prompts)
-    for n, unique in by_count.items():
-        for p, comps in zip(unique, generate(agent, unique, n)):
-            for i, c in zip(slots[p], comps):
-                out[i] = c
-    return out  # type: ignore[return-value]
 
 
 @WORKFLOWS.register("search")

@@ -1,0 +1,72 @@
+"""The Dr. MAS solver/verifier loop driven by a scripted engine: routing, feedback, rewards."""
+
+import pytest
+
+from drmas.envs.base import Completion
+from drmas.envs.math.workflows import SolverVerifierWorkflow, parse_verdict
+
+
+class Script:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, agent, prompts, n):
+        self.calls.append((agent, list(prompts), n))
+        return [[Completion([1], [2, 3], [-0.5, -0.5], p.prefill + self.fn(agent, p, i), "stop") for i in range(n)]
+                for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def wf():
+    return SolverVerifierWorkflow(max_loops=2, alpha=1.0, format_penalty=0.1)
+
+
+def test_parse_verdict():
+    assert parse_verdict("<verify>approve</verify> fine") == (True, "fine")
+    assert parse_verdict("<verify> Reject </verify>\n wrong sum") == (False, "wrong sum")
+    assert parse_verdict("<verify>maybe</verify>") is None and parse_verdict("approve") is None
+
+
+def test_approved_right_answer_ends_after_one_loop(wf):
+    task = wf.tasks("train")[0]
+    script = Script(lambda a, p, i: f"so \\boxed{{{task.answer}}}" if a == "solver" else "approve</verify> ok")
+    res = wf.rollout([task], script, n=2)
+    assert [(s.agent, s.turn) for s in res.experiences] == [("solver", 0), ("verifier", 0)] * 2
+    assert all(s.reward == 1.0 and s.valid for s in res.experiences)
+    assert [e.success for e in res.episodes] == [True, True] and res.episodes[0].turns == 1
+    assert script.calls[0][2] == 2  # both trajectories share the first solver prompt
+
+
+def test_rejection_feeds_back_and_the_last_loop_is_unchecked(wf):
+    task = wf.tasks("train")[0]
+
+    def fn(agent, p, i):
+        if agent == "verifier":
+            return "reject</verify> the sum is off"
+        # first attempt wrong, second (after feedback) right
+        return f"\\boxed{{{task.answer}}}" if "rejected" in p.messages[-1][1] else "\\boxed{-1}"
+
+    script = Script(fn)
+    res = wf.rollout([task], script, n=1)
+    assert [(s.agent, s.turn) for s in res.experiences] == [("solver", 0), ("verifier", 0), ("solver", 1)]
+    second_prompt = [c for c in script.calls if c[0] == "solver"][1][1][0].messages[-1][1]
+    assert "the sum is off" in second_prompt and "\\boxed{-1}" in second_prompt
+    # the final answer is right, so every sample gets the team reward, the verifier's too
+    assert [s.reward for s in res.experiences] == [1.0, 1.0, 1.0]
+
+
+def test_malformed_outputs_are_penalised_and_wrong_answers_get_no_team_reward(wf):
+    task = wf.tasks("train")[0]
+    res = wf.rollout([task], Script(lambda a, p, i: "I am not sure" if a == "solver" else "hmm"), n=1)
+    assert [(s.agent, s.valid) for s in res.experiences] == [("solver", False), ("verifier", False), ("solver", False)]
+    assert all(s.reward == pytest.approx(-0.1) for s in res.experiences)
+    assert res.episodes[0].success is False
+
+
+def test_tree_mode_and_bad_settings_are_refused(wf):
+    with pytest.raises(ValueError, match="parallel mode only"):
+        wf.rollout(wf.tasks("train")[:1], Script(lambda a, p, i: ""), n=2, mode="tree")
+    with pytest.raises(ValueError, match="max_loops"):
+        SolverVerifierWorkflow(max_loops=0)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        SolverVerifierWorkflow(train_file="nope.jsonl", val_file="nope.jsonl", test_file="nope.jsonl")
