@@ -88,7 +88,6 @@ class MultiAgentRL(L.LightningModule):
         self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
         self.hparams["vllm"] = dataclasses.asdict(vllm)
         self.automatic_optimization = False
-        self.policy_configs = policies
         self.policies = torch.nn.ModuleDict({name: Policy(name, cfg) for name, cfg in policies.items()})
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
@@ -190,10 +189,12 @@ class MultiAgentRL(L.LightningModule):
         logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
         if temperature > 0:
             logits = logits / temperature
-        logp_all = torch.log_softmax(logits, -1)
-        logp = logp_all.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+        # gather - logsumexp: no second [B, L, vocab] tensor unless the entropy needs one
+        lse = torch.logsumexp(logits, -1)
+        logp = logits.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1) - lse
         entropy = None
         if self.loss_kwargs["entropy_coef"]:
+            logp_all = logits - lse.unsqueeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
 
@@ -206,8 +207,8 @@ class MultiAgentRL(L.LightningModule):
         # are the old ones; keep them for the later epochs instead of an extra forward pass.
         if batch.epoch == 0:
             old = logp.detach()
-            for row, i in enumerate(batch.sample_index.tolist()):
-                if policy.config.ppo_epochs > 1:
+            if policy.config.ppo_epochs > 1:
+                for row, i in enumerate(batch.sample_index.tolist()):
                     self._old_logprobs[(batch.policy, i)] = old[row]
         else:
             old = torch.stack([self._old_logprobs[(batch.policy, i)] for i in batch.sample_index.tolist()])
