@@ -1,10 +1,34 @@
-"""The LightningCLI shared by the recipes: RL-friendly trainer defaults and an end-of-run summary."""
+"""The LightningCLI shared by the recipes: RL-friendly trainer defaults, per-recipe config
+sections, and an end-of-run summary.
+
+One config file serves every recipe (``configs/qwen3_8b.yaml`` runs search and math): its
+top-level keys are common to all recipes, and an optional ``recipes:`` mapping holds what differs
+per recipe (the workflow, group size, response length), merged over the common part when that
+recipe reads the file::
+
+    model: {policies: {shared: {model: Qwen/Qwen3-8B, lr: 1.0e-6}}}
+    recipes:
+      search: {data: {group_size: 5}}
+      math: {data: {group_size: 8}}
+
+The merge happens as the file is read, so flags given after ``--config`` still override it, and
+``--print_config`` shows the merged result.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+# vLLM runs in-process to share weights with the trainer (DESIGN.md section 6); its CPU backend
+# warns on every request. Set before anything imports vllm.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import yaml
+from jsonargparse import set_loader
+from jsonargparse._loaders_dumpers import yaml_load
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -12,7 +36,52 @@ from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, RolloutStats
 from drmas.data.datamodule import RolloutDataModule
 from drmas.modules.multi_agent import MultiAgentRL
 
-__all__ = ["DrmasCLI", "format_summary", "run_recipe"]
+__all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "run_recipe"]
+
+#: The configs shipped with a checkout (the recipes' default configs live here).
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+PARSER_MODE = "drmas_yaml"
+_ROOT_KEYS = {"trainer", "model", "data", "seed_everything", "ckpt_path", "recipes"}
+_active_recipe: list[str] = []  # the recipe whose section a config file contributes
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        return over
+    if "class_path" in over and over["class_path"] != base.get("class_path"):
+        return over  # another class: the common init_args do not apply to it
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(base[key], value) if key in base else value
+    return out
+
+
+def merge_recipe_section(config: dict[str, Any], recipe: str | None) -> dict[str, Any]:
+    """The common part of ``config`` with ``config["recipes"][recipe]`` merged over it (nested
+    mappings merge key by key, anything else is replaced)."""
+    sections = config.get("recipes") or {}
+    if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+        raise ValueError("config key 'recipes' must map recipe names to config sections, "
+                         f"got {sections!r}")
+    common = {k: v for k, v in config.items() if k != "recipes"}
+    if recipe is None or recipe not in sections:
+        return common
+    unknown = set(sections[recipe]) - (_ROOT_KEYS - {"recipes"})
+    if unknown:
+        raise ValueError(f"config key 'recipes.{recipe}' has unknown keys {sorted(unknown)}; "
+                         f"allowed: {sorted(_ROOT_KEYS - {'recipes'})}")
+    return _deep_merge(common, sections[recipe])
+
+
+def _load(text: str) -> Any:
+    value = yaml_load(text)
+    # Only a whole config file has a top-level ``recipes`` key; values of single flags pass through.
+    if isinstance(value, dict) and "recipes" in value and set(value) <= _ROOT_KEYS:
+        return merge_recipe_section(value, _active_recipe[-1] if _active_recipe else None)
+    return value
+
+
+set_loader(PARSER_MODE, _load, exceptions=(yaml.YAMLError, ValueError))
 
 
 class DrmasCLI(LightningCLI):
@@ -21,15 +90,21 @@ class DrmasCLI(LightningCLI):
     def __init__(self, workflow: str, name: str, default_config: str | None = None, **kwargs: Any) -> None:
         self._workflow, self._name = workflow, name
         # The default config is read first; --config files and flags override it.
-        parser_kwargs = {"fit": {"default_config_files": [default_config]}} if default_config else {}
-        super().__init__(
-            MultiAgentRL,
-            RolloutDataModule,
-            trainer_defaults=trainer_defaults(name),
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs=parser_kwargs,
-            **kwargs,
-        )
+        fit: dict[str, Any] = {"parser_mode": PARSER_MODE}
+        if default_config:
+            fit["default_config_files"] = [default_config]
+        _active_recipe.append(name)
+        try:
+            super().__init__(
+                MultiAgentRL,
+                RolloutDataModule,
+                trainer_defaults=trainer_defaults(name),
+                save_config_kwargs={"overwrite": True},
+                parser_kwargs={"parser_mode": PARSER_MODE, "fit": fit},
+                **kwargs,
+            )
+        finally:
+            _active_recipe.pop()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults({"data.workflow": {"class_path": self._workflow}})

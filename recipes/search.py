@@ -9,15 +9,11 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-# vLLM must run in-process to share weights with the trainer (see DESIGN.md section 6).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU backend warns on every request
+# Python puts this script's folder first on sys.path, where recipes/math.py would shadow the
+# standard library's `math`; the checkout's root takes its place (so recipes run uninstalled).
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from drmas.cli import run_recipe  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from drmas.cli import CONFIGS, run_recipe  # noqa: E402
 
 if __name__ == "__main__":
-    run_recipe("drmas.envs.search.SearchWorkflow", "search", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"))
+    run_recipe("drmas.envs.search.SearchWorkflow", "search", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

@@ -60,7 +60,8 @@ class RolloutDataModule(L.LightningDataModule):
             scale: ``std`` (divide by the group std) or ``none`` (Dr. GRPO).
             group_size: trajectories per task (parallel) or candidates per node (tree).
             tasks_per_iteration: tasks drawn (without replacement within an iteration) per rollout.
-            val_tasks: validation tasks used (the first ones of the val split; 0 = no validation).
+            val_tasks: validation tasks used: the first ones of the val split, per source when the
+                tasks name their source (0 = no validation).
             val_k: samples per validation task for ``val/avg@k`` and ``val/pass@k``.
             val_every: validate every this many iterations (0 = only before training and at the end).
             log_completions_every: log one sample completion per agent as text every this many
@@ -143,22 +144,40 @@ class RolloutDataModule(L.LightningDataModule):
         if final or (self.val_every and module.iteration % self.val_every == 0):
             self.validate(module)
 
+    def val_task_list(self) -> list[Any]:
+        """The first ``val_tasks`` tasks of each source of the val split (tasks without a
+        ``source`` attribute form one source)."""
+        per_source: dict[Any, list[Any]] = defaultdict(list)
+        for t in self.workflow.tasks("val"):
+            group = per_source[getattr(t, "source", None)]
+            if len(group) < self.val_tasks:
+                group.append(t)
+        return [t for group in per_source.values() for t in group]
+
     @torch.no_grad()
     def validate(self, module) -> dict[str, float]:
-        """``val/avg@k`` and ``val/pass@k`` over the first ``val_tasks`` val tasks, logged at the current iteration."""
+        """``val/avg@k`` and ``val/pass@k`` over the val tasks, and ``val/<source>/avg@k`` and
+        ``val/<source>/pass@k`` per source when the tasks name one; logged at the current iteration."""
         if not self.val_tasks:
             return {}
-        tasks = list(self.workflow.tasks("val"))[: self.val_tasks]
+        tasks = self.val_task_list()
         module.sync_engines()
         result = self.workflow.rollout(tasks, module.make_generate(train=False), n=self.val_k, mode="parallel")
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
-        c = torch.tensor([correct[t.uid] for t in tasks])
-        n = torch.full_like(c, self.val_k)
-        avg, pas = AvgAtK(self.val_k), PassAtK(self.val_k)
-        avg.update(c, n)
-        pas.update(c, n)
-        scalars = {f"val/avg@{self.val_k}": float(avg.compute()), f"val/pass@{self.val_k}": float(pas.compute())}
+        groups: dict[str, list[Any]] = {"val": tasks}
+        for t in tasks:
+            if getattr(t, "source", None) is not None:
+                groups.setdefault(f"val/{t.source}", []).append(t)
+        scalars = {}
+        for prefix, group in groups.items():
+            c = torch.tensor([correct[t.uid] for t in group])
+            n = torch.full_like(c, self.val_k)
+            avg, pas = AvgAtK(self.val_k), PassAtK(self.val_k)
+            avg.update(c, n)
+            pas.update(c, n)
+            scalars[f"{prefix}/avg@{self.val_k}"] = float(avg.compute())
+            scalars[f"{prefix}/pass@{self.val_k}"] = float(pas.compute())
         module.log_scalars(scalars)
         return scalars

@@ -27,6 +27,7 @@ __all__ = [
     "RolloutResult",
     "Workflow",
     "sample_each",
+    "sample_groups",
 ]
 
 T = TypeVar("T")
@@ -156,21 +157,26 @@ class Workflow(ABC):
         executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt."""
 
 
-def sample_each(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt]) -> list[Completion]:
-    """One completion per prompt; identical prompts share one request with ``n`` > 1, so the
-    engine computes their common prefix once."""
+def sample_groups(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt], k: int = 1) -> list[list[Completion]]:
+    """``k`` completions per prompt. Identical prompts (e.g. every trajectory's first turn) are
+    merged into one request, so the engine computes their common prefix once."""
     slots: dict[ChatPrompt, list[int]] = defaultdict(list)
     for i, p in enumerate(prompts):
         slots[p].append(i)
     by_count: dict[int, list[ChatPrompt]] = defaultdict(list)
     for p, idx in slots.items():
-        by_count[len(idx)].append(p)
-    out: list[Completion | None] = [None] * len(prompts)
-    for n, unique in by_count.items():
-        for p, comps in zip(unique, generate(agent, unique, n)):
-            for i, c in zip(slots[p], comps):
-                out[i] = c
-    return out  # type: ignore[return-value]
+        by_count[k * len(idx)].append(p)
+    out: list[list[Completion]] = [[] for _ in prompts]
+    for count, unique in by_count.items():  # one call per distinct n
+        for p, comps in zip(unique, generate(agent, unique, count)):
+            for j, i in enumerate(slots[p]):
+                out[i] = comps[j * k:(j + 1) * k]
+    return out
+
+
+def sample_each(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt]) -> list[Completion]:
+    """One completion per prompt (see :func:`sample_groups`)."""
+    return [c for (c,) in sample_groups(generate, agent, prompts)]
 
 
 WORKFLOWS: Registry[type[Workflow]] = Registry("workflow")

@@ -22,6 +22,7 @@ from drmas.envs.math.data import (
     gsm8k_final_answer,
     load_math_dataset,
     load_math_file,
+    math_splits,
 )
 
 ANA = ("Ana", "she", "her", "her")
@@ -336,3 +337,28 @@ def test_registry_with_the_real_datasets_library(monkeypatch: pytest.MonkeyPatch
     assert [(t.problem, t.answer) for t in tasks] == [
         ("Tom has 3 apples and buys 4. How many?", "7"), ("Twice 600?", "1200")
     ]
+
+
+# ------------------------------------------------------------------------------------------
+# the splits of a workflow
+# ------------------------------------------------------------------------------------------
+
+
+def test_math_splits_mix_files_names_and_the_embedded_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    b.write_text(json.dumps({"problem": "2+2?", "answer": "4"}) + "\n" + json.dumps({"problem": "3+3?", "answer": "6"}) + "\n")
+    _fake_datasets(monkeypatch, [{"question": "Q?", "answer": "#### 7"}])
+    splits = math_splits(0, train=str(a), val=[str(a), str(b), "gsm8k"])
+    assert [t.source for t in splits["train"]] == ["a"]
+    assert [(t.source, t.answer) for t in splits["val"]] == [("a", "2"), ("b", "4"), ("b", "6"), ("gsm8k", "7")]
+    assert splits["test"] == arithmetic_word_problems(seed=0)["test"]  # not given: embedded
+
+
+def test_math_splits_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"val data 'nope.jsonl': no such file.*math-500"):
+        math_splits(val="nope.jsonl")
+    a = tmp_path / "a.jsonl"
+    a.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match="duplicate task uids"):
+        math_splits(val=[str(a), str(a)])

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from drmas.envs.records import read_records
 
@@ -550,3 +550,45 @@ def load_math_dataset(name: str, split: str | None = None) -> list[MathTask]:
             f"access to the Hugging Face hub or a copy in the local datasets cache ({err})"
         ) from err
     return _tasks_from_rows(rows, spec, key, split)
+
+
+# ---------------------------------------------------------------------------------------------
+# The splits of a workflow
+# ---------------------------------------------------------------------------------------------
+
+SplitSource = Union[str, Sequence[str], None]
+
+
+def load_math_source(entry: str, split: str) -> list[MathTask]:
+    """One data source: an existing JSONL/parquet path, else a benchmark name of :data:`MATH_DATASETS`."""
+    if Path(entry).exists():
+        return load_math_file(entry)
+    try:
+        _spec(entry)
+    except ValueError:
+        raise FileNotFoundError(
+            f"{split} data {entry!r}: no such file, and not a known data set ({', '.join(MATH_DATASETS)})"
+        ) from None
+    # The benchmark's own evaluation split for val/test; for training, its train split.
+    return load_math_dataset(entry, "train" if split == "train" else None)
+
+
+def math_splits(
+    data_seed: int = 0, train: SplitSource = None, val: SplitSource = None, test: SplitSource = None
+) -> dict[str, tuple[MathTask, ...]]:
+    """The train/val/test tasks of a math workflow: each split from its files or benchmark names
+    (several are concatenated; each task keeps its ``source``), else the embedded arithmetic
+    problems generated from ``data_seed``. Task uids must be unique within a split."""
+    given = {"train": train, "val": val, "test": test}
+    embedded = arithmetic_word_problems(seed=data_seed) if not all(given.values()) else {}
+    splits: dict[str, tuple[MathTask, ...]] = {}
+    for split, entries in given.items():
+        if not entries:
+            splits[split] = tuple(embedded[split])
+            continue
+        tasks = [t for e in ([entries] if isinstance(entries, str) else entries) for t in load_math_source(e, split)]
+        uids = [t.uid for t in tasks]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"{split} data: duplicate task uids (the same file or data set given twice?)")
+        splits[split] = tuple(tasks)
+    return splits

@@ -21,7 +21,7 @@ from typing import Any
 import sympy
 from math_verify import parse, verify
 
-__all__ = ["extract_boxed", "is_correct"]
+__all__ = ["extract_boxed", "is_correct", "same_answer"]
 
 #: Longer boxed answers are graded wrong without parsing (no benchmark answer is this long).
 MAX_ANSWER_CHARS = 1000
@@ -209,17 +209,13 @@ def _clear_caches() -> None:
     _parse_answer.cache_clear()
 
 
-def is_correct(response: str, ground_truth: str) -> bool:
-    """Whether the last boxed answer of ``response`` equals ``ground_truth`` mathematically.
-
-    Anything before the last ``</think>`` is ignored. A response without a (complete) boxed
-    answer is wrong. Never raises on malformed model output; safe to call from many threads.
-    """
+def same_answer(answer: str, ground_truth: str) -> bool:
+    """Whether a plain answer (no box) equals ``ground_truth`` mathematically; e.g. a program's
+    printed ``0.5`` against ``\\frac{1}{2}``. Never raises; safe to call from many threads."""
     try:
-        box = extract_boxed(response)
-        if not box or len(box) > MAX_ANSWER_CHARS:
+        if not answer or len(answer) > MAX_ANSWER_CHARS:
             return False
-        pred_text = _normalize(box)
+        pred_text = _normalize(answer)
         gold_text = _normalize(str(ground_truth))
         if not pred_text or not gold_text:
             return False
@@ -230,3 +226,12 @@ def is_correct(response: str, ground_truth: str) -> bool:
         return bool(verify(list(gold), list(pred), timeout_seconds=None))
     except Exception:  # noqa: BLE001 - a grading bug must not kill a rollout worker
         return False
+
+
+def is_correct(response: str, ground_truth: str) -> bool:
+    """Whether the last boxed answer of ``response`` equals ``ground_truth`` mathematically.
+
+    Anything before the last ``</think>`` is ignored. A response without a (complete) boxed
+    answer is wrong. Never raises on malformed model output; safe to call from many threads.
+    """
+    return same_answer(extract_boxed(response) or "", ground_truth)

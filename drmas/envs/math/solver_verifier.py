@@ -26,7 +26,7 @@ from drmas.envs.base import (
     Workflow,
     sample_each,
 )
-from drmas.envs.math.data import MathTask, arithmetic_word_problems, load_math_file
+from drmas.envs.math.data import MathTask, math_splits
 from drmas.envs.math.grading import extract_boxed, is_correct
 
 __all__ = ["SolverVerifierWorkflow", "parse_verdict"]
@@ -88,9 +88,9 @@ class SolverVerifierWorkflow(Workflow):
     def __init__(
         self,
         data_seed: int = 0,
-        train_file: str | None = None,
-        val_file: str | None = None,
-        test_file: str | None = None,
+        train_file: str | list[str] | None = None,
+        val_file: str | list[str] | None = None,
+        test_file: str | list[str] | None = None,
         max_loops: int = 2,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
@@ -99,9 +99,10 @@ class SolverVerifierWorkflow(Workflow):
         """
         Args:
             data_seed: seed of the embedded arithmetic word problems (used for splits without a file).
-            train_file: JSONL/parquet with ``problem`` and ``answer`` columns (replaces the train split).
-            val_file: validation problems file.
-            test_file: test problems file.
+            train_file: training problems replacing the embedded ones: a JSONL/parquet file with
+                ``problem`` and ``answer`` columns, a benchmark name (``MATH_DATASETS``), or a list.
+            val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
+            test_file: test problems, likewise.
             max_loops: solver attempts; every attempt but the last is checked by the verifier.
             alpha: weight of the team reward in ``alpha * team + local``.
             format_penalty: magnitude of the local penalty for a malformed action.
@@ -114,9 +115,7 @@ class SolverVerifierWorkflow(Workflow):
             raise ValueError(f"templates for unknown agents {sorted(unknown)}; agents: {list(self.agents)}")
         self.max_loops, self.alpha, self.format_penalty = max_loops, alpha, format_penalty
         self.templates = {**default_templates(), **(templates or {})}
-        files = {"train": train_file, "val": val_file, "test": test_file}
-        embedded = arithmetic_word_problems(seed=data_seed) if not all(files.values()) else {}
-        self._splits = {s: tuple(load_math_file(p)) if p else embedded[s] for s, p in files.items()}
+        self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
         if split not in self._splits:

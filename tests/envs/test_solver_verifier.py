@@ -1,19 +1,9 @@
 """The Dr. MAS solver/verifier loop driven by a scripted engine: routing, feedback, rewards."""
 
 import pytest
+from scripted import Script
 
-from drmas.envs.base import Completion
-from drmas.envs.math.workflows import SolverVerifierWorkflow, parse_verdict
-
-
-class Script:
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
-
-    def __call__(self, agent, prompts, n):
-        self.calls.append((agent, list(prompts), n))
-        return [[Completion([1], [2, 3], [-0.5, -0.5], p.prefill + self.fn(agent, p, i), "stop") for i in range(n)]
-                for p in prompts]
+from drmas.envs.math.solver_verifier import SolverVerifierWorkflow, parse_verdict
 
 
 @pytest.fixture(scope="module")

