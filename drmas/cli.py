@@ -27,8 +27,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import yaml
-from jsonargparse import set_loader
-from jsonargparse._loaders_dumpers import yaml_load
+from jsonargparse import get_loader, set_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -74,13 +73,14 @@ def merge_recipe_section(config: dict[str, Any], recipe: str | None) -> dict[str
 
 
 def _load(text: str) -> Any:
-    value = yaml_load(text)
+    value = _yaml_load(text)
     # Only a whole config file has a top-level ``recipes`` key; values of single flags pass through.
     if isinstance(value, dict) and "recipes" in value and set(value) <= _ROOT_KEYS:
         return merge_recipe_section(value, _active_recipe[-1] if _active_recipe else None)
     return value
 
 
+_yaml_load = get_loader("yaml")  # jsonargparse's own YAML reading, before ours is registered
 set_loader(PARSER_MODE, _load, exceptions=(yaml.YAMLError, ValueError))
 
 

@@ -20,6 +20,8 @@ def run(tmp, *args, check=True):
 def test_parallel_sampling_with_the_hf_engine(tmp_path):
     proc = run(tmp_path, "--model.engine", "hf")
     s = check_run(tmp_path, AGENTS)
+    # validation per source of the synthetic world, as well as overall
+    assert sorted(s["val/synthetic-1hop/avg@2"]) == sorted(s["val/synthetic-2hop/pass@2"]) == [0, 2]
     # one shared policy trains on every agent's samples
     assert s["train/shared/samples"][1] == sum(s[f"rollout/{a}/samples"][1] for a in AGENTS)
     # the end-of-run table
