@@ -94,6 +94,9 @@ class RolloutDataModule(L.LightningDataModule):
         module = self.trainer.lightning_module
         module.bind_agents(self.workflow.agents)
 
+    def teardown(self, stage: str) -> None:
+        self.workflow.close()
+
     def sample_tasks(self, iteration: int) -> list[Any]:
         tasks = list(self.workflow.tasks("train"))
         rng = random.Random(self.seed * 1_000_003 + iteration)

@@ -156,6 +156,9 @@ class Workflow(ABC):
         """Play the tasks. ``parallel``: ``n`` independent trajectories per task. ``tree``: one
         executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt."""
 
+    def close(self) -> None:
+        """Release what the workflow holds (worker pools, connections); it may be used again after."""
+
 
 def sample_groups(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt], k: int = 1) -> list[list[Completion]]:
     """``k`` completions per prompt. Identical prompts (e.g. every trajectory's first turn) are

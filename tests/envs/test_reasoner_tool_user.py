@@ -134,6 +134,8 @@ def test_tree_state_advances_with_the_executed_candidate(wf, task):
 def test_bad_settings_are_refused(wf, task):
     with pytest.raises(ValueError, match="turns"):
         ReasonerToolUserWorkflow(turns=0)
+    with pytest.raises(ValueError, match="sandbox_workers"):
+        ReasonerToolUserWorkflow(sandbox_workers=0)
     with pytest.raises(ValueError, match="tie_break"):
         ReasonerToolUserWorkflow(tie_break="best")
     with pytest.raises(ValueError, match="unknown agents"):
@@ -142,3 +144,11 @@ def test_bad_settings_are_refused(wf, task):
         wf.rollout([task], Script(lambda a, p, i: ""), n=1, mode="beam")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         ReasonerToolUserWorkflow(val_file="nope.jsonl")
+
+
+def test_the_workflow_plays_again_after_close(task):
+    w = ReasonerToolUserWorkflow(turns=1)
+    script = Script(lambda a, p, i: program(task.answer) if a == "tool_user" else f"\\boxed{{{task.answer}}}")
+    for _ in range(2):  # close() frees the sandbox workers; the next rollout starts new ones
+        assert [s.reward for s in w.rollout([task], script, n=1).experiences] == [2.0, 2.0]
+        w.close()

@@ -163,8 +163,8 @@ class ReasonerToolUserWorkflow(Workflow):
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
         """
-        if turns < 1:
-            raise ValueError(f"turns must be >= 1, got {turns}")
+        if turns < 1 or sandbox_workers < 1:
+            raise ValueError(f"turns and sandbox_workers must be >= 1, got {turns}, {sandbox_workers}")
         if tie_break not in ("first", "random"):
             raise ValueError(f"tie_break must be 'first' or 'random', got {tie_break!r}")
         unknown = set(templates or {}) - set(AGENTS)
@@ -174,7 +174,8 @@ class ReasonerToolUserWorkflow(Workflow):
         self.code_timeout_s, self.code_memory_mb = code_timeout_s, code_memory_mb
         self.templates = {**default_templates(), **(templates or {})}
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
-        self._pool = SandboxPool(sandbox_workers)
+        self.sandbox_workers = sandbox_workers
+        self._pool: SandboxPool | None = None
 
     def tasks(self, split: str) -> Sequence[MathTask]:
         if split not in self._splits:
@@ -182,7 +183,9 @@ class ReasonerToolUserWorkflow(Workflow):
         return self._splits[split]
 
     def close(self) -> None:
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     # ---- one agent step ---------------------------------------------------------------------
 
@@ -206,6 +209,8 @@ class ReasonerToolUserWorkflow(Workflow):
     def _run(self, programs: list[str | None]) -> list[Result]:
         """Sandbox results in order; a missing program is a failure that never reaches the sandbox."""
         real = [p for p in programs if p is not None]
+        if self._pool is None:
+            self._pool = SandboxPool(self.sandbox_workers)
         results = iter(self._pool.run(real, timeout_s=self.code_timeout_s, memory_mb=self.code_memory_mb))
         missing = Result("", "no code block", 1, False)
         return [next(results) if p is not None else missing for p in programs]
