@@ -45,6 +45,7 @@ from drmas.envs.base import (
 )
 from drmas.envs.math.data import MathTask, math_splits
 from drmas.envs.math.grading import extract_boxed, same_answer
+from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
 from drmas.envs.sandbox import Result, SandboxPool
 
 __all__ = ["ReasonerToolUserWorkflow", "parse_program", "program_answer"]
@@ -52,9 +53,7 @@ __all__ = ["ReasonerToolUserWorkflow", "parse_program", "program_answer"]
 AGENTS = ("tool_user", "reasoner")
 _CONTEXT_CHARS = 1200  # cap on a teammate's output quoted in a prompt
 
-_EXAMPLE_PROBLEM = "Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils does she have left?"
 _EXAMPLE_PROGRAM = "```python\npencils = 3 * 4\nprint(pencils - 5)\n```"
-_EXAMPLE_SOLUTION = "Mia has 3 x 4 = 12 pencils. After giving away 5 she has 12 - 5 = 7.\n\\boxed{7}"
 _CODE = (
     "Problem: {problem}\n{context}Write a Python program that computes the answer and prints only "
     "the final number (use fractions.Fraction for exact fractions)."
@@ -68,7 +67,7 @@ def default_templates() -> dict[str, PromptTemplate]:
         "tool_user": PromptTemplate(
             system="You write short Python programs that solve math word problems.",
             instruction=_CODE,
-            example_user=_CODE.format(problem=_EXAMPLE_PROBLEM, context=""),
+            example_user=_CODE.format(problem=EXAMPLE_PROBLEM, context=""),
             example_assistant=_EXAMPLE_PROGRAM,
             prefill="```python\n",
             stop=("```",),
@@ -76,8 +75,8 @@ def default_templates() -> dict[str, PromptTemplate]:
         "reasoner": PromptTemplate(
             system="You solve math word problems.",
             instruction=_SOLVE,
-            example_user=_SOLVE.format(problem=_EXAMPLE_PROBLEM, context=""),
-            example_assistant=_EXAMPLE_SOLUTION,
+            example_user=_SOLVE.format(problem=EXAMPLE_PROBLEM, context=""),
+            example_assistant=EXAMPLE_SOLUTION,
         ),
     }
 

@@ -1,4 +1,4 @@
-"""Math workflows. So far: the Dr. MAS solver / verifier loop.
+"""The Dr. MAS solver / verifier loop.
 
 Loop up to ``max_loops`` times: the solver writes a step-by-step solution ending in
 ``\\boxed{}`` (seeing the verifier's previous feedback); the verifier answers
@@ -31,8 +31,8 @@ from drmas.envs.math.grading import extract_boxed, is_correct
 
 __all__ = ["SolverVerifierWorkflow", "parse_verdict"]
 
-_EXAMPLE_PROBLEM = "Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils does she have left?"
-_EXAMPLE_SOLUTION = "Mia has 3 x 4 = 12 pencils. After giving away 5 she has 12 - 5 = 7.\n\\boxed{7}"
+EXAMPLE_PROBLEM = "Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils does she have left?"
+EXAMPLE_SOLUTION = "Mia has 3 x 4 = 12 pencils. After giving away 5 she has 12 - 5 = 7.\n\\boxed{7}"
 _SOLVE = "Problem: {problem}\n{feedback}Solve it step by step, then write the final answer as \\boxed{{answer}}."
 _CHECK = (
     "Problem: {problem}\nProposed solution:\n{solution}\n\nIs the final answer correct? Reply "
@@ -46,13 +46,13 @@ def default_templates() -> dict[str, PromptTemplate]:
         "solver": PromptTemplate(
             system="You solve math word problems.",
             instruction=_SOLVE,
-            example_user=_SOLVE.format(problem=_EXAMPLE_PROBLEM, feedback=""),
-            example_assistant=_EXAMPLE_SOLUTION,
+            example_user=_SOLVE.format(problem=EXAMPLE_PROBLEM, feedback=""),
+            example_assistant=EXAMPLE_SOLUTION,
         ),
         "verifier": PromptTemplate(
             system="You check solutions of math word problems.",
             instruction=_CHECK,
-            example_user=_CHECK.format(problem=_EXAMPLE_PROBLEM, solution=_EXAMPLE_SOLUTION),
+            example_user=_CHECK.format(problem=EXAMPLE_PROBLEM, solution=EXAMPLE_SOLUTION),
             example_assistant="<verify>approve</verify> 3 x 4 - 5 = 7 is right.",
             prefill="<verify>",
         ),
