@@ -40,7 +40,7 @@ __all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "run_recipe"]
 #: The configs shipped with a checkout (the recipes' default configs live here).
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 PARSER_MODE = "drmas_yaml"
-_ROOT_KEYS = {"trainer", "model", "data", "seed_everything", "ckpt_path", "recipes"}
+_ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path", "recipes"}
 _active_recipe: list[str] = []  # the recipe whose section a config file contributes
 
 
@@ -108,6 +108,14 @@ class DrmasCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults({"data.workflow": {"class_path": self._workflow}})
+        # Both checkpoint callbacks are configurable (`--checkpoint.save_last false`,
+        # `--hf_checkpoint.every_n_iterations 10`): a policy of 8B parameters with its Adam state
+        # makes a ~100 GB Lightning checkpoint, which a user may not want every iteration.
+        parser.add_lightning_class_args(HFCheckpoint, "hf_checkpoint")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # Full training state for --ckpt_path resume, at every iteration's end (Lightning writes
+        # through a temporary file, so an interrupted save leaves the old one intact).
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0, "checkpoint.every_n_epochs": 1})
 
 
 def trainer_defaults(name: str) -> dict[str, Any]:
@@ -122,14 +130,7 @@ def trainer_defaults(name: str) -> dict[str, Any]:
         "enable_progress_bar": False,
         "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                    "init_args": {"save_dir": "runs", "name": name}},
-        "callbacks": [
-            RolloutStats(),
-            GradNormSpikeMonitor(),
-            HFCheckpoint(),
-            # Full training state for --ckpt_path resume, at every iteration's end (Lightning
-            # writes through a temporary file, so an interrupted save leaves the old one intact).
-            ModelCheckpoint(save_last=True, save_top_k=0, every_n_epochs=1),
-        ],
+        "callbacks": [RolloutStats(), GradNormSpikeMonitor()],
     }
 
 
