@@ -134,15 +134,19 @@ def trainer_defaults(name: str) -> dict[str, Any]:
     }
 
 
-def format_summary(module: MultiAgentRL, log_dir: str | None) -> str:
-    """Per agent: reward and valid-format ratio at the first and last iteration; val before/after."""
+def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
+    """Where the logs and checkpoints went; per agent, reward and valid-format ratio at the first
+    and last iteration; validation before and after."""
     rows = [h for h in module.history if any(k.startswith("rollout/") for k in h)]
     vals = [h for h in module.history if any(k.startswith("val/") for k in h)]
     lines = []
-    if log_dir:
-        lines.append(f"TensorBoard logs: {log_dir}   (tensorboard --logdir {os.path.dirname(log_dir)})")
-        lines.append(f"HF checkpoints:   {os.path.join(log_dir, 'hf')}")
-        lines.append(f"resume with:      --ckpt_path {os.path.join(log_dir, 'checkpoints', 'last.ckpt')}")
+    if trainer is not None and trainer.log_dir:
+        lines.append(f"TensorBoard logs: {trainer.log_dir}   (tensorboard --logdir {os.path.dirname(trainer.log_dir)})")
+        for cb in trainer.callbacks:
+            if isinstance(cb, HFCheckpoint):
+                lines.append(f"HF checkpoints:   {cb.resolve_dirpath(trainer)}")
+            elif isinstance(cb, ModelCheckpoint) and cb.last_model_path:
+                lines.append(f"resume with:      --ckpt_path {cb.last_model_path}")
     if rows:
         first, last = rows[0], rows[-1]
         agents = sorted({k.split("/")[1] for h in rows for k in h if k.count("/") == 2 and k.startswith("rollout/")})
@@ -165,5 +169,5 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
     """Run a recipe's CLI; after ``fit``, print where the logs are and the summary table."""
     cli = DrmasCLI(workflow, name, default_config, args=args)
     if getattr(cli, "subcommand", None) == "fit" and cli.trainer.is_global_zero:
-        print(format_summary(cli.model, cli.trainer.log_dir), flush=True)
+        print(format_summary(cli.model, cli.trainer), flush=True)
     return cli

@@ -24,29 +24,68 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     python3 -c "import torch, lightning, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'lightning', lightning.__version__, 'transformers', transformers.__version__)"
 } > "$OUT/summary.txt" 2>&1
 
-COMMON=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
-        --model.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
+# what each run logged, to compare with the CPU runs
+summarise() {
+    python3 - "$1" >> "$OUT/summary.txt" 2>&1 <<'PY'
+import glob, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+for f in sorted(glob.glob(sys.argv[1] + "/*/version_*/events.out.tfevents.*")):
+    ea = EventAccumulator(f, size_guidance={"scalars": 0})
+    ea.Reload()
+    print("==", "/".join(f.split("/")[-3:-1]))
+    for tag in sorted(ea.Tags()["scalars"]):
+        if tag.startswith(("train/", "rollout/success", "val/avg", "time/")) and not tag.endswith(("_low", "_high")):
+            print(f"  {tag}: " + ", ".join(f"{e.step}:{e.value:.4g}" for e in ea.Scalars(tag)))
+PY
+}
 run() {
     local name=$1; shift
     local start=$SECONDS
     python3 "$@" > "$OUT/$name.log" 2>&1
     echo "$name: rc=$? in $((SECONDS - start)) s" >> "$OUT/summary.txt"
 }
-run math_solver_verifier recipes/math.py fit "${COMMON[@]}"
-run math_tool_team_tree recipes/math.py fit "${COMMON[@]}" --data.workflow ReasonerToolUserWorkflow \
-    --data.workflow.init_args.turns 2 --data.sampling tree --data.estimator at_grpo
-run search recipes/search.py fit "${COMMON[@]}"
 
-# what each run logged, to compare with the CPU runs
-python3 - >> "$OUT/summary.txt" 2>&1 <<'PY'
-import glob
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-for f in sorted(glob.glob("/tmp/runs/*/version_*/events.out.tfevents.*")):
-    ea = EventAccumulator(f, size_guidance={"scalars": 0})
-    ea.Reload()
-    print("==", f.split("/")[3], f.split("/")[4])
-    for tag in sorted(ea.Tags()["scalars"]):
-        if tag.startswith(("train/", "rollout/success", "val/avg", "time/")) and not tag.endswith(("_low", "_high")):
-            print(f"  {tag}: " + ", ".join(f"{e.step}:{e.value:.4g}" for e in ea.Scalars(tag)))
+if [ "${1:-}" != "8b" ]; then
+    COMMON=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
+            --model.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
+    run math_solver_verifier recipes/math.py fit "${COMMON[@]}"
+    run math_tool_team_tree recipes/math.py fit "${COMMON[@]}" --data.workflow ReasonerToolUserWorkflow \
+        --data.workflow.init_args.turns 2 --data.sampling tree --data.estimator at_grpo
+    run search recipes/search.py fit "${COMMON[@]}"
+
+    summarise /tmp/runs
+fi
+
+# `bash scripts/device_check.sh 8b`: the claim of configs/qwen3_8b.yaml that one H200 trains an
+# 8B policy unsharded (fp32 weights + grads + AdamW state ~131 GB, gradient checkpointing):
+# a random Qwen3-8B-shaped model (no weights can be downloaded there), one iteration of the
+# math recipe with that config, GPU memory sampled every 0.5 s.
+if [ "${1:-}" = "8b" ]; then
+    python3 - > "$OUT/8b_init.log" 2>&1 <<'PY'
+import glob, shutil, time, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+t = time.time()
+cfg = AutoConfig.for_model("qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                           num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                           max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=False)
+with torch.device("cuda"):
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+print("params", sum(p.numel() for p in model.parameters()) / 1e9, "B")
+model.save_pretrained("/tmp/q8b")
+for f in glob.glob(".devcache/models/tiny-random-v1/*token*") + glob.glob(".devcache/models/tiny-random-v1/chat_template*"):
+    shutil.copy(f, "/tmp/q8b/")
+print("init + save", round(time.time() - t, 1), "s")
 PY
+    echo "8b init: rc=$?" >> "$OUT/summary.txt"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/8b_gpu_mem_mib.csv" &
+    SMI=$!
+    run math_8b recipes/math.py fit --config configs/qwen3_8b.yaml --model.engine hf \
+        --model.policies.shared.model /tmp/q8b --trainer.max_epochs 1 --data.group_size 2 \
+        --data.tasks_per_iteration 2 --data.val_tasks 0 --checkpoint.save_last false \
+        --model.policies.shared.train_sampling.max_new_tokens 64 --hf_checkpoint.dirpath /tmp/hf8b \
+        --trainer.logger.init_args.save_dir /tmp/runs8b
+    kill $SMI
+    echo "8b peak GPU memory: $(sort -n "$OUT/8b_gpu_mem_mib.csv" | tail -1) MiB" >> "$OUT/summary.txt"
+    summarise /tmp/runs8b
+fi
 cat "$OUT/summary.txt"

@@ -186,7 +186,8 @@ class MultiAgentRL(L.LightningModule):
 
     def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of each next token from logits / temperature (as the engine sampled)."""
-        logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        # no KV cache: nothing is decoded here, and with gradient checkpointing it is refused anyway
+        logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1].float()
         if temperature > 0:
             logits = logits / temperature
         # gather - logsumexp: no second [B, L, vocab] tensor unless the entropy needs one

@@ -43,8 +43,8 @@ def test_parallel_sampling_with_the_vllm_engine(tmp_path):
 
 def test_one_model_per_agent_trains_each_only_on_its_agent(tmp_path):
     policies = "{" + ", ".join(f"{a}: {{model: tiny-random, lr: 1.0e-3, train_sampling: {{max_new_tokens: 8}}}}" for a in AGENTS) + "}"
-    run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--trainer.max_epochs", "1", "--data.val_tasks", "0",
-        "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))
+    proc = run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--trainer.max_epochs", "1",
+               "--data.val_tasks", "0", "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))
     d = run_dir(tmp_path)
     s = scalars(d)
     for a in AGENTS:
@@ -52,6 +52,7 @@ def test_one_model_per_agent_trains_each_only_on_its_agent(tmp_path):
     # both checkpoint callbacks follow the flags: no Lightning checkpoint, HF ones where asked
     assert not os.path.exists(os.path.join(d, "checkpoints"))
     assert sorted(os.listdir(tmp_path / "hf_out" / "iter_1")) == sorted(AGENTS)
+    assert f"HF checkpoints:   {tmp_path / 'hf_out'}" in proc.stdout and "--ckpt_path" not in proc.stdout
 
 
 def test_resume_continues_the_interrupted_run(tmp_path):
