@@ -88,7 +88,7 @@ class DrmasCLI(LightningCLI):
     """LightningCLI for ``MultiAgentRL`` + ``RolloutDataModule`` with a recipe's workflow as default."""
 
     def __init__(self, workflow: str, name: str, default_config: str | None = None, **kwargs: Any) -> None:
-        self._workflow, self._name = workflow, name
+        self._workflow = workflow
         # The default config is read first; --config files and flags override it.
         fit: dict[str, Any] = {"parser_mode": PARSER_MODE}
         if default_config:
