@@ -9,6 +9,7 @@ agent, or different model families alike. Nothing here imports Lightning.
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,8 +27,10 @@ __all__ = [
     "Registry",
     "RolloutResult",
     "Workflow",
+    "pick_best",
     "sample_each",
     "sample_groups",
+    "split_tasks",
 ]
 
 T = TypeVar("T")
@@ -158,6 +161,21 @@ class Workflow(ABC):
 
     def close(self) -> None:
         """Release what the workflow holds (worker pools, connections); it may be used again after."""
+
+
+def split_tasks(splits: dict[str, Sequence[Any]], split: str) -> Sequence[Any]:
+    """``splits[split]``, or a KeyError naming the known splits."""
+    if split not in splits:
+        raise KeyError(f"unknown split {split!r}; known: {sorted(splits)}")
+    return splits[split]
+
+
+def pick_best(scores: Sequence[float], tie_break: str, rng: random.Random | None) -> int:
+    """Index of the best tree candidate; ties go to the lowest index (``first``, or no ``rng``)
+    or to a seeded random one (``random``)."""
+    best = max(scores)
+    ties = [i for i, s in enumerate(scores) if s == best]
+    return ties[0] if rng is None or tie_break == "first" else rng.choice(ties)
 
 
 def sample_groups(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt], k: int = 1) -> list[list[Completion]]:

@@ -41,7 +41,9 @@ from drmas.envs.base import (
     PromptTemplate,
     RolloutResult,
     Workflow,
+    pick_best,
     sample_groups,
+    split_tasks,
 )
 from drmas.envs.math.data import MathTask, math_splits
 from drmas.envs.math.grading import extract_boxed, same_answer
@@ -177,9 +179,7 @@ class ReasonerToolUserWorkflow(Workflow):
         self._pool: SandboxPool | None = None
 
     def tasks(self, split: str) -> Sequence[MathTask]:
-        if split not in self._splits:
-            raise KeyError(f"unknown split {split!r}; known: {sorted(self._splits)}")
-        return self._splits[split]
+        return split_tasks(self._splits, split)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -241,11 +241,6 @@ class ReasonerToolUserWorkflow(Workflow):
                                           {"answer": ep.answer, "agreed": ep.agreed}))
         return RolloutResult([s for ep in eps for s in ep.samples], episodes)
 
-    def _pick(self, recs: list[Experience], rng: random.Random | None) -> int:
-        scores = [s.reward for s in recs]
-        ties = [i for i, s in enumerate(scores) if s == max(scores)]
-        return ties[0] if rng is None or self.tie_break == "first" else rng.choice(ties)
-
     def _play(self, eps: list[_Episode], generate: GenerateFn, k: int, rng: random.Random | None) -> None:
         """Parallel play is the tree with one candidate per node (k=1), whose records get the
         episode's team reward at the end; the tree scores and picks among k candidates."""
@@ -263,7 +258,7 @@ class ReasonerToolUserWorkflow(Workflow):
                     recs.append(s)
                     runs.append((run, answer))
                 ep.samples.extend(recs)
-                best = self._pick(recs, rng)
+                best = pick_best([s.reward for s in recs], self.tie_break, rng)
                 ep.program, ep.run_summary = progs[best], _describe_run(runs[best][0])
                 ep.tool_answer = runs[best][1]
 
@@ -282,7 +277,7 @@ class ReasonerToolUserWorkflow(Workflow):
                     answers.append(answer)
                     agrees.append(agree)
                 ep.samples.extend(recs)
-                best = self._pick(recs, rng)
+                best = pick_best([s.reward for s in recs], self.tie_break, rng)
                 ep.solution, ep.answer, ep.agreed = comps[best].text, answers[best], agrees[best]
                 ep.done = last or ep.agreed
                 if not ep.done:

@@ -25,6 +25,7 @@ from drmas.envs.base import (
     RolloutResult,
     Workflow,
     sample_each,
+    split_tasks,
 )
 from drmas.envs.math.data import MathTask, math_splits
 from drmas.envs.math.grading import extract_boxed, is_correct
@@ -118,9 +119,7 @@ class SolverVerifierWorkflow(Workflow):
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
-        if split not in self._splits:
-            raise KeyError(f"unknown split {split!r}; known: {sorted(self._splits)}")
-        return self._splits[split]
+        return split_tasks(self._splits, split)
 
     def _record(self, ep: _Episode, agent: str, c: Completion, valid: bool) -> Experience:
         return Experience(

@@ -43,7 +43,9 @@ from drmas.envs.base import (
     PromptTemplate,
     RolloutResult,
     Workflow,
+    pick_best,
     sample_each,
+    split_tasks,
 )
 from drmas.envs.search.answers import contains_answer, exact_match
 from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1, synthetic_world
@@ -148,9 +150,7 @@ class SearchWorkflow(Workflow):
             self.retriever = make_retriever(retriever, corpus)
 
     def tasks(self, split: str) -> Sequence[SearchTask]:
-        if split not in self._splits:
-            raise KeyError(f"unknown split {split!r}; known: {sorted(self._splits)}")
-        return self._splits[split]
+        return split_tasks(self._splits, split)
 
     # ---- one agent step ---------------------------------------------------------------------
 
@@ -236,11 +236,6 @@ class SearchWorkflow(Workflow):
 
     # ---- tree -------------------------------------------------------------------------------
 
-    def _pick(self, scores: list[float], rng: random.Random) -> int:
-        best = max(scores)
-        ties = [i for i, s in enumerate(scores) if s == best]
-        return ties[0] if self.tie_break == "first" else rng.choice(ties)
-
     def _score(self, s: Experience, role: float, team: float | None) -> None:
         """A tree candidate's score: role reward + format term (+ alpha * team if it ends the episode)."""
         s.team_reward = team if team is not None else 0.0
@@ -260,7 +255,7 @@ class SearchWorkflow(Workflow):
                     self._score(s, role, None)
                     recs.append(s)
                 ep.samples.extend(recs)
-                best = self._pick([s.reward for s in recs], rng)
+                best = pick_best([s.reward for s in recs], self.tie_break, rng)
                 route[self._next_agent(ep, bool(says[best]))].append(ep)
 
             cands = generate("answerer", [self._prompt("answerer", ep) for ep in route["answerer"]], k)
@@ -273,7 +268,7 @@ class SearchWorkflow(Workflow):
                     self._score(s, em, em)
                     recs.append(s)
                 ep.samples.extend(recs)
-                ep.answer, ep.done = answers[self._pick([s.reward for s in recs], rng)], True
+                ep.answer, ep.done = answers[pick_best([s.reward for s in recs], self.tie_break, rng)], True
 
             searchers = route["searcher"]
             cands = generate("searcher", [self._prompt("searcher", ep) for ep in searchers], k)
@@ -289,7 +284,7 @@ class SearchWorkflow(Workflow):
                     recs.append(s)
                     found.append(passages)
                 ep.samples.extend(recs)
-                best = self._pick([s.reward for s in recs], rng)
+                best = pick_best([s.reward for s in recs], self.tie_break, rng)
                 if qs[best] is not None:
                     ep.history.append((qs[best], found[best]))
                 ep.turn += 1
