@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from drmas.data.engines import Engine, HFEngine, SamplingParams, vllm_available
+from drmas.engines import Engine, HFEngine, SamplingParams, vllm_available
 from drmas.models import load_causal_lm, resolve_model_path
 
 QUESTIONS = [
@@ -67,7 +67,7 @@ def main() -> None:
         if not vllm_available():
             print(f"{name:34s} vLLM               skipped: vllm is not installed")
             continue
-        from drmas.data.engines import VLLMEngine
+        from drmas.engines import VLLMEngine
 
         for dtype in ("float32", "bfloat16"):
             start = time.perf_counter()

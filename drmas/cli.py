@@ -13,15 +13,21 @@ recipe reads the file::
 
 The merge happens as the file is read, so flags given after ``--config`` still override it, and
 ``--print_config`` shows the merged result.
+
+Workflows are named by their registered name (``--data.workflow search``; a user's workflow
+registered with ``@WORKFLOWS.register("name")`` and imported before the CLI parses works the
+same way), by class name, or by import path.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
-# vLLM runs in-process to share weights with the trainer (DESIGN.md section 6); its CPU backend
-# warns on every request. Set before anything imports vllm.
+# vLLM runs in-process to share weights with the trainer (a separate engine process cannot
+# receive the new weights as tensors); its CPU backend warns on every request. Set before
+# anything imports vllm.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,11 +37,14 @@ from jsonargparse import get_loader, set_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+import drmas.envs.math  # noqa: F401  (registers the built-in workflows)
+import drmas.envs.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, RolloutStats
 from drmas.data.datamodule import RolloutDataModule
+from drmas.envs.base import WORKFLOWS
 from drmas.modules.multi_agent import MultiAgentRL
 
-__all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "run_recipe"]
+__all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow", "run_recipe"]
 
 #: The configs shipped with a checkout (the recipes' default configs live here).
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -72,11 +81,46 @@ def merge_recipe_section(config: dict[str, Any], recipe: str | None) -> dict[str
     return _deep_merge(common, sections[recipe])
 
 
+def resolve_workflow(name: Any) -> Any:
+    """The import path of a workflow registered as ``name``; anything else unchanged."""
+    if isinstance(name, str) and name in WORKFLOWS:
+        cls = WORKFLOWS.get(name)
+        return f"{cls.__module__}.{cls.__qualname__}"
+    return name
+
+
+def _resolve_config_workflow(config: dict[str, Any]) -> None:
+    data = config.get("data")
+    if isinstance(data, dict) and "workflow" in data:
+        wf = data["workflow"]
+        if isinstance(wf, dict) and "class_path" in wf:
+            data["workflow"] = {**wf, "class_path": resolve_workflow(wf["class_path"])}
+        else:
+            data["workflow"] = resolve_workflow(wf)
+
+
+def _resolve_argv_workflow(args: list[str]) -> list[str]:
+    """``--data.workflow NAME`` (or ``.class_path``, or with ``=``) with registered names resolved."""
+    flags = ("--data.workflow", "--data.workflow.class_path")
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg in flags and i + 1 < len(out):
+            out[i + 1] = resolve_workflow(out[i + 1])
+        elif "=" in arg and arg.split("=", 1)[0] in flags:
+            flag, value = arg.split("=", 1)
+            out[i] = f"{flag}={resolve_workflow(value)}"
+    return out
+
+
 def _load(text: str) -> Any:
     value = _yaml_load(text)
     # Only a whole config file has a top-level ``recipes`` key; values of single flags pass through.
-    if isinstance(value, dict) and "recipes" in value and set(value) <= _ROOT_KEYS:
-        return merge_recipe_section(value, _active_recipe[-1] if _active_recipe else None)
+    if isinstance(value, dict) and set(value) <= _ROOT_KEYS:
+        # names resolved in every section first, so a section's class_path compares like with like
+        for section in [value, *(v for v in (value.get("recipes") or {}).values() if isinstance(v, dict))]:
+            _resolve_config_workflow(section)
+        if "recipes" in value:
+            value = merge_recipe_section(value, _active_recipe[-1] if _active_recipe else None)
     return value
 
 
@@ -87,8 +131,13 @@ set_loader(PARSER_MODE, _load, exceptions=(yaml.YAMLError, ValueError))
 class DrmasCLI(LightningCLI):
     """LightningCLI for ``MultiAgentRL`` + ``RolloutDataModule`` with a recipe's workflow as default."""
 
-    def __init__(self, workflow: str, name: str, default_config: str | None = None, **kwargs: Any) -> None:
-        self._workflow = workflow
+    def __init__(self, workflow: str, name: str, default_config: str | None = None, args: Any = None,
+                 **kwargs: Any) -> None:
+        self._workflow = resolve_workflow(workflow)
+        if args is None:  # rewritten in place: LightningCLI warns when given args and argv both
+            sys.argv[1:] = _resolve_argv_workflow(sys.argv[1:])
+        elif isinstance(args, (list, tuple)):
+            args = _resolve_argv_workflow(list(args))
         # The default config is read first; --config files and flags override it.
         fit: dict[str, Any] = {"parser_mode": PARSER_MODE}
         if default_config:
@@ -101,6 +150,7 @@ class DrmasCLI(LightningCLI):
                 trainer_defaults=trainer_defaults(name),
                 save_config_kwargs={"overwrite": True},
                 parser_kwargs={"parser_mode": PARSER_MODE, "fit": fit},
+                args=args,
                 **kwargs,
             )
         finally:
@@ -119,7 +169,7 @@ class DrmasCLI(LightningCLI):
 
 
 def trainer_defaults(name: str) -> dict[str, Any]:
-    # One epoch = one RL iteration; the rollout data is rebuilt every epoch; every scalar is
+    # One Lightning epoch = one RL iteration; the rollout data is rebuilt every epoch; every scalar is
     # logged by the module with the iteration as step, so Lightning's own cadence is moot.
     return {
         "max_epochs": 4,
@@ -166,7 +216,8 @@ def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
 
 
 def run_recipe(workflow: str, name: str, default_config: str | None = None, args: Any = None) -> DrmasCLI:
-    """Run a recipe's CLI; after ``fit``, print where the logs are and the summary table."""
+    """Run a recipe's CLI (``workflow``: a registered name or an import path); after ``fit``,
+    print where the logs are and the summary table."""
     cli = DrmasCLI(workflow, name, default_config, args=args)
     if getattr(cli, "subcommand", None) == "fit" and cli.trainer.is_global_zero:
         print(format_summary(cli.model, cli.trainer), flush=True)

@@ -2,7 +2,7 @@
 
     python recipes/math.py fit                                   # embedded default, CPU, offline
     python recipes/math.py fit --config configs/qwen3_8b.yaml    # GPUs
-    python recipes/math.py fit --data.workflow ReasonerToolUserWorkflow \\
+    python recipes/math.py fit --data.workflow math_reasoner_tool_user \\
         --data.sampling tree --data.estimator at_grpo           # the AT-GRPO team (4 turns;
                                                                 # --data.workflow.init_args.turns 2 on a CPU)
     python recipes/math.py fit --print_config
@@ -15,8 +15,7 @@ import sys
 # library's `math`; the checkout's root takes its place (so recipes run uninstalled).
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import drmas.envs.math  # noqa: E402,F401  (makes the workflows known to --data.workflow by class name)
 from drmas.cli import CONFIGS, run_recipe  # noqa: E402
 
 if __name__ == "__main__":
-    run_recipe("drmas.envs.math.SolverVerifierWorkflow", "math", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))
+    run_recipe("math_solver_verifier", "math", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

@@ -16,4 +16,4 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from drmas.cli import CONFIGS, run_recipe  # noqa: E402
 
 if __name__ == "__main__":
-    run_recipe("drmas.envs.search.SearchWorkflow", "search", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))
+    run_recipe("search", "search", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

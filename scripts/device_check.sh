@@ -49,7 +49,7 @@ if [ "${1:-}" != "8b" ]; then
     COMMON=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
             --model.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
     run math_solver_verifier recipes/math.py fit "${COMMON[@]}"
-    run math_tool_team_tree recipes/math.py fit "${COMMON[@]}" --data.workflow ReasonerToolUserWorkflow \
+    run math_tool_team_tree recipes/math.py fit "${COMMON[@]}" --data.workflow math_reasoner_tool_user \
         --data.workflow.init_args.turns 2 --data.sampling tree --data.estimator at_grpo
     run search recipes/search.py fit "${COMMON[@]}"
 

@@ -1,8 +1,15 @@
-"""Per-recipe config sections: one file, merged differently by each recipe."""
+"""Per-recipe config sections (one file, merged differently by each recipe), and workflows by name."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
-from drmas.cli import merge_recipe_section
+from drmas.cli import _resolve_argv_workflow, merge_recipe_section, resolve_workflow
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = {
     "model": {"policies": {"shared": {"model": "m", "lr": 1e-6, "train_sampling": {"temperature": 1.0}}}},
@@ -37,3 +44,59 @@ def test_malformed_sections_are_named():
         merge_recipe_section({"recipes": ["one"]}, "one")
     with pytest.raises(ValueError, match=r"'recipes.one' has unknown keys \['dataa'\]"):
         merge_recipe_section({"recipes": {"one": {"dataa": {}}}}, "one")
+
+
+# ---- workflows by registered name -----------------------------------------------------------
+
+USER_RECIPE = '''
+import sys
+from drmas.cli import run_recipe
+from drmas.envs.base import WORKFLOWS
+from drmas.envs.math import SolverVerifierWorkflow
+
+
+@WORKFLOWS.register("toy_math")
+class ToyMath(SolverVerifierWorkflow):
+    """A user's own domain, registered by name."""
+
+    def __init__(self, loops: int = 3) -> None:
+        super().__init__(max_loops=loops)
+
+
+if __name__ == "__main__":
+    run_recipe("toy_math", "toy")
+'''
+
+
+def test_registered_names_resolve_to_import_paths():
+    assert resolve_workflow("search") == "drmas.envs.search.workflow.SearchWorkflow"
+    assert resolve_workflow("math_reasoner_tool_user") == "drmas.envs.math.reasoner_tool_user.ReasonerToolUserWorkflow"
+    assert resolve_workflow("SearchWorkflow") == "SearchWorkflow"  # class names are jsonargparse's to resolve
+    assert _resolve_argv_workflow(["--data.workflow", "search", "--data.workflow.class_path=math_solver_verifier",
+                                   "--model.engine", "search"]) == [
+        "--data.workflow", "drmas.envs.search.workflow.SearchWorkflow",
+        "--data.workflow.class_path=drmas.envs.math.solver_verifier.SolverVerifierWorkflow", "--model.engine", "search"]
+
+
+def run_user_recipe(tmp_path, *args):
+    script = tmp_path / "my_recipe.py"
+    script.write_text(USER_RECIPE)
+    cmd = [sys.executable, str(script), "fit", "--config", str(ROOT / "configs/tiny_random.yaml"),
+           "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *args]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def test_a_users_registered_workflow_works_by_name(tmp_path):
+    proc = run_user_recipe(tmp_path, "--data.workflow", "toy_math", "--data.workflow.init_args.loops", "5",
+                           "--print_config")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "args parameter" not in proc.stderr  # no LightningCLI warning about argv
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["data"]["workflow"] == {"class_path": "__main__.ToyMath", "init_args": {"loops": 5}}
+
+    # by name in a config file too, and it trains: one iteration on the tiny model
+    (tmp_path / "toy.yaml").write_text("data:\n  workflow: {class_path: toy_math, init_args: {loops: 1}}\n"
+                                       "  val_tasks: 0\ntrainer: {max_epochs: 1}\nmodel: {engine: hf}\n")
+    proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "solver" in proc.stdout and "verifier" not in proc.stdout.split("agent", 1)[1]  # one loop: no check

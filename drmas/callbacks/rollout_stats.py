@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import lightning as L
 
-from drmas.envs.base import RolloutResult
+from drmas.records import IterationPlan, RolloutResult
 
 __all__ = ["RolloutStats", "rollout_scalars"]
 
@@ -33,22 +33,24 @@ def rollout_scalars(result: RolloutResult) -> dict[str, float]:
 
 
 class RolloutStats(L.Callback):
-    """Logs the statistics of the rollout that feeds the iteration, at the iteration's step."""
+    """Logs the statistics and timings of each iteration's plan (the data module's ``plan``) at
+    the plan's iteration, and one completion per agent as text every ``log_completions_every``
+    iterations."""
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dm = trainer.datamodule
-        result = getattr(dm, "last_rollout", None)
-        if result is None:
+        plan: IterationPlan | None = getattr(dm, "plan", None)
+        if plan is None:
             return
-        pl_module.log_scalars({**rollout_scalars(result), **getattr(dm, "last_timing", {})})
+        pl_module.log_scalars({**rollout_scalars(plan.rollout), **plan.timings}, step=plan.iteration)
         every = getattr(dm, "log_completions_every", 0)
-        if every and pl_module.iteration % every == 0 and trainer.is_global_zero:
-            self._log_text(trainer, pl_module, result)
+        if every and plan.iteration % every == 0 and trainer.is_global_zero:
+            self._log_text(trainer, plan)
 
     @staticmethod
-    def _log_text(trainer: L.Trainer, pl_module: L.LightningModule, result: RolloutResult) -> None:
+    def _log_text(trainer: L.Trainer, plan: IterationPlan) -> None:
         seen = set()
-        for s in result.experiences:
+        for s in plan.experiences:
             if s.agent in seen:
                 continue
             seen.add(s.agent)
@@ -56,4 +58,4 @@ class RolloutStats(L.Callback):
             for lg in trainer.loggers:
                 writer = getattr(lg, "experiment", None)
                 if hasattr(writer, "add_text"):
-                    writer.add_text(f"completions/{s.agent}", text, global_step=pl_module.iteration)
+                    writer.add_text(f"completions/{s.agent}", text, global_step=plan.iteration)

@@ -1,10 +1,14 @@
-"""Interfaces shared by every multi-agent workflow: prompts, completions, the workflow, registries.
+"""What every multi-agent workflow shares: the interface, prompt templates, the registry, helpers.
 
 A workflow decides which agent acts when, builds each agent's prompt from the current state,
 parses the agent's output into an action, steps the environment and assigns rewards. It never
-sees models or tokenizers: it calls a ``generate(agent, prompts, n)`` function that the data
-module routes to the agent's policy, so one workflow runs on a shared model, one model per
-agent, or different model families alike. Nothing here imports Lightning.
+sees models or tokenizers: it calls a ``generate(agent, prompts, n)`` function that the trainer
+routes to the agent's policy, so one workflow runs on a shared model, one model per agent, or
+different model families alike. Nothing in ``drmas.envs`` imports Lightning, the engines, the
+data module or the trainer.
+
+Most domains are turn-based and subclass :class:`drmas.envs.episode.TurnWorkflow`, which plays
+the episodes; :class:`Workflow` is the bare interface for those that are not.
 """
 
 from __future__ import annotations
@@ -12,66 +16,32 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from drmas.data.experience import Experience
+from drmas.records import ChatPrompt, Completion, EpisodeResult, GenerateFn, RolloutResult
+from drmas.registry import Registry
 
 __all__ = [
+    "ESTIMATORS_BY_MODE",
+    "MODES",
     "WORKFLOWS",
     "ChatPrompt",
     "Completion",
     "EpisodeResult",
     "GenerateFn",
     "PromptTemplate",
-    "Registry",
     "RolloutResult",
     "Workflow",
     "pick_best",
-    "sample_each",
     "sample_groups",
     "split_tasks",
 ]
 
-T = TypeVar("T")
-
-
-class Registry(Generic[T]):
-    """Name -> class map that users extend with ``@REGISTRY.register("name")``."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._items: dict[str, T] = {}
-
-    def register(self, name: str) -> Callable[[T], T]:
-        def deco(obj: T) -> T:
-            if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = obj
-            return obj
-
-        return deco
-
-    def get(self, name: str) -> T:
-        if name not in self._items:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(sorted(self._items))}")
-        return self._items[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._items
-
-    def names(self) -> list[str]:
-        return sorted(self._items)
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    """What an agent is asked: chat messages, plus an assistant prefill that is part of the
-    prompt (not trained) but also of the text that gets parsed, and the stop strings."""
-
-    messages: tuple[tuple[str, str], ...]  # (role, content)
-    prefill: str = ""
-    stop: tuple[str, ...] = ()
+MODES = ("parallel", "tree")
+# Which built-in estimators make sense in a mode: parallel trajectories never share an (env,
+# agent, turn) group, and a tree has one executed trajectory per task (no trajectory groups).
+ESTIMATORS_BY_MODE = {"parallel": ("drmas", "grpo", "grpo_step", "rloo"), "tree": ("at_grpo", "drmas", "grpo_step")}
 
 
 @dataclass
@@ -107,46 +77,13 @@ class PromptTemplate:
         return ChatPrompt(tuple(msgs), self.prefill, tuple(self.stop))
 
 
-@dataclass
-class Completion:
-    """One generated answer to a ChatPrompt, with the tokens the trainer needs."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    text: str
-    """``prefill + response text``: what the agent's parser reads."""
-    finish_reason: str = "stop"
-
-
-class GenerateFn(Protocol):
-    def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
-        """``n`` completions for each prompt, sampled from ``agent``'s policy."""
-
-
-@dataclass
-class EpisodeResult:
-    """Outcome of one trajectory (for success rates, turns and avg@k / pass@k)."""
-
-    task_uid: str
-    traj_uid: str
-    success: bool
-    turns: int
-    team_reward: float
-    info: dict = field(default_factory=dict)
-
-
-@dataclass
-class RolloutResult:
-    experiences: list[Experience]
-    episodes: list[EpisodeResult]
-
-
 class Workflow(ABC):
     """A multi-agent workflow over a task set."""
 
     agents: tuple[str, ...] = ()
     """The agent roles, in acting order."""
+    modes: tuple[str, ...] = MODES
+    """The sampling modes :meth:`rollout` supports (``parallel``, ``tree``)."""
 
     @abstractmethod
     def tasks(self, split: str) -> Sequence[Any]:
@@ -158,6 +95,11 @@ class Workflow(ABC):
     ) -> RolloutResult:
         """Play the tasks. ``parallel``: ``n`` independent trajectories per task. ``tree``: one
         executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt."""
+
+    def estimators(self, mode: str) -> tuple[str, ...]:
+        """The built-in estimators that make sense for this workflow in ``mode`` (estimators a
+        user registers are not checked)."""
+        return ESTIMATORS_BY_MODE.get(mode, ())
 
     def close(self) -> None:
         """Release what the workflow holds (worker pools, connections); it may be used again after."""
@@ -195,9 +137,5 @@ def sample_groups(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt
     return out
 
 
-def sample_each(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt]) -> list[Completion]:
-    """One completion per prompt (see :func:`sample_groups`)."""
-    return [c for (c,) in sample_groups(generate, agent, prompts)]
-
-
 WORKFLOWS: Registry[type[Workflow]] = Registry("workflow")
+"""Workflow classes by name: ``--data.workflow search`` resolves through it."""

@@ -48,6 +48,12 @@ test); the detected set is logged. Without root the program keeps the parent's u
 limits apply, ``RLIMIT_NPROC`` then counts all processes of that user (it is set to their
 current number + 32), the network and IPC namespaces need an unprivileged user namespace,
 and writes are NOT confined (the program can write wherever the user can).
+
+Why one file of ~700 lines: this file is also the bootstrap (and the probe) that the sandbox
+executes as a script, with ``python -I -S -B`` and no package on ``sys.path``, inside the new
+namespaces. The code that runs there must be self-contained and import only the standard
+library, and it shares its constants and helpers with the parent side; splitting it would
+mean a second script copying them.
 """
 
 from __future__ import annotations

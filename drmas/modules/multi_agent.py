@@ -1,6 +1,9 @@
 """The LightningModule that holds every policy and updates each on its own agents' samples.
 
-One Lightning epoch is one RL iteration (see ``RolloutDataModule``). Optimisation is manual:
+One Lightning epoch is one RL iteration (see ``RolloutDataModule``). Toward the rollout side the
+module is a :class:`~drmas.data.rollouts.RolloutBackend`: it maps agents to policies, hands out a
+``generate`` function, syncs its engines and says how each policy's micro-batches are packed;
+it never calls the data module. Optimisation is manual:
 one AdamW per policy, gradients accumulated over a policy's micro-batches, clipped per policy
 (the pre-clip norm is recorded), and a non-finite loss or gradient skips that policy's step
 and is logged. ``iteration`` counts RL iterations and is the x-axis of every logged scalar;
@@ -21,10 +24,9 @@ import lightning as L
 import torch
 
 from drmas.algorithms import policy_loss, truncated_is_weights
-from drmas.data.engines import ENGINES, Engine, SamplingParams, vllm_available
-from drmas.data.experience import MicroBatch
-from drmas.envs.base import ChatPrompt, Completion
+from drmas.engines import ENGINES, Engine, vllm_available
 from drmas.modules.policy import Policy, PolicyConfig
+from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
 __all__ = ["MultiAgentRL", "VLLMConfig"]
 
@@ -104,8 +106,8 @@ class MultiAgentRL(L.LightningModule):
 
     # ---- agents, engines, generation ------------------------------------------------------
 
-    def bind_agents(self, agents: Sequence[str]) -> None:
-        """Resolve and check the agent -> policy map for a workflow's agents."""
+    def bind_agents(self, agents: Sequence[str]) -> dict[str, str]:
+        """Resolve and check the agent -> policy map for a workflow's agents; return it."""
         names = list(self.policies)
         mapping = {}
         for agent in agents:
@@ -124,6 +126,7 @@ class MultiAgentRL(L.LightningModule):
         if unknown:
             raise ValueError(f"--model.agents names unknown agents {sorted(unknown)}; agents: {list(agents)}")
         self.agent_map = mapping
+        return dict(mapping)
 
     def policy_of(self, agent: str) -> str:
         return self.agent_map[agent]
@@ -144,7 +147,7 @@ class MultiAgentRL(L.LightningModule):
             self._synced[name] = 0
         return self.engines[name]
 
-    def sync_engines(self) -> None:
+    def sync_weights(self) -> None:
         """Make every engine serve its policy's current weights (only after they changed)."""
         for name, policy in self.policies.items():
             engine = self._engine(name)
@@ -152,7 +155,7 @@ class MultiAgentRL(L.LightningModule):
                 engine.sync_weights(policy.model)
                 self._synced[name] = policy.version
 
-    def make_generate(self, train: bool):
+    def generate_fn(self, train: bool) -> GenerateFn:
         """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
 
         def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
@@ -205,8 +208,8 @@ class MultiAgentRL(L.LightningModule):
         logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
         mask = batch.response_mask
         # First PPO epoch: the weights are still those that sampled, so the current log-probs
-        # are the old ones; keep them for the later epochs instead of an extra forward pass.
-        if batch.epoch == 0:
+        # are the old ones; keep them for the later PPO epochs instead of an extra forward pass.
+        if batch.ppo_epoch == 0:
             old = logp.detach()
             if policy.config.ppo_epochs > 1:
                 for row, i in enumerate(batch.sample_index.tolist()):
@@ -256,10 +259,17 @@ class MultiAgentRL(L.LightningModule):
         bucket["grad_norm"].append((norm, 1.0))
         return norm
 
-    def begin_iteration(self) -> None:
-        """Called by the data module when a rollout starts: iteration k runs as ``iteration == k``."""
+    def batch_spec(self, policy: str) -> BatchSpec:
+        """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
+        p = self.policies[policy]
+        return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
+                         self.loss_kwargs["agg"])
+
+    def begin_iteration(self) -> int:
+        """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``."""
         self.iteration += 1
         self._old_logprobs.clear()
+        return self.iteration
 
     def on_train_epoch_start(self) -> None:
         self._update_started = time.perf_counter()
@@ -283,9 +293,6 @@ class MultiAgentRL(L.LightningModule):
             scalars[f"train/{name}/lr"] = self._optimizer(name).param_groups[0]["lr"]
         self._metrics.clear()
         self.log_scalars(scalars)
-        dm = self.trainer.datamodule
-        if dm is not None and hasattr(dm, "maybe_validate"):
-            dm.maybe_validate(self, final=self.trainer.max_epochs is not None and self.iteration >= self.trainer.max_epochs)
 
     # ---- logging and checkpoints ------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from drmas.data.engines.base import SamplingParams
+from drmas.engines.base import SamplingParams
 from drmas.models import load_causal_lm
 
 __all__ = ["Policy", "PolicyConfig"]

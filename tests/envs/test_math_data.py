@@ -13,17 +13,10 @@ from typing import Any
 import pytest
 
 from drmas.envs.math import is_correct
-from drmas.envs.math.data import (
-    MATH_DATASETS,
-    MathTask,
-    _make_problem,
-    _solve,
-    arithmetic_word_problems,
-    gsm8k_final_answer,
-    load_math_dataset,
-    load_math_file,
-    math_splits,
-)
+from drmas.envs.math.loaders import MATH_DATASETS, gsm8k_final_answer, load_math_dataset, load_math_file
+from drmas.envs.math.problems import _make_problem, _solve, arithmetic_word_problems
+from drmas.envs.math.splits import math_splits
+from drmas.envs.math.task import MathTask
 
 ANA = ("Ana", "she", "her", "her")
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from drmas.envs.search.answers import contains_answer, exact_match, normalize_answer
-from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1, synthetic_world, write_corpus
+from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1, write_corpus
+from drmas.envs.search.world import synthetic_world
 
 # ------------------------------------------------------------------------------------------
 # answers

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from drmas.data.datamodule import RolloutDataModule
-from drmas.data.engines import SamplingParams
+from drmas.data.rollouts import Rollouts
+from drmas.engines import SamplingParams
 from drmas.envs.search import SearchWorkflow
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy import lr_factor
@@ -24,13 +25,17 @@ def workflow():
     return SearchWorkflow(max_turns=2)
 
 
-class PoisonedData(RolloutDataModule):
+def poison(dm: RolloutDataModule) -> RolloutDataModule:
     """Turns the advantages of the first micro-batch into NaN, as a numerical blow-up would."""
+    route = dm.rollouts.route
 
-    def route(self, samples, module):
-        batches = super().route(samples, module)
+    def poisoned(samples, backend):
+        batches = route(samples, backend)
         batches[0].advantages[:] = float("nan")
         return batches
+
+    dm.rollouts.route = poisoned
+    return dm
 
 
 def fit(module, dm, tmp_path, epochs=1):
@@ -46,7 +51,7 @@ def fit(module, dm, tmp_path, epochs=1):
 def test_a_non_finite_loss_skips_the_step_and_is_logged(workflow, tmp_path, caplog):
     module = MultiAgentRL(policies={"shared": tiny(micro_batch_size=64)}, engine="hf", entropy_coef=0.1)
     before = {k: v.clone() for k, v in module.policies["shared"].model.state_dict().items()}
-    dm = PoisonedData(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
+    dm = poison(RolloutDataModule(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0))
     with caplog.at_level("WARNING"):
         fit(module, dm, tmp_path)
     after = module.policies["shared"].model.state_dict()
@@ -66,17 +71,14 @@ def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
     assert module.policies["shared"].version == 2  # two PPO epochs, two optimiser steps
     assert not torch.equal(before, module.policies["shared"].model.lm_head.weight)
     scalars = next(h for h in module.history if "train/shared/samples" in h)
-    assert scalars["train/shared/samples"] == len(dm.last_rollout.experiences)  # per PPO epoch
+    assert scalars["train/shared/samples"] == len(dm.plan.experiences)  # per PPO epoch
 
 
 def test_routing_with_one_policy_per_agent(workflow):
     module = MultiAgentRL(policies={a: tiny() for a in AGENTS}, engine="hf")
-    module.bind_agents(workflow.agents)
-    dm = RolloutDataModule(workflow, group_size=2, tasks_per_iteration=2)
-    res = workflow.rollout(list(workflow.tasks("train"))[:2], module.make_generate(train=True), n=2)
-    for s in res.experiences:
-        s.policy = module.policy_of(s.agent)
-    batches = dm.route(res.experiences, module)
+    rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=2)
+    plan = rollouts.plan(module, iteration=1)  # the real module as the backend, real HF generation
+    res, batches = plan.rollout, plan.micro_batches
     per_policy = {a: [s for s in res.experiences if s.agent == a] for a in AGENTS}
     for b in batches:
         own = per_policy[b.policy]

@@ -5,7 +5,7 @@ import json
 import pytest
 from recipe_runs import ROOT, check_run, run_dir, run_recipe, scalars
 
-from drmas.data.engines import vllm_available
+from drmas.engines import vllm_available
 
 SOLVER_VERIFIER = ("solver", "verifier")
 TOOL_TEAM = ("tool_user", "reasoner")

@@ -6,7 +6,7 @@ import pytest
 from recipe_runs import check_run, run_dir, scalars
 from recipe_runs import run_recipe as _run
 
-from drmas.data.engines import vllm_available
+from drmas.engines import vllm_available
 
 AGENTS = ("verifier", "searcher", "answerer")
 # The random model never writes a valid action, so every reward is the same penalty and every

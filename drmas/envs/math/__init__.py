@@ -1,11 +1,15 @@
 """Math reasoning: answer grading, an embedded arithmetic data set, loaders, and the two workflows (solver/verifier, reasoner/tool user)."""
 
-from drmas.envs.math.data import MathTask, arithmetic_word_problems, load_math_dataset, load_math_file, math_splits
 from drmas.envs.math.grading import extract_boxed, is_correct, same_answer
+from drmas.envs.math.loaders import MATH_DATASETS, load_math_dataset, load_math_file
+from drmas.envs.math.problems import arithmetic_word_problems
 from drmas.envs.math.reasoner_tool_user import ReasonerToolUserWorkflow
 from drmas.envs.math.solver_verifier import SolverVerifierWorkflow
+from drmas.envs.math.splits import math_splits
+from drmas.envs.math.task import MathTask
 
 __all__ = [
+    "MATH_DATASETS",
     "MathTask",
     "ReasonerToolUserWorkflow",
     "SolverVerifierWorkflow",

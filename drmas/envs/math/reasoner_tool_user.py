@@ -25,30 +25,18 @@ or seeded random) and the next prompt is built from the advanced state.
 
 from __future__ import annotations
 
-import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
-from drmas.algorithms import mix_rewards
-from drmas.data.experience import Experience
-from drmas.envs.base import (
-    WORKFLOWS,
-    ChatPrompt,
-    Completion,
-    EpisodeResult,
-    GenerateFn,
-    PromptTemplate,
-    RolloutResult,
-    Workflow,
-    pick_best,
-    sample_groups,
-    split_tasks,
-)
-from drmas.envs.math.data import MathTask, math_splits
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.math.grading import extract_boxed, same_answer
 from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
+from drmas.envs.math.splits import math_splits
+from drmas.envs.math.task import MathTask
 from drmas.envs.sandbox import Result, SandboxPool
+from drmas.records import Completion
 
 __all__ = ["ReasonerToolUserWorkflow", "parse_program", "program_answer"]
 
@@ -114,22 +102,21 @@ def _describe_run(result: Result) -> str:
 
 
 @dataclass
-class _Episode:
-    task: MathTask
-    traj_uid: str
-    turn: int = 0
-    solution: str = ""  # the reasoner's latest text
-    answer: str | None = None  # its boxed answer: the team's answer
-    program: str | None = None  # the tool user's latest program
-    run_summary: str = ""  # what that program printed (or how it failed)
+class ToolTeamState(EpisodeState):
+    solution: str = ""
+    """The reasoner's latest text."""
+    answer: str | None = None
+    """Its boxed answer: the team's answer."""
+    program: str | None = None
+    """The tool user's latest program."""
+    run_summary: str = ""
+    """What that program printed (or how it failed)."""
     tool_answer: str | None = None
     agreed: bool = False
-    done: bool = False
-    samples: list[Experience] = field(default_factory=list)
 
 
 @WORKFLOWS.register("math_reasoner_tool_user")
-class ReasonerToolUserWorkflow(Workflow):
+class ReasonerToolUserWorkflow(TurnWorkflow):
     agents = AGENTS
 
     def __init__(
@@ -166,14 +153,9 @@ class ReasonerToolUserWorkflow(Workflow):
         """
         if turns < 1 or sandbox_workers < 1:
             raise ValueError(f"turns and sandbox_workers must be >= 1, got {turns}, {sandbox_workers}")
-        if tie_break not in ("first", "random"):
-            raise ValueError(f"tie_break must be 'first' or 'random', got {tie_break!r}")
-        unknown = set(templates or {}) - set(AGENTS)
-        if unknown:
-            raise ValueError(f"templates for unknown agents {sorted(unknown)}; agents: {list(AGENTS)}")
-        self.turns, self.alpha, self.format_penalty, self.tie_break = turns, alpha, format_penalty, tie_break
+        super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
+        self.turns = turns
         self.code_timeout_s, self.code_memory_mb = code_timeout_s, code_memory_mb
-        self.templates = {**default_templates(), **(templates or {})}
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
         self.sandbox_workers = sandbox_workers
         self._pool: SandboxPool | None = None
@@ -186,24 +168,20 @@ class ReasonerToolUserWorkflow(Workflow):
             self._pool.close()
             self._pool = None
 
-    # ---- one agent step ---------------------------------------------------------------------
+    # ---- one step -------------------------------------------------------------------------
 
-    def _prompt(self, agent: str, ep: _Episode) -> ChatPrompt:
+    def initial_state(self, task: MathTask) -> ToolTeamState:
+        return ToolTeamState(task, "tool_user")
+
+    def prompt(self, agent: str, state: ToolTeamState) -> ChatPrompt:
         if agent == "tool_user":
-            context = f"A teammate's solution:\n{_clip(ep.solution)}\n" if ep.solution else ""
-        elif ep.program is not None:
-            context = f"A teammate's program:\n```python\n{_clip(ep.program)}\n```\nIt printed {ep.run_summary}.\n"
+            context = f"A teammate's solution:\n{_clip(state.solution)}\n" if state.solution else ""
+        elif state.program is not None:
+            context = (f"A teammate's program:\n```python\n{_clip(state.program)}\n```\n"
+                       f"It printed {state.run_summary}.\n")
         else:
-            context = f"A teammate's program printed {ep.run_summary}.\n" if ep.run_summary else ""
-        return self.templates[agent].render(problem=ep.task.problem, context=context)
-
-    def _record(self, ep: _Episode, agent: str, c: Completion, valid: bool, local: float) -> Experience:
-        local += 0.0 if valid else -self.format_penalty
-        return Experience(
-            task_uid=ep.task.uid, traj_uid=ep.traj_uid, env_uid=ep.traj_uid, agent=agent, turn=ep.turn,
-            policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
-            text=c.text, valid=valid, local_reward=local,
-        )
+            context = f"A teammate's program printed {state.run_summary}.\n" if state.run_summary else ""
+        return self.templates[agent].render(problem=state.task.problem, context=context)
 
     def _run(self, programs: list[str | None]) -> list[Result]:
         """Sandbox results in order; a missing program is a failure that never reaches the sandbox."""
@@ -214,71 +192,40 @@ class ReasonerToolUserWorkflow(Workflow):
         missing = Result("", "no code block", 1, False)
         return [next(results) if p is not None else missing for p in programs]
 
-    def _tool_local(self, ep: _Episode, answer: str | None) -> float:
-        return -1.0 if answer is None else float(same_answer(answer, ep.task.answer))
+    def evaluate(self, agent: str, states: Sequence[ToolTeamState], completions: Sequence[Completion]) -> list[Action]:
+        if agent == "tool_user":
+            # local: +1 correct output, 0 wrong, -1 failed or silent; a tool step never ends the episode
+            programs = [parse_program(c.text) for c in completions]
+            out = []
+            for st, prog, run in zip(states, programs, self._run(programs)):
+                answer = program_answer(run)
+                local = -1.0 if answer is None else float(same_answer(answer, st.task.answer))
+                out.append(Action(prog is not None, local, value=(prog, run, answer)))
+            return out
+        out = []
+        for st, c in zip(states, completions):
+            answer = extract_boxed(c.text)
+            correct = float(answer is not None and same_answer(answer, st.task.answer))
+            agree = answer is not None and st.tool_answer is not None and same_answer(answer, st.tool_answer)
+            # it ends the episode by agreeing with this turn's program, or by being the last word
+            ends = st.turn == self.turns - 1 or agree
+            out.append(Action(answer is not None, correct, ends=ends, team_reward=correct, value=(c.text, answer, agree)))
+        return out
 
-    # ---- rollout ----------------------------------------------------------------------------
+    def advance(self, agent: str, state: ToolTeamState, action: Action) -> None:
+        if agent == "tool_user":
+            state.program, run, state.tool_answer = action.value
+            state.run_summary = _describe_run(run)
+            state.agent = "reasoner"
+            return
+        state.solution, state.answer, state.agreed = action.value
+        state.done = action.ends
+        if not state.done:
+            state.turn += 1
+            state.agent = "tool_user"
 
-    def rollout(
-        self, tasks: Sequence[MathTask], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
-    ) -> RolloutResult:
-        if mode == "parallel":
-            eps = [_Episode(t, f"{t.uid}#{j}") for t in tasks for j in range(n)]
-            self._play(eps, generate, 1, None)
-        elif mode == "tree":
-            eps = [_Episode(t, f"{t.uid}#tree") for t in tasks]
-            self._play(eps, generate, n, random.Random(seed))
-        else:
-            raise ValueError(f"mode must be 'parallel' or 'tree', got {mode!r}")
-        episodes = []
-        for ep in eps:
-            team = float(ep.answer is not None and same_answer(ep.answer, ep.task.answer))
-            if mode == "parallel":
-                for s in ep.samples:
-                    s.team_reward = team
-                    s.reward = mix_rewards(team, s.local_reward, self.alpha)
-            episodes.append(EpisodeResult(ep.task.uid, ep.traj_uid, team > 0, ep.turn + 1, team,
-                                          {"answer": ep.answer, "agreed": ep.agreed}))
-        return RolloutResult([s for ep in eps for s in ep.samples], episodes)
+    def team_reward(self, state: ToolTeamState) -> float:
+        return float(state.answer is not None and same_answer(state.answer, state.task.answer))
 
-    def _play(self, eps: list[_Episode], generate: GenerateFn, k: int, rng: random.Random | None) -> None:
-        """Parallel play is the tree with one candidate per node (k=1), whose records get the
-        episode's team reward at the end; the tree scores and picks among k candidates."""
-        while active := [ep for ep in eps if not ep.done]:
-            cands = sample_groups(generate, "tool_user", [self._prompt("tool_user", ep) for ep in active], k)
-            programs = [[parse_program(c.text) for c in comps] for comps in cands]
-            results = iter(self._run([p for ps in programs for p in ps]))
-            for ep, comps, progs in zip(active, cands, programs):
-                recs, runs = [], []
-                for c, prog in zip(comps, progs):
-                    run = next(results)
-                    answer = program_answer(run)
-                    s = self._record(ep, "tool_user", c, prog is not None, self._tool_local(ep, answer))
-                    s.reward = mix_rewards(0.0, s.local_reward, self.alpha)  # the tool user never ends an episode
-                    recs.append(s)
-                    runs.append((run, answer))
-                ep.samples.extend(recs)
-                best = pick_best([s.reward for s in recs], self.tie_break, rng)
-                ep.program, ep.run_summary = progs[best], _describe_run(runs[best][0])
-                ep.tool_answer = runs[best][1]
-
-            cands = sample_groups(generate, "reasoner", [self._prompt("reasoner", ep) for ep in active], k)
-            for ep, comps in zip(active, cands):
-                last = ep.turn == self.turns - 1
-                recs, answers, agrees = [], [], []
-                for c in comps:
-                    answer = extract_boxed(c.text)
-                    correct = float(answer is not None and same_answer(answer, ep.task.answer))
-                    s = self._record(ep, "reasoner", c, answer is not None, correct)
-                    agree = answer is not None and ep.tool_answer is not None and same_answer(answer, ep.tool_answer)
-                    s.team_reward = correct if last or agree else 0.0  # this candidate would end the episode
-                    s.reward = mix_rewards(s.team_reward, s.local_reward, self.alpha)
-                    recs.append(s)
-                    answers.append(answer)
-                    agrees.append(agree)
-                ep.samples.extend(recs)
-                best = pick_best([s.reward for s in recs], self.tie_break, rng)
-                ep.solution, ep.answer, ep.agreed = comps[best].text, answers[best], agrees[best]
-                ep.done = last or ep.agreed
-                if not ep.done:
-                    ep.turn += 1
+    def episode_info(self, state: ToolTeamState) -> dict:
+        return {"answer": state.answer, "agreed": state.agreed}

@@ -11,24 +11,15 @@ without a box, a verdict without the tag) adds ``-format_penalty`` to that sampl
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
-from drmas.algorithms import mix_rewards
-from drmas.data.experience import Experience
-from drmas.envs.base import (
-    WORKFLOWS,
-    Completion,
-    EpisodeResult,
-    GenerateFn,
-    PromptTemplate,
-    RolloutResult,
-    Workflow,
-    sample_each,
-    split_tasks,
-)
-from drmas.envs.math.data import MathTask, math_splits
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.math.grading import extract_boxed, is_correct
+from drmas.envs.math.splits import math_splits
+from drmas.envs.math.task import MathTask
+from drmas.records import Completion
 
 __all__ = ["SolverVerifierWorkflow", "parse_verdict"]
 
@@ -72,19 +63,17 @@ def parse_verdict(text: str) -> tuple[bool, str] | None:
 
 
 @dataclass
-class _Episode:
-    task: MathTask
-    traj_uid: str
-    loop: int = 0
+class SolverVerifierState(EpisodeState):
     solution: str = ""
+    """The solver's latest text (its last box is the team's answer)."""
     feedback: str = ""
-    done: bool = False
-    samples: list[Experience] = field(default_factory=list)
+    """The verifier's last rejection, quoted to the solver."""
 
 
 @WORKFLOWS.register("math_solver_verifier")
-class SolverVerifierWorkflow(Workflow):
+class SolverVerifierWorkflow(TurnWorkflow):
     agents = ("solver", "verifier")
+    modes = ("parallel",)  # Dr. MAS's loop has no tree mode
 
     def __init__(
         self,
@@ -111,54 +100,43 @@ class SolverVerifierWorkflow(Workflow):
         """
         if max_loops < 1:
             raise ValueError(f"max_loops must be >= 1, got {max_loops}")
-        unknown = set(templates or {}) - set(self.agents)
-        if unknown:
-            raise ValueError(f"templates for unknown agents {sorted(unknown)}; agents: {list(self.agents)}")
-        self.max_loops, self.alpha, self.format_penalty = max_loops, alpha, format_penalty
-        self.templates = {**default_templates(), **(templates or {})}
+        super().__init__(alpha, format_penalty, templates=templates, default_templates=default_templates())
+        self.max_loops = max_loops
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
         return split_tasks(self._splits, split)
 
-    def _record(self, ep: _Episode, agent: str, c: Completion, valid: bool) -> Experience:
-        return Experience(
-            task_uid=ep.task.uid, traj_uid=ep.traj_uid, env_uid=ep.traj_uid, agent=agent, turn=ep.loop,
-            policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
-            text=c.text, valid=valid,
-        )
+    def initial_state(self, task: MathTask) -> SolverVerifierState:
+        return SolverVerifierState(task, "solver")
 
-    def rollout(
-        self, tasks: Sequence[MathTask], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
-    ) -> RolloutResult:
-        if mode != "parallel":
-            raise ValueError("the solver/verifier workflow runs in parallel mode only (Dr. MAS has no tree mode)")
-        eps = [_Episode(t, f"{t.uid}#{j}") for t in tasks for j in range(n)]
-        while active := [ep for ep in eps if not ep.done]:
-            prompts = [self.templates["solver"].render(problem=ep.task.problem, feedback=ep.feedback) for ep in active]
-            for ep, c in zip(active, sample_each(generate, "solver", prompts)):
-                ep.samples.append(self._record(ep, "solver", c, extract_boxed(c.text) is not None))
-                ep.solution = c.text
-                ep.done = ep.loop == self.max_loops - 1
-            checked = [ep for ep in active if not ep.done]
-            prompts = [self.templates["verifier"].render(problem=ep.task.problem, solution=ep.solution) for ep in checked]
-            for ep, c in zip(checked, sample_each(generate, "verifier", prompts)):
-                verdict = parse_verdict(c.text)
-                ep.samples.append(self._record(ep, "verifier", c, verdict is not None))
-                if verdict is not None and verdict[0]:
-                    ep.done = True
-                else:
-                    reason = verdict[1] if verdict else "no clear verdict"
-                    ep.feedback = f"Your previous solution was rejected ({reason}):\n{ep.solution}\n"
-                    ep.loop += 1
+    def prompt(self, agent: str, state: SolverVerifierState) -> ChatPrompt:
+        if agent == "solver":
+            return self.templates["solver"].render(problem=state.task.problem, feedback=state.feedback)
+        return self.templates["verifier"].render(problem=state.task.problem, solution=state.solution)
 
-        episodes = []
-        for ep in eps:
-            team = float(is_correct(ep.solution, ep.task.answer))
-            for s in ep.samples:
-                s.team_reward = team
-                s.local_reward = 0.0 if s.valid else -self.format_penalty
-                s.reward = mix_rewards(team, s.local_reward, self.alpha)
-            episodes.append(EpisodeResult(ep.task.uid, ep.traj_uid, team > 0, ep.loop + 1, team,
-                                          {"answer": extract_boxed(ep.solution)}))
-        return RolloutResult([s for ep in eps for s in ep.samples], episodes)
+    def evaluate(self, agent: str, states: Sequence[SolverVerifierState], completions: Sequence[Completion]) -> list[Action]:
+        # no role rewards: every sample earns the team reward, minus the format penalty
+        if agent == "solver":
+            return [Action(extract_boxed(c.text) is not None, value=c.text) for c in completions]
+        verdicts = [parse_verdict(c.text) for c in completions]
+        return [Action(v is not None, value=v) for v in verdicts]
+
+    def advance(self, agent: str, state: SolverVerifierState, action: Action) -> None:
+        if agent == "solver":
+            state.solution = action.value
+            state.done = state.turn == self.max_loops - 1  # the last attempt is not checked
+            state.agent = "verifier"
+        elif action.value is not None and action.value[0]:
+            state.done = True
+        else:
+            reason = action.value[1] if action.value else "no clear verdict"
+            state.feedback = f"Your previous solution was rejected ({reason}):\n{state.solution}\n"
+            state.turn += 1
+            state.agent = "solver"
+
+    def team_reward(self, state: SolverVerifierState) -> float:
+        return float(is_correct(state.solution, state.task.answer))
+
+    def episode_info(self, state: SolverVerifierState) -> dict:
+        return {"answer": extract_boxed(state.solution)}

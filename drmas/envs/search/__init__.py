@@ -1,7 +1,8 @@
 """The hierarchical search workflow of Dr. MAS (verifier, searcher, answerer) and its parts."""
 
 from drmas.envs.search.answers import contains_answer, exact_match, normalize_answer
-from drmas.envs.search.data import SearchTask, World, load_corpus, load_search_r1, synthetic_world, write_corpus
+from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1, write_corpus
+from drmas.envs.search.world import World, synthetic_world
 from drmas.envs.search.retrieval import RETRIEVERS, HTTPRetriever, RetrievalError, Retriever, make_retriever
 from drmas.envs.search.workflow import SearchWorkflow
 

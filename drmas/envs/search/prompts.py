@@ -1,7 +1,7 @@
 """Prompt templates and output parsers of the three search agents.
 
-The templates carry what a 135M model needs to produce the formats at all (measured, see
-DESIGN.md section 7): a worked example as a previous chat turn, an assistant prefill with the
+The templates carry what a 135M model needs to produce the formats at all (measured with
+SmolLM2-135M, see docs/search.md): a worked example as a previous chat turn, an assistant prefill with the
 opening tag, stop strings at the closing tag, and an optional think block. The example's
 entities do not exist in any data set, so an answer copied from it is simply wrong.
 """

@@ -28,29 +28,17 @@ retrieves nothing, a malformed answer is wrong).
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from drmas.algorithms import mix_rewards
-from drmas.data.experience import Experience
-from drmas.envs.base import (
-    WORKFLOWS,
-    ChatPrompt,
-    Completion,
-    EpisodeResult,
-    GenerateFn,
-    PromptTemplate,
-    RolloutResult,
-    Workflow,
-    pick_best,
-    sample_each,
-    split_tasks,
-)
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.search.answers import contains_answer, exact_match
-from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1, synthetic_world
+from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1
 from drmas.envs.search.prompts import default_templates, format_information, parse_answer, parse_search, parse_verify
 from drmas.envs.search.retrieval import Retriever, make_retriever
+from drmas.envs.search.world import synthetic_world
+from drmas.records import Completion
 
 __all__ = ["SearchWorkflow"]
 
@@ -58,15 +46,10 @@ AGENTS = ("verifier", "searcher", "answerer")
 
 
 @dataclass
-class _Episode:
-    task: SearchTask
-    traj_uid: str
-    env_uid: str
+class SearchState(EpisodeState):
     history: list[tuple[str, list[str]]] = field(default_factory=list)
-    turn: int = 0
+    """The executed searches: (query, passages)."""
     answer: str | None = None
-    done: bool = False
-    samples: list[Experience] = field(default_factory=list)
 
     @property
     def information(self) -> str:
@@ -77,8 +60,10 @@ class _Episode:
 
 
 @WORKFLOWS.register("search")
-class SearchWorkflow(Workflow):
+class SearchWorkflow(TurnWorkflow):
     agents = AGENTS
+    # within a turn the verifier routes; an answer ends the episode, a search starts the next turn
+    step_order = ("verifier", "answerer", "searcher")
 
     def __init__(
         self,
@@ -122,16 +107,10 @@ class SearchWorkflow(Workflow):
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
         """
-        if tie_break not in ("first", "random"):
-            raise ValueError(f"tie_break must be 'first' or 'random', got {tie_break!r}")
         if max_turns < 1 or topk < 1:
             raise ValueError(f"max_turns and topk must be >= 1, got {max_turns}, {topk}")
-        unknown = set(templates or {}) - set(AGENTS)
-        if unknown:
-            raise ValueError(f"templates for unknown agents {sorted(unknown)}; agents: {list(AGENTS)}")
-        self.topk, self.max_turns, self.alpha = topk, max_turns, alpha
-        self.format_penalty, self.role_rewards, self.tie_break = format_penalty, role_rewards, tie_break
-        self.templates = {**default_templates(think), **(templates or {})}
+        super().__init__(alpha, format_penalty, role_rewards, tie_break, templates, default_templates(think))
+        self.topk, self.max_turns = topk, max_turns
 
         files = {"train": train_file, "val": val_file, "test": test_file}
         world = None
@@ -152,139 +131,54 @@ class SearchWorkflow(Workflow):
     def tasks(self, split: str) -> Sequence[SearchTask]:
         return split_tasks(self._splits, split)
 
-    # ---- one agent step ---------------------------------------------------------------------
+    # ---- one step -------------------------------------------------------------------------
 
-    def _prompt(self, agent: str, ep: _Episode) -> ChatPrompt:
-        return self.templates[agent].render(question=ep.task.question, information=ep.information)
+    def initial_state(self, task: SearchTask) -> SearchState:
+        return SearchState(task, "verifier")
 
-    def _record(self, ep: _Episode, agent: str, c: Completion, valid: bool, role: float) -> Experience:
-        return Experience(
-            task_uid=ep.task.uid, traj_uid=ep.traj_uid, env_uid=ep.env_uid, agent=agent, turn=ep.turn,
-            policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
-            text=c.text, valid=valid, info={"role_reward": role},
-        )
+    def prompt(self, agent: str, state: SearchState) -> ChatPrompt:
+        return self.templates[agent].render(question=state.task.question, information=state.information)
 
-    def _format_term(self, valid: bool) -> float:
-        return 0.0 if valid else -self.format_penalty
-
-    def _search(self, queries: list[str | None]) -> list[list[str]]:
+    def evaluate(self, agent: str, states: Sequence[SearchState], completions: Sequence[Completion]) -> list[Action]:
+        if agent == "verifier":
+            # role: routing is right when "yes" comes exactly when the answer was already found;
+            # a malformed verdict counts as no
+            says = [parse_verify(c.text) for c in completions]
+            return [Action(yes is not None, float(bool(yes) == contains_answer(st.gathered_text(), st.task.answers)),
+                           value=bool(yes)) for st, yes in zip(states, says)]
+        if agent == "answerer":
+            out = []
+            for st, c in zip(states, completions):
+                answer = parse_answer(c.text)
+                em = float(answer is not None and exact_match(answer, st.task.answers))
+                out.append(Action(answer is not None, em, ends=True, team_reward=em, value=answer))
+            return out
+        # searcher: a malformed query retrieves nothing; role = its passages hold a gold answer
+        queries = [parse_search(c.text) for c in completions]
         real = [q for q in queries if q is not None]
         hits = iter(self.retriever.search(real, self.topk) if real else [])
-        return [[h.text for h in next(hits)] if q is not None else [] for q in queries]
+        out = []
+        for st, q in zip(states, queries):
+            passages = [h.text for h in next(hits)] if q is not None else []
+            found = float(contains_answer(" ".join(passages), st.task.answers))
+            out.append(Action(q is not None, found, value=(q, passages)))
+        return out
 
-    def _verify_role(self, ep: _Episode, says_yes: bool) -> float:
-        return float(says_yes == contains_answer(ep.gathered_text(), ep.task.answers))
-
-    @staticmethod
-    def _team(ep: _Episode) -> float:
-        return float(ep.answer is not None and exact_match(ep.answer, ep.task.answers))
-
-    def _next_agent(self, ep: _Episode, says_yes: bool) -> str:
-        return "answerer" if says_yes or ep.turn == self.max_turns - 1 else "searcher"
-
-    # ---- parallel ---------------------------------------------------------------------------
-
-    def rollout(
-        self, tasks: Sequence[SearchTask], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
-    ) -> RolloutResult:
-        if mode == "parallel":
-            eps = [_Episode(t, f"{t.uid}#{j}", f"{t.uid}#{j}") for t in tasks for j in range(n)]
-            self._play_parallel(eps, generate)
-        elif mode == "tree":
-            eps = [_Episode(t, f"{t.uid}#tree", f"{t.uid}#tree") for t in tasks]
-            self._play_tree(eps, generate, n, random.Random(seed))
+    def advance(self, agent: str, state: SearchState, action: Action) -> None:
+        if agent == "verifier":
+            # on the last turn a "no" hands over to the answerer anyway: every episode ends with an answer
+            state.agent = "answerer" if action.value or state.turn == self.max_turns - 1 else "searcher"
+        elif agent == "answerer":
+            state.answer, state.done = action.value, True
         else:
-            raise ValueError(f"mode must be 'parallel' or 'tree', got {mode!r}")
-        episodes = []
-        for ep in eps:
-            team = self._team(ep)
-            episodes.append(EpisodeResult(ep.task.uid, ep.traj_uid, team > 0, ep.turn + 1, team, {"answer": ep.answer}))
-        return RolloutResult([s for ep in eps for s in ep.samples], episodes)
+            query, passages = action.value
+            if query is not None:
+                state.history.append((query, passages))
+            state.turn += 1
+            state.agent = "verifier"
 
-    def _play_parallel(self, eps: list[_Episode], generate: GenerateFn) -> None:
-        while active := [ep for ep in eps if not ep.done]:
-            comps = sample_each(generate, "verifier", [self._prompt("verifier", ep) for ep in active])
-            route: dict[str, list[_Episode]] = {"searcher": [], "answerer": []}
-            for ep, c in zip(active, comps):
-                yes = parse_verify(c.text)
-                ep.samples.append(self._record(ep, "verifier", c, yes is not None, self._verify_role(ep, bool(yes))))
-                route[self._next_agent(ep, bool(yes))].append(ep)
+    def team_reward(self, state: SearchState) -> float:
+        return float(state.answer is not None and exact_match(state.answer, state.task.answers))
 
-            comps = sample_each(generate, "answerer", [self._prompt("answerer", ep) for ep in route["answerer"]])
-            for ep, c in zip(route["answerer"], comps):
-                answer = parse_answer(c.text)
-                ok = answer is not None and exact_match(answer, ep.task.answers)
-                ep.samples.append(self._record(ep, "answerer", c, answer is not None, float(ok)))
-                ep.answer, ep.done = answer, True
-
-            searchers = route["searcher"]
-            comps = sample_each(generate, "searcher", [self._prompt("searcher", ep) for ep in searchers])
-            queries = [parse_search(c.text) for c in comps]
-            for ep, c, q, passages in zip(searchers, comps, queries, self._search(queries)):
-                found = float(contains_answer(" ".join(passages), ep.task.answers))
-                ep.samples.append(self._record(ep, "searcher", c, q is not None, found))
-                if q is not None:
-                    ep.history.append((q, passages))
-                ep.turn += 1
-
-        for ep in eps:
-            team = self._team(ep)
-            for s in ep.samples:
-                local = self._format_term(s.valid) + (s.info["role_reward"] if self.role_rewards else 0.0)
-                s.team_reward, s.local_reward = team, local
-                s.reward = mix_rewards(team, local, self.alpha)
-
-    # ---- tree -------------------------------------------------------------------------------
-
-    def _score(self, s: Experience, role: float, team: float | None) -> None:
-        """A tree candidate's score: role reward + format term (+ alpha * team if it ends the episode)."""
-        s.team_reward = team if team is not None else 0.0
-        s.local_reward = role + self._format_term(s.valid)
-        s.reward = mix_rewards(s.team_reward, s.local_reward, self.alpha)
-
-    def _play_tree(self, eps: list[_Episode], generate: GenerateFn, k: int, rng: random.Random) -> None:
-        while active := [ep for ep in eps if not ep.done]:
-            cands = generate("verifier", [self._prompt("verifier", ep) for ep in active], k)
-            route: dict[str, list[_Episode]] = {"searcher": [], "answerer": []}
-            for ep, comps in zip(active, cands):
-                says = [parse_verify(c.text) for c in comps]
-                recs = []
-                for c, yes in zip(comps, says):
-                    role = self._verify_role(ep, bool(yes))
-                    s = self._record(ep, "verifier", c, yes is not None, role)
-                    self._score(s, role, None)
-                    recs.append(s)
-                ep.samples.extend(recs)
-                best = pick_best([s.reward for s in recs], self.tie_break, rng)
-                route[self._next_agent(ep, bool(says[best]))].append(ep)
-
-            cands = generate("answerer", [self._prompt("answerer", ep) for ep in route["answerer"]], k)
-            for ep, comps in zip(route["answerer"], cands):
-                answers = [parse_answer(c.text) for c in comps]
-                recs = []
-                for c, a in zip(comps, answers):
-                    em = float(a is not None and exact_match(a, ep.task.answers))
-                    s = self._record(ep, "answerer", c, a is not None, em)
-                    self._score(s, em, em)
-                    recs.append(s)
-                ep.samples.extend(recs)
-                ep.answer, ep.done = answers[pick_best([s.reward for s in recs], self.tie_break, rng)], True
-
-            searchers = route["searcher"]
-            cands = generate("searcher", [self._prompt("searcher", ep) for ep in searchers], k)
-            queries = [[parse_search(c.text) for c in comps] for comps in cands]
-            results = iter(self._search([q for qs in queries for q in qs]))
-            for ep, comps, qs in zip(searchers, cands, queries):
-                recs, found = [], []
-                for c, q in zip(comps, qs):
-                    passages = next(results)
-                    role = float(contains_answer(" ".join(passages), ep.task.answers))
-                    s = self._record(ep, "searcher", c, q is not None, role)
-                    self._score(s, role, None)
-                    recs.append(s)
-                    found.append(passages)
-                ep.samples.extend(recs)
-                best = pick_best([s.reward for s in recs], self.tie_break, rng)
-                if qs[best] is not None:
-                    ep.history.append((qs[best], found[best]))
-                ep.turn += 1
+    def episode_info(self, state: SearchState) -> dict:
+        return {"answer": state.answer}

@@ -27,7 +27,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from drmas.data.engines.base import Engine, Generation, SamplingParams, check_request
+from drmas.engines.base import Engine, Generation, SamplingParams, check_request
 
 __all__ = ["HFEngine"]
 

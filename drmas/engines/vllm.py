@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 import numpy as np
 import torch
 
-from drmas.data.engines.base import Engine, Generation, SamplingParams, check_request
+from drmas.engines.base import Engine, Generation, SamplingParams, check_request
 
 if TYPE_CHECKING:
     import vllm

@@ -1,67 +1,15 @@
-"""Experience records (one LLM call = one sample) and packing them into training micro-batches."""
+"""Packing one policy's samples into length-sorted training micro-batches."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["Experience", "MicroBatch", "make_micro_batches"]
+from drmas.records import Experience, MicroBatch
 
-
-@dataclass
-class Experience:
-    """One agent's LLM call with everything the estimators and the trainer need.
-
-    Padding samples (``is_pad``) are never packed into micro-batches and never enter statistics.
-    """
-
-    task_uid: Hashable
-    traj_uid: Hashable
-    env_uid: Hashable
-    agent: str
-    turn: int
-    policy: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    engine_logprobs: list[float]
-    text: str = ""
-    """The parsed text: the prompt's prefill followed by the response."""
-    valid: bool = True
-    """Whether the action parsed; an invalid one gets the format penalty."""
-    team_reward: float = 0.0
-    local_reward: float = 0.0
-    reward: float = 0.0
-    """The score the estimators use (alpha * team + local, set by the workflow)."""
-    advantage: float = 0.0
-    is_pad: bool = False
-    """A duplicate added to fill a batch: trained with zero weight, never in any statistic."""
-    info: dict = field(default_factory=dict)
-
-
-@dataclass
-class MicroBatch:
-    """Right-padded token tensors of some samples of one policy, ready for a forward pass.
-
-    Padding is tight: sequences are sorted by length before chunking, so a micro-batch is only
-    as long as its longest sequence.
-    """
-
-    policy: str
-    input_ids: Tensor  # [B, L]
-    attention_mask: Tensor  # [B, L]
-    response_mask: Tensor  # [B, L-1], aligned with logits[:, :-1] (predicts token t+1)
-    engine_logprobs: Tensor  # [B, L-1]
-    advantages: Tensor  # [B]
-    sample_index: Tensor  # [B] positions in the policy's sample list (for old log-probs)
-    loss_scale: float
-    """This micro-batch's share of its policy's batch, so summed micro-batch losses equal
-    the loss of the whole batch under the chosen aggregation."""
-    epoch: int = 0
-    step_after: bool = False
-    """Run the optimiser step of ``policy`` after this micro-batch's backward."""
+__all__ = ["make_micro_batches"]
 
 
 def _pack(samples: Sequence[Experience], pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -87,7 +35,7 @@ def make_micro_batches(
     micro_batch_size: int,
     pad_id: int,
     agg: str = "token-mean",
-    epoch: int = 0,
+    ppo_epoch: int = 0,
 ) -> list[MicroBatch]:
     """Split one policy's samples into length-sorted micro-batches with loss scales.
 
@@ -119,7 +67,7 @@ def make_micro_batches(
                 advantages=torch.tensor([s.advantage for s in chunk], dtype=torch.float32),
                 sample_index=torch.tensor(idx, dtype=torch.long),
                 loss_scale=scale,
-                epoch=epoch,
+                ppo_epoch=ppo_epoch,
             )
         )
     if out:

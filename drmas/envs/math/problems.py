@@ -1,58 +1,22 @@
-"""Math problems for the math recipe.
+"""Generated arithmetic word problems (apples, trains, money, recipes, ...) with exact answers.
 
-Three sources:
-
-* :func:`arithmetic_word_problems` generates short word problems (apples, trains, money,
-  recipes, ...) with exact answers from a seed. It needs no download and is easy enough for a
-  135M model to solve some problems, which gives RL a reward signal to start from; difficulty
-  is the number of arithmetic operations (1-4).
-* :func:`load_math_file` reads a JSONL or parquet file with a problem and an answer column.
-* :func:`load_math_dataset` loads the usual benchmarks (MATH-500, AIME, GSM8K, ...) by name
-  through the ``datasets`` library, from the hub or the local cache.
+:func:`arithmetic_word_problems` needs no download and is easy enough for a 135M model to solve
+some problems, which gives RL a reward signal to start from; difficulty is the number of
+arithmetic operations (1-4).
 """
 
 from __future__ import annotations
 
 import random
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
-from typing import Any, Union
 
-from drmas.envs.records import read_records
+from drmas.envs.math.task import MathTask
 
-__all__ = [
-    "MATH_DATASETS",
-    "MathDatasetSpec",
-    "MathTask",
-    "arithmetic_word_problems",
-    "gsm8k_final_answer",
-    "load_math_dataset",
-    "load_math_file",
-]
+__all__ = ["SPLITS", "arithmetic_word_problems"]
 
 SPLITS = ("train", "val", "test")
-
-
-@dataclass(frozen=True)
-class MathTask:
-    """One problem and its exact final answer (plain text: "19", "3/4" or LaTeX).
-
-    ``difficulty`` is the number of arithmetic operations for generated problems, 0 when unknown.
-    """
-
-    uid: str
-    problem: str
-    answer: str
-    source: str
-    difficulty: int = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Generated arithmetic word problems
-# ---------------------------------------------------------------------------------------------
 
 # Share of each difficulty (1..4 operations) in a split: mostly easy, so a tiny model gets some.
 _DIFFICULTY_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
@@ -382,213 +346,5 @@ def arithmetic_word_problems(
             seen.add(text)
             tasks.append(MathTask(uid=f"arith-s{seed}-{split}-{i:05d}", problem=text, answer=_fmt(answer),
                                   source="arithmetic", difficulty=difficulty))
-        splits[split] = tuple(tasks)
-    return splits
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-# ---------------------------------------------------------------------------------------------
-
-
-def _lookup(record: Mapping[str, Any], key: str) -> Any:
-    """``record[key]``; a dotted key ("reward_model.ground_truth") walks nested objects."""
-    if key in record:
-        return record[key]
-    value: Any = record
-    for part in key.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
-def _answer_text(value: Any) -> str | None:
-    """An answer cell as text: strings stripped, whole floats without ".0"; None if unusable."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    return None
-
-
-def load_math_file(
-    path: str | Path, problem_key: str = "problem", answer_key: str = "answer", source: str | None = None
-) -> list[MathTask]:
-    """Tasks from a JSONL or parquet file with a problem and an answer column.
-
-    Keys may be dotted to reach nested fields (verl files keep the answer in
-    ``reward_model.ground_truth``). ``source`` defaults to the file name.
-    """
-    path = Path(path)
-    src = source or path.stem
-    tasks = []
-    for index, (where, record) in enumerate(read_records(path)):
-        problem = _lookup(record, problem_key)
-        if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"{path}: {where} has no problem text in {problem_key!r} "
-                             f"(keys: {sorted(record)})")
-        answer = _answer_text(_lookup(record, answer_key))
-        if answer is None:
-            raise ValueError(f"{path}: {where} has no answer in {answer_key!r} (keys: {sorted(record)})")
-        tasks.append(MathTask(uid=f"{src}-{index}", problem=problem.strip(), answer=answer, source=src))
-    return tasks
-
-
-# ---------------------------------------------------------------------------------------------
-# Benchmarks by name (through the `datasets` library)
-# ---------------------------------------------------------------------------------------------
-
-_GSM8K_MARK = "####"
-
-
-def gsm8k_final_answer(solution: str) -> str:
-    """The number after GSM8K's ``####`` marker, without thousands separators ("1,200" -> "1200")."""
-    head, sep, tail = str(solution).rpartition(_GSM8K_MARK)
-    if not sep:
-        raise ValueError(f"GSM8K answer without {_GSM8K_MARK!r}: {str(solution)[-80:]!r}")
-    answer = tail.strip().replace(",", "").replace("$", "").rstrip(".").strip()
-    if not answer:
-        raise ValueError(f"GSM8K answer with nothing after {_GSM8K_MARK!r}")
-    return answer
-
-
-def _plain_answer(value: Any) -> str:
-    """A numeric or text answer cell as a string ("27.0" -> "27")."""
-    text = _answer_text(value)
-    if text is None:
-        raise ValueError(f"empty answer {value!r}")
-    return text
-
-
-def _olympiad_answer(value: Any) -> str:
-    """OlympiadBench stores a list of LaTeX answers wrapped in ``$``; several are joined by ", "."""
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    parts = [_plain_answer(v).strip().strip("$").strip() for v in items if _answer_text(v) is not None]
-    if not parts:
-        raise ValueError(f"empty answer {value!r}")
-    return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class MathDatasetSpec:
-    """Where a benchmark lives on the hub and how to read its problem and final answer."""
-
-    hub_id: str
-    config: str | None
-    split: str  # the default split
-    problem_field: str
-    answer_field: str
-    answer_fn: Callable[[Any], str] = _plain_answer
-
-
-#: Benchmarks known by name. Keys are matched ignoring case, spaces, "-" and "_".
-MATH_DATASETS: dict[str, MathDatasetSpec] = {
-    # 17k competition problems with integer answers, deduplicated and English-only.
-    "dapo-math-17k": MathDatasetSpec("open-r1/DAPO-Math-17k-Processed", "en", "train", "prompt", "solution"),
-    "math-500": MathDatasetSpec("HuggingFaceH4/MATH-500", None, "test", "problem", "answer"),
-    "aime-2024": MathDatasetSpec("HuggingFaceH4/aime_2024", None, "train", "problem", "answer"),
-    "aime-2025": MathDatasetSpec("math-ai/aime25", None, "test", "problem", "answer"),
-    # The 675 open-ended, text-only, English competition math problems.
-    "olympiadbench": MathDatasetSpec("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "question",
-                                     "final_answer", _olympiad_answer),
-    "amc23": MathDatasetSpec("math-ai/amc23", None, "test", "question", "answer"),
-    "gsm8k": MathDatasetSpec("openai/gsm8k", "main", "test", "question", "answer", gsm8k_final_answer),
-}
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[\s_\-]", "", name.lower())
-
-
-def _spec(name: str) -> tuple[str, MathDatasetSpec]:
-    wanted = _canonical(name)
-    for key, spec in MATH_DATASETS.items():
-        if _canonical(key) == wanted:
-            return key, spec
-    raise ValueError(f"unknown math data set {name!r}; known: {', '.join(MATH_DATASETS)}")
-
-
-def _tasks_from_rows(rows: Iterable[Mapping[str, Any]], spec: MathDatasetSpec, source: str,
-                     split: str) -> list[MathTask]:
-    """MathTasks from the rows of a loaded data set, reading the spec's fields."""
-    tasks = []
-    for index, row in enumerate(rows):
-        problem = row.get(spec.problem_field)
-        if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"{source} ({split}): row {index} has no problem text in {spec.problem_field!r}")
-        try:
-            answer = spec.answer_fn(row.get(spec.answer_field))
-        except ValueError as err:
-            raise ValueError(f"{source} ({split}): row {index}, field {spec.answer_field!r}: {err}") from None
-        tasks.append(MathTask(uid=f"{source}-{split}-{index}", problem=problem.strip(), answer=answer,
-                              source=source))
-    return tasks
-
-
-def load_math_dataset(name: str, split: str | None = None) -> list[MathTask]:
-    """A benchmark from :data:`MATH_DATASETS` by name, through ``datasets`` (hub or local cache).
-
-    ``split`` defaults to the benchmark's usual evaluation split ("train" for DAPO-Math-17k).
-    """
-    key, spec = _spec(name)
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(f"loading {key!r} needs the datasets library: pip install datasets") from err
-    split = split or spec.split
-    try:
-        rows = datasets.load_dataset(spec.hub_id, spec.config, split=split)
-    except Exception as err:  # noqa: BLE001 - offline errors come in many types
-        raise RuntimeError(
-            f"could not load {key!r} ({spec.hub_id}"
-            f"{', config ' + spec.config if spec.config else ''}, split {split!r}): it needs network "
-            f"access to the Hugging Face hub or a copy in the local datasets cache ({err})"
-        ) from err
-    return _tasks_from_rows(rows, spec, key, split)
-
-
-# ---------------------------------------------------------------------------------------------
-# The splits of a workflow
-# ---------------------------------------------------------------------------------------------
-
-SplitSource = Union[str, Sequence[str], None]
-
-
-def load_math_source(entry: str, split: str) -> list[MathTask]:
-    """One data source: an existing JSONL/parquet path, else a benchmark name of :data:`MATH_DATASETS`."""
-    if Path(entry).exists():
-        return load_math_file(entry)
-    try:
-        _spec(entry)
-    except ValueError:
-        raise FileNotFoundError(
-            f"{split} data {entry!r}: no such file, and not a known data set ({', '.join(MATH_DATASETS)})"
-        ) from None
-    # The benchmark's own evaluation split for val/test; for training, its train split.
-    return load_math_dataset(entry, "train" if split == "train" else None)
-
-
-def math_splits(
-    data_seed: int = 0, train: SplitSource = None, val: SplitSource = None, test: SplitSource = None
-) -> dict[str, tuple[MathTask, ...]]:
-    """The train/val/test tasks of a math workflow: each split from its files or benchmark names
-    (several are concatenated; each task keeps its ``source``), else the embedded arithmetic
-    problems generated from ``data_seed``. Task uids must be unique within a split."""
-    given = {"train": train, "val": val, "test": test}
-    embedded = arithmetic_word_problems(seed=data_seed) if not all(given.values()) else {}
-    splits: dict[str, tuple[MathTask, ...]] = {}
-    for split, entries in given.items():
-        if not entries:
-            splits[split] = tuple(embedded[split])
-            continue
-        tasks = [t for e in ([entries] if isinstance(entries, str) else entries) for t in load_math_source(e, split)]
-        uids = [t.uid for t in tasks]
-        if len(set(uids)) != len(uids):
-            raise ValueError(f"{split} data: duplicate task uids (the same file or data set given twice?)")
         splits[split] = tuple(tasks)
     return splits

@@ -4,9 +4,9 @@
 without it; :func:`vllm_available` says whether it is installed.
 """
 
-from drmas.data.engines.base import Engine, Generation, SamplingParams
-from drmas.data.engines.hf import HFEngine
-from drmas.data.engines.vllm import VLLMEngine, vllm_available
+from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.engines.hf import HFEngine
+from drmas.engines.vllm import VLLMEngine, vllm_available
 
 ENGINES: dict[str, type[Engine]] = {"hf": HFEngine, "vllm": VLLMEngine}
 """Engine classes by config name."""

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from drmas.algorithms import policy_loss
-from drmas.data.experience import Experience, make_micro_batches
+from drmas.data.batching import make_micro_batches
+from drmas.records import Experience
 
 
 def E(prompt, response, adv=0.0, pad=False):

@@ -1,0 +1,185 @@
+"""The rollout side of an RL iteration, in plain Python: play tasks, score, route, validate.
+
+:class:`Rollouts` turns a workflow into one :class:`~drmas.records.IterationPlan` per iteration:
+it draws the iteration's tasks, plays them with the trainer's ``generate`` function, computes
+advantages with the configured estimator, sets each sample's policy and packs every policy's
+micro-batches, PPO epoch after PPO epoch. It also runs validation (``val/avg@k``,
+``val/pass@k``). It talks to the trainer only through :class:`RolloutBackend`, so it runs and
+is tested without Lightning or a model (a scripted ``generate`` will do).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
+from drmas.data.batching import make_micro_batches
+from drmas.envs.base import MODES, Workflow
+from drmas.metrics import AvgAtK, PassAtK
+from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch
+
+__all__ = ["RolloutBackend", "Rollouts"]
+
+
+class RolloutBackend(Protocol):
+    """What the trainer offers the rollout side, and all the rollout side uses of it."""
+
+    iteration: int
+    """The RL iteration running now (0 before the first); the x-axis of every logged scalar."""
+
+    def bind_agents(self, agents: Sequence[str]) -> dict[str, str]:
+        """Resolve and check the agent -> policy map for these agents; return it."""
+
+    def begin_iteration(self) -> int:
+        """Start the next iteration (before its rollout); return its number."""
+
+    def generate_fn(self, train: bool) -> GenerateFn:
+        """``generate(agent, prompts, n)`` routed to each agent's policy, with the policy's train
+        or eval sampling settings."""
+
+    def sync_weights(self) -> None:
+        """Make the rollout engines serve the policies' current weights."""
+
+    def batch_spec(self, policy: str) -> BatchSpec:
+        """What packing this policy's samples into micro-batches needs (pad id, micro-batch size, PPO epochs)."""
+
+    def log_scalars(self, metrics: dict[str, float]) -> None:
+        """Log at the current iteration."""
+
+
+class Rollouts:
+    """One workflow's rollouts and validation, with the sampling and estimator settings."""
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        sampling: str = "parallel",
+        estimator: str = "drmas",
+        scale: str = "std",
+        group_size: int = 4,
+        tasks_per_iteration: int = 4,
+        val_tasks: int = 32,
+        val_k: int = 4,
+        seed: int = 0,
+    ) -> None:
+        """Arguments as :class:`~drmas.data.datamodule.RolloutDataModule`'s; the workflow's declared
+        modes and estimators are checked here, before anything runs."""
+        if sampling not in MODES:
+            raise ValueError(f"sampling must be one of {MODES}, got {sampling!r}")
+        name = type(workflow).__name__
+        if sampling not in workflow.modes:
+            raise ValueError(f"{name} does not support sampling={sampling!r}; it supports: {', '.join(workflow.modes)}")
+        if estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+        builtin = {"grpo", "grpo_step", "drmas", "rloo", "at_grpo"}
+        if estimator in builtin and estimator not in workflow.estimators(sampling):
+            raise ValueError(
+                f"estimator {estimator!r} does not work with sampling={sampling!r} in {name}; "
+                f"use one of: {', '.join(workflow.estimators(sampling))}"
+            )
+        if group_size < 1 or tasks_per_iteration < 1:
+            raise ValueError("group_size and tasks_per_iteration must be >= 1")
+        if val_tasks < 0 or val_k < 1:
+            raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {val_tasks}, {val_k}")
+        if val_tasks and "parallel" not in workflow.modes:
+            raise ValueError(f"validation plays val_k independent trajectories per task (parallel mode), "
+                             f"which {name} does not support: set val_tasks 0")
+        self.workflow = workflow
+        self.sampling, self.estimator, self.scale = sampling, estimator, scale
+        self.group_size, self.tasks_per_iteration = group_size, tasks_per_iteration
+        self.val_tasks, self.val_k, self.seed = val_tasks, val_k, seed
+        self.agent_map: dict[str, str] = {}
+
+    def bind(self, backend: RolloutBackend) -> None:
+        """Resolve the workflow's agents to the backend's policies (errors name the agent)."""
+        self.agent_map = backend.bind_agents(self.workflow.agents)
+
+    # ---- training rollouts ------------------------------------------------------------------
+
+    def sample_tasks(self, iteration: int) -> list[Any]:
+        """The iteration's tasks: drawn without replacement, the same ones for the same seed."""
+        tasks = list(self.workflow.tasks("train"))
+        rng = random.Random(self.seed * 1_000_003 + iteration)
+        return rng.sample(tasks, min(self.tasks_per_iteration, len(tasks)))
+
+    def plan(self, backend: RolloutBackend, iteration: int) -> IterationPlan:
+        """Sync the weights, play the iteration's tasks, score them, and pack the micro-batches."""
+        if not self.agent_map:
+            self.bind(backend)
+        t0 = time.perf_counter()
+        backend.sync_weights()
+        t1 = time.perf_counter()
+        result = self.workflow.rollout(
+            self.sample_tasks(iteration), backend.generate_fn(train=True),
+            n=self.group_size, mode=self.sampling, seed=self.seed + iteration,
+        )
+        t2 = time.perf_counter()
+        for s in result.experiences:
+            s.policy = self.agent_map[s.agent]
+        adv = compute_advantages(result.experiences, self.estimator, self.scale)
+        for s, a in zip(result.experiences, adv.tolist()):
+            s.advantage = a
+        t3 = time.perf_counter()
+        timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
+        return IterationPlan(iteration, result, self.route(result.experiences, backend), timings)
+
+    def route(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
+        """Each policy's micro-batches, PPO epoch by PPO epoch; a policy only ever sees its agents'
+        samples, and its last micro-batch of each PPO epoch carries its optimiser step."""
+        per_policy: dict[str, list[Experience]] = defaultdict(list)
+        for s in samples:
+            per_policy[s.policy].append(s)
+        specs = {name: backend.batch_spec(name) for name in dict.fromkeys(self.agent_map.values())}
+        batches: list[MicroBatch] = []
+        for ppo_epoch in range(max((spec.ppo_epochs for spec in specs.values()), default=0)):
+            for name, spec in specs.items():
+                if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
+                    batches += make_micro_batches(per_policy[name], name, spec.micro_batch_size, spec.pad_id,
+                                                  spec.agg, ppo_epoch)
+        return batches
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def val_task_list(self) -> list[Any]:
+        """The first ``val_tasks`` tasks of each source of the val split (tasks without a
+        ``source`` attribute form one source)."""
+        per_source: dict[Any, list[Any]] = defaultdict(list)
+        for t in self.workflow.tasks("val"):
+            group = per_source[getattr(t, "source", None)]
+            if len(group) < self.val_tasks:
+                group.append(t)
+        return [t for group in per_source.values() for t in group]
+
+    @torch.no_grad()
+    def validate(self, backend: RolloutBackend) -> dict[str, float]:
+        """``val/avg@k`` and ``val/pass@k`` over the val tasks, plus ``val/<source>/avg@k`` and
+        ``val/<source>/pass@k`` per source when the tasks name one ({} with ``val_tasks=0``)."""
+        if not self.val_tasks:
+            return {}
+        if not self.agent_map:
+            self.bind(backend)
+        tasks = self.val_task_list()
+        backend.sync_weights()
+        result = self.workflow.rollout(tasks, backend.generate_fn(train=False), n=self.val_k, mode="parallel")
+        correct: dict[str, int] = defaultdict(int)
+        for ep in result.episodes:
+            correct[ep.task_uid] += int(ep.success)
+        groups: dict[str, list[Any]] = {"val": tasks}
+        for t in tasks:
+            if getattr(t, "source", None) is not None:
+                groups.setdefault(f"val/{t.source}", []).append(t)
+        scalars = {}
+        for prefix, group in groups.items():
+            c = torch.tensor([correct[t.uid] for t in group])
+            n = torch.full_like(c, self.val_k)
+            avg, pas = AvgAtK(self.val_k), PassAtK(self.val_k)
+            avg.update(c, n)
+            pas.update(c, n)
+            scalars[f"{prefix}/avg@{self.val_k}"] = float(avg.compute())
+            scalars[f"{prefix}/pass@{self.val_k}"] = float(pas.compute())
+        return scalars

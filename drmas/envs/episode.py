@@ -1,0 +1,183 @@
+"""One turn-based episode loop for every domain, in ``parallel`` and ``tree`` (AT-GRPO) mode.
+
+A domain subclasses :class:`TurnWorkflow` and declares its agents, its modes, its tasks, and
+per step: which agent acts (``state.agent``), that agent's prompt (:meth:`~TurnWorkflow.prompt`),
+how a candidate is scored on its own (:meth:`~TurnWorkflow.evaluate`, which must not touch the
+state), how the state advances with the executed candidate (:meth:`~TurnWorkflow.advance`, which
+also sets ``state.agent``, ``state.turn`` and ``state.done``), and the episode's team reward
+(:meth:`~TurnWorkflow.team_reward`). The loop does the rest:
+
+- Rounds: every round serves the agents in ``step_order``; each active episode whose
+  ``state.agent`` is that agent gets one prompt, and all those prompts go out in one
+  ``generate`` call (identical prompts merged, so a shared prefix is computed once).
+- ``parallel``: ``n`` independent trajectories per task, one candidate per step. At the end
+  every sample of a trajectory gets ``alpha * team + local``, where team is the episode's team
+  reward and local is the format penalty (``-format_penalty`` for an invalid action), plus the
+  sample's role reward when ``role_rewards`` is on.
+- ``tree``: one trajectory per task; at every step ``n`` candidates from the same prompt, each
+  scored on its own: ``alpha * team + role + format``, where team counts only when that
+  candidate would end the episode. All candidates are recorded under the task's ``env_uid``;
+  the best (:func:`pick_best`: ties to the lowest index, or seeded random) is executed and the
+  next prompt is built from the advanced state.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from drmas.algorithms import mix_rewards
+from drmas.envs.base import MODES, PromptTemplate, Workflow, pick_best, sample_groups
+from drmas.records import ChatPrompt, Completion, EpisodeResult, Experience, GenerateFn, RolloutResult
+
+__all__ = ["Action", "EpisodeState", "TurnWorkflow"]
+
+TIE_BREAKS = ("first", "random")
+
+
+@dataclass
+class EpisodeState:
+    """The part of a domain's state the loop reads; domains subclass it with their own fields."""
+
+    task: Any
+    """The task being played (it has a ``uid``)."""
+    agent: str
+    """The agent that acts next."""
+    turn: int = 0
+    """The current turn (recorded on every sample; an episode's turn count is ``turn + 1``)."""
+    done: bool = False
+
+
+@dataclass
+class Action:
+    """One candidate's outcome, scored without touching the state."""
+
+    valid: bool
+    """The output parsed; an invalid one adds ``-format_penalty`` to the local reward."""
+    role_reward: float = 0.0
+    """The agent's own (local) reward for this action."""
+    ends: bool = False
+    """Executing it would end the episode (tree mode then adds ``alpha * team_reward``)."""
+    team_reward: float = 0.0
+    """The team reward if it ends the episode (read only when ``ends``)."""
+    value: Any = None
+    """What :meth:`TurnWorkflow.advance` needs to execute it (a parsed answer, search results...)."""
+
+
+@dataclass
+class _Episode:
+    state: EpisodeState
+    traj_uid: str
+    samples: list[Experience] = field(default_factory=list)
+
+
+class TurnWorkflow(Workflow):
+    """A workflow whose episodes are played by the shared loop (see the module docstring)."""
+
+    step_order: tuple[str, ...] = ()
+    """The order in which agents are served within a round (default: ``agents``)."""
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        format_penalty: float = 0.1,
+        role_rewards: bool = True,
+        tie_break: str = "first",
+        templates: dict[str, PromptTemplate] | None = None,
+        default_templates: dict[str, PromptTemplate] | None = None,
+    ) -> None:
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+        unknown = set(templates or {}) - set(self.agents)
+        if unknown:
+            raise ValueError(f"templates for unknown agents {sorted(unknown)}; agents: {list(self.agents)}")
+        self.alpha, self.format_penalty, self.role_rewards, self.tie_break = alpha, format_penalty, role_rewards, tie_break
+        self.templates = {**(default_templates or {}), **(templates or {})}
+
+    # ---- what a domain declares -----------------------------------------------------------
+
+    @abstractmethod
+    def initial_state(self, task: Any) -> EpisodeState:
+        """A fresh episode of ``task`` (``agent`` = the first to act)."""
+
+    @abstractmethod
+    def prompt(self, agent: str, state: EpisodeState) -> ChatPrompt:
+        """``agent``'s prompt in ``state``."""
+
+    @abstractmethod
+    def evaluate(self, agent: str, states: Sequence[EpisodeState], completions: Sequence[Completion]) -> list[Action]:
+        """Parse and score each completion against its state, in one batch (so retrieval or
+        code execution can run together); never changes a state."""
+
+    @abstractmethod
+    def advance(self, agent: str, state: EpisodeState, action: Action) -> None:
+        """Execute ``action`` on ``state``: update it, and set ``agent``, ``turn`` and ``done``."""
+
+    @abstractmethod
+    def team_reward(self, state: EpisodeState) -> float:
+        """The team reward of a finished episode (its success when > 0)."""
+
+    def episode_info(self, state: EpisodeState) -> dict:
+        """Extra facts about a finished episode (e.g. its answer) for :class:`EpisodeResult`."""
+        return {}
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def rollout(
+        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
+    ) -> RolloutResult:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        if mode not in self.modes:
+            raise ValueError(f"{type(self).__name__} runs in {' or '.join(self.modes)} mode only, not {mode!r}")
+        tree = mode == "tree"
+        if tree:
+            eps = [_Episode(self.initial_state(t), f"{t.uid}#tree") for t in tasks]
+        else:
+            eps = [_Episode(self.initial_state(t), f"{t.uid}#{j}") for t in tasks for j in range(n)]
+        rng = random.Random(seed) if tree else None
+        order = self.step_order or self.agents
+        while any(not ep.state.done for ep in eps):
+            for agent in order:
+                group = [ep for ep in eps if not ep.state.done and ep.state.agent == agent]
+                if group:
+                    self._step(agent, group, generate, n if tree else 1, rng)
+        episodes = []
+        for ep in eps:
+            team = self.team_reward(ep.state)
+            if not tree:
+                for s in ep.samples:
+                    local = self._format_term(s.valid) + (s.info["role_reward"] if self.role_rewards else 0.0)
+                    s.team_reward, s.local_reward = team, local
+                    s.reward = mix_rewards(team, local, self.alpha)
+            episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, team > 0, ep.state.turn + 1, team,
+                                          self.episode_info(ep.state)))
+        return RolloutResult([s for ep in eps for s in ep.samples], episodes)
+
+    def _step(self, agent: str, group: list[_Episode], generate: GenerateFn, k: int, rng: random.Random | None) -> None:
+        """One prompt per episode, ``k`` candidates each, all scored in one batch; then each
+        episode executes its best candidate (with ``k == 1``, its only one)."""
+        cands = sample_groups(generate, agent, [self.prompt(agent, ep.state) for ep in group], k)
+        actions = iter(self.evaluate(agent, [ep.state for ep in group for _ in range(k)], [c for cs in cands for c in cs]))
+        for ep, comps in zip(group, cands):
+            acts = [next(actions) for _ in comps]
+            recs = [self._record(ep, agent, c, a) for c, a in zip(comps, acts)]
+            ep.samples.extend(recs)
+            self.advance(agent, ep.state, acts[pick_best([s.reward for s in recs], self.tie_break, rng)])
+
+    def _record(self, ep: _Episode, agent: str, c: Completion, a: Action) -> Experience:
+        """The candidate as a sample, with its tree score (parallel mode rescores at the end)."""
+        s = Experience(
+            task_uid=ep.state.task.uid, traj_uid=ep.traj_uid, env_uid=ep.traj_uid, agent=agent, turn=ep.state.turn,
+            policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
+            text=c.text, valid=a.valid, info={"role_reward": a.role_reward},
+        )
+        s.team_reward = a.team_reward if a.ends else 0.0
+        s.local_reward = a.role_reward + self._format_term(a.valid)
+        s.reward = mix_rewards(s.team_reward, s.local_reward, self.alpha)
+        return s
+
+    def _format_term(self, valid: bool) -> float:
+        return 0.0 if valid else -self.format_penalty

@@ -1,0 +1,156 @@
+"""The record types every layer passes around, at the bottom of the package.
+
+What a workflow asks (:class:`ChatPrompt`) and gets back (:class:`Completion`), what one LLM
+call becomes for training (:class:`Experience`), how an episode ended (:class:`EpisodeResult`),
+what a rollout returns (:class:`RolloutResult`), the tensors of one forward pass
+(:class:`MicroBatch`), and what one RL iteration hands the trainer (:class:`IterationPlan`).
+This module imports nothing of drmas, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Protocol, Sequence
+
+from torch import Tensor
+
+__all__ = [
+    "BatchSpec",
+    "ChatPrompt",
+    "Completion",
+    "EpisodeResult",
+    "Experience",
+    "GenerateFn",
+    "IterationPlan",
+    "MicroBatch",
+    "RolloutResult",
+]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What an agent is asked: chat messages, plus an assistant prefill that is part of the
+    prompt (not trained) but also of the text that gets parsed, and the stop strings."""
+
+    messages: tuple[tuple[str, str], ...]  # (role, content)
+    prefill: str = ""
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Completion:
+    """One generated answer to a ChatPrompt, with the tokens the trainer needs."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    """``prefill + response text``: what the agent's parser reads."""
+    finish_reason: str = "stop"
+
+
+class GenerateFn(Protocol):
+    def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
+        """``n`` completions for each prompt, sampled from ``agent``'s policy."""
+
+
+@dataclass
+class Experience:
+    """One agent's LLM call with everything the estimators and the trainer need.
+
+    Padding samples (``is_pad``) are never packed into micro-batches and never enter statistics.
+    """
+
+    task_uid: Hashable
+    traj_uid: Hashable
+    env_uid: Hashable
+    agent: str
+    turn: int
+    policy: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    engine_logprobs: list[float]
+    text: str = ""
+    """The parsed text: the prompt's prefill followed by the response."""
+    valid: bool = True
+    """Whether the action parsed; an invalid one gets the format penalty."""
+    team_reward: float = 0.0
+    local_reward: float = 0.0
+    reward: float = 0.0
+    """The score the estimators use (alpha * team + local, set by the workflow)."""
+    advantage: float = 0.0
+    is_pad: bool = False
+    """A duplicate added to fill a batch: trained with zero weight, never in any statistic."""
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeResult:
+    """Outcome of one trajectory (for success rates, turns and avg@k / pass@k)."""
+
+    task_uid: str
+    traj_uid: str
+    success: bool
+    turns: int
+    team_reward: float
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class RolloutResult:
+    """What playing a batch of tasks returns: every sample, and how each episode ended."""
+
+    experiences: list[Experience]
+    episodes: list[EpisodeResult]
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded token tensors of some samples of one policy, ready for a forward pass.
+
+    Padding is tight: sequences are sorted by length before chunking, so a micro-batch is only
+    as long as its longest sequence.
+    """
+
+    policy: str
+    input_ids: Tensor  # [B, L]
+    attention_mask: Tensor  # [B, L]
+    response_mask: Tensor  # [B, L-1], aligned with logits[:, :-1] (predicts token t+1)
+    engine_logprobs: Tensor  # [B, L-1]
+    advantages: Tensor  # [B]
+    sample_index: Tensor  # [B] positions in the policy's sample list (for old log-probs)
+    loss_scale: float
+    """This micro-batch's share of its policy's batch, so summed micro-batch losses equal
+    the loss of the whole batch under the chosen aggregation."""
+    ppo_epoch: int = 0
+    """Which pass over the policy's samples this is (0 = the first, sampled by these weights)."""
+    step_after: bool = False
+    """Run the optimiser step of ``policy`` after this micro-batch's backward."""
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What packing one policy's samples into micro-batches needs to know about the policy."""
+
+    pad_id: int
+    micro_batch_size: int
+    ppo_epochs: int
+    agg: str = "token-mean"
+    """The loss aggregation (sets each micro-batch's ``loss_scale``)."""
+
+
+@dataclass
+class IterationPlan:
+    """One RL iteration as the rollout side hands it to the trainer and the callbacks."""
+
+    iteration: int
+    rollout: RolloutResult
+    """Every sample (with policy, reward and advantage set) and every episode's outcome."""
+    micro_batches: list[MicroBatch]
+    """Each policy's micro-batches, PPO epoch after PPO epoch, in training order."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent: ``time/sync_s``, ``time/rollout_s``, ``time/advantage_s``."""
+
+    @property
+    def experiences(self) -> list[Experience]:
+        return self.rollout.experiences

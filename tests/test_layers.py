@@ -1,0 +1,87 @@
+"""Imports only run downward: records at the bottom, envs free of the trainer, data free of modules."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth of its code (absolute names)."""
+    out = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return out
+
+
+GRAPH = {module_name(p): imports(p) for p in (ROOT / "drmas").rglob("*.py")}
+
+
+def under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def offenders(importer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {}
+    for mod, deps in GRAPH.items():
+        if under(mod, importer):
+            bad = sorted(d for d in deps if any(under(d, f) for f in forbidden))
+            if bad:
+                found[mod] = bad
+    return found
+
+
+@pytest.mark.parametrize(
+    "importer, forbidden",
+    [
+        ("drmas.records", ("drmas",)),
+        ("drmas.registry", ("drmas",)),
+        ("drmas.algorithms", ("drmas.records", "drmas.registry", "drmas.envs", "drmas.data", "drmas.engines",
+                              "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli", "drmas.metrics", "lightning")),
+        ("drmas.envs", ("drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli", "lightning")),
+        ("drmas.engines", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.cli", "lightning")),
+        ("drmas.data", ("drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli")),
+        ("drmas.modules", ("drmas.data", "drmas.envs", "drmas.callbacks", "drmas.cli")),
+        ("drmas.callbacks", ("drmas.cli",)),
+    ],
+)
+def test_imports_run_downward(importer, forbidden):
+    assert offenders(importer, forbidden) == {}
+
+
+def test_the_walk_sees_real_imports():
+    # guards the test itself: a rule that can never fail is no rule
+    assert "drmas.records" in GRAPH["drmas.envs.episode"]
+    assert any(under(d, "drmas.data") for d in GRAPH["drmas.cli"])
+    assert "drmas.algorithms.advantages" in GRAPH["drmas.algorithms"]  # relative-free package import
+
+
+def test_nothing_imports_a_recipe():
+    files = [p for d in ("drmas", "tests", "bench", "examples", "recipes") for p in (ROOT / d).rglob("*.py")]
+    bad = {str(p.relative_to(ROOT)): sorted(d for d in imports(p) if under(d, "recipes")) for p in files}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_envs_load_without_lightning_or_engines():
+    code = ("import sys, drmas.envs.search, drmas.envs.math, drmas.data.rollouts; "
+            "print(sorted(m for m in ('lightning', 'drmas.engines', 'drmas.modules', 'drmas.data.datamodule') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
