@@ -39,7 +39,7 @@ from lightning.pytorch.cli import LightningCLI
 
 import drmas.envs.math  # noqa: F401  (registers the built-in workflows)
 import drmas.envs.search  # noqa: F401
-from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, RolloutStats
+from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
 from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
 from drmas.modules.multi_agent import MultiAgentRL
@@ -162,9 +162,9 @@ class DrmasCLI(LightningCLI):
         # `--hf_checkpoint.every_n_iterations 10`): a policy of 8B parameters with its Adam state
         # makes a ~100 GB Lightning checkpoint, which a user may not want every iteration.
         parser.add_lightning_class_args(HFCheckpoint, "hf_checkpoint")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        # Full training state for --ckpt_path resume, at every iteration's end (Lightning writes
-        # through a temporary file, so an interrupted save leaves the old one intact).
+        parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
+        # Full training state for --ckpt_path resume, at every iteration's end (written through a
+        # temporary file, so an interrupted save leaves the old one intact).
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0, "checkpoint.every_n_epochs": 1})
 
 

@@ -73,9 +73,15 @@ class RolloutDataModule(L.LightningDataModule):
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.plan: IterationPlan | None = None
         """The current iteration's plan (None before the first rollout)."""
-        self._hook = _IterationEnd(self)
+        self._plan_started = False  # whether training on ``plan`` has begun
+        self._hook = _IterationHooks(self)
 
     def setup(self, stage: str) -> None:
+        reload = self.trainer.reload_dataloaders_every_n_epochs
+        if reload != 1:
+            # with any other value Lightning reuses an old rollout: stale samples trained again
+            raise ValueError(f"trainer.reload_dataloaders_every_n_epochs must be 1 (one rollout per "
+                             f"iteration), got {reload}")
         if self._hook not in self.trainer.callbacks:
             # first, so validation is logged before the checkpoint of the iteration is written
             self.trainer.callbacks.insert(0, self._hook)
@@ -88,11 +94,15 @@ class RolloutDataModule(L.LightningDataModule):
         return self.trainer.lightning_module
 
     def train_dataloader(self) -> DataLoader:
-        backend = self._backend()
-        if backend.iteration == 0:
-            self.validate()  # the "before" numbers, at step 0
-        iteration = backend.begin_iteration()
-        self.plan = self.rollouts.plan(backend, iteration)
+        # A plan nobody trained on yet is served again instead of being replaced: on resume
+        # Lightning asks twice before the first resumed epoch starts, and a second rollout would
+        # skip an iteration (and its random draws) that the uninterrupted run played.
+        if self.plan is None or self._plan_started:
+            backend = self._backend()
+            if backend.iteration == 0:
+                self.validate()  # the "before" numbers, at step 0
+            iteration = backend.begin_iteration()
+            self.plan, self._plan_started = self.rollouts.plan(backend, iteration), False
         return DataLoader(self.plan.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity)
 
     def validate(self) -> dict[str, float]:
@@ -110,11 +120,14 @@ class RolloutDataModule(L.LightningDataModule):
             self.validate()
 
 
-class _IterationEnd(L.Callback):
-    """The data module's end-of-iteration hook (validation when due)."""
+class _IterationHooks(L.Callback):
+    """The data module's epoch hooks: its plan is in training; validation when due."""
 
     def __init__(self, dm: RolloutDataModule) -> None:
         self.dm = dm
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.dm._plan_started = True
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.dm._iteration_end(trainer)

@@ -57,6 +57,11 @@ class Engine(ABC):
     def sleep(self) -> None:
         """Free accelerator memory for training until the next ``sync_weights`` (default: no-op)."""
 
+    @property
+    def asleep(self) -> bool:
+        """Whether :meth:`sleep` discarded the weights (the next ``sync_weights`` brings them back)."""
+        return False
+
     def close(self) -> None:
         """Release engine resources (KV cache, worker threads)."""
 

@@ -145,6 +145,8 @@ class HFEngine(Engine):
                     out.extend(self._generate_rows(rows[start : start + size], params))
         finally:
             self.model.train(was_training)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the KV cache of generate is not needed by the update
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _generate_rows(self, rows: list[list[int]], params: SamplingParams) -> list[Generation]:

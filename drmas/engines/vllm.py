@@ -175,6 +175,10 @@ class VLLMEngine(Engine):
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
 
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
     def sleep(self) -> None:
         """GPU: discard weights and KV cache until the next :meth:`sync_weights` (no-op on CPU).
 

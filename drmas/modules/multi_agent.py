@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -25,10 +26,11 @@ import torch
 
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
+from drmas.modules.logprobs import full_logprobs, response_logprobs
 from drmas.modules.policy import Policy, PolicyConfig
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
-__all__ = ["MultiAgentRL", "VLLMConfig"]
+__all__ = ["MultiAgentRL", "VLLMConfig", "check_gpu_fractions"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class MultiAgentRL(L.LightningModule):
         dual_clip: float | None = None,
         agg: str = "token-mean",
         entropy_coef: float = 0.0,
+        kl_coef: float = 0.0,
         is_cap: float | None = 2.0,
         seed: int = 0,
     ) -> None:
@@ -76,6 +79,8 @@ class MultiAgentRL(L.LightningModule):
             agg: loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``
                 (normalised by each policy's ``train_sampling.max_new_tokens``).
             entropy_coef: entropy bonus weight (0 = off; computing entropy costs a full softmax).
+            kl_coef: weight of the k3 KL penalty to each policy's initial weights (0 = off; > 0
+                keeps a frozen bf16 reference copy per policy and logs ``train/<policy>/kl``).
             is_cap: cap of the truncated importance weights between trainer and engine
                 log-probs (None = no correction).
             seed: seed of the engines' samplers.
@@ -85,17 +90,26 @@ class MultiAgentRL(L.LightningModule):
             raise ValueError("at least one policy is needed")
         if engine not in ("auto", *ENGINES):
             raise ValueError(f"engine must be 'auto' or one of {sorted(ENGINES)}, got {engine!r}")
+        if not 0 < vllm.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {vllm.gpu_memory_utilization}")
         # Plain values only: Lightning reads them back with torch.load(weights_only=True) on resume.
         self.save_hyperparameters(ignore=["policies", "vllm"])
         self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
         self.hparams["vllm"] = dataclasses.asdict(vllm)
         self.automatic_optimization = False
-        self.policies = torch.nn.ModuleDict({name: Policy(name, cfg) for name, cfg in policies.items()})
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+        if kl_coef > 0:  # the frozen references are in eval mode on purpose
+            warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+        self.policies = torch.nn.ModuleDict({name: Policy(name, cfg, reference=kl_coef > 0)
+                                             for name, cfg in policies.items()})
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+        if self.engine_name == "vllm" and torch.cuda.is_available():
+            check_gpu_fractions({name: vllm.gpu_memory_utilization for name in policies})
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
-        self.is_cap = is_cap
+        self.is_cap, self.kl_coef = is_cap, kl_coef
         self.iteration = 0
         self._bad_loss = False
         self.engines: dict[str, Engine] = {}
@@ -148,10 +162,11 @@ class MultiAgentRL(L.LightningModule):
         return self.engines[name]
 
     def sync_weights(self) -> None:
-        """Make every engine serve its policy's current weights (only after they changed)."""
+        """Make every engine serve its policy's current weights (only after they changed, or
+        after the engine slept and discarded them)."""
         for name, policy in self.policies.items():
             engine = self._engine(name)
-            if self._synced[name] != policy.version:
+            if self._synced[name] != policy.version or engine.asleep:
                 engine.sync_weights(policy.model)
                 self._synced[name] = policy.version
 
@@ -179,28 +194,32 @@ class MultiAgentRL(L.LightningModule):
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
         pairs = [p.make_optimizer(total) for p in self.policies.values()]
-        self._schedulers = [s for _, s in pairs]
-        return [o for o, _ in pairs]
+        # Returned to Lightning so their states are checkpointed; stepped by begin_iteration.
+        return [o for o, _ in pairs], [s for _, s in pairs]
+
+    def _schedulers(self) -> list:
+        scheds = self.lr_schedulers()
+        return [] if scheds is None else scheds if isinstance(scheds, list) else [scheds]
 
     def _optimizer(self, name: str):
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
         return opts[list(self.policies).index(name)]
 
-    def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of each next token from logits / temperature (as the engine sampled)."""
-        # no KV cache: nothing is decoded here, and with gradient checkpointing it is refused anyway
-        logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1].float()
-        if temperature > 0:
-            logits = logits / temperature
-        # gather - logsumexp: no second [B, L, vocab] tensor unless the entropy needs one
-        lse = torch.logsumexp(logits, -1)
-        logp = logits.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1) - lse
-        entropy = None
-        if self.loss_kwargs["entropy_coef"]:
-            logp_all = logits - lse.unsqueeze(-1)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+    def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float,
+                       model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, L-1]`` log-probs of each response token from logits / temperature (as the engine
+        sampled), and entropies when the loss needs them; 0 at prompt and padding positions.
+        ``model``: another model of the policy's architecture (its reference), default its own."""
+        model = policy.model if model is None else model
+        with_entropy = bool(self.loss_kwargs["entropy_coef"]) and model is policy.model
+        if policy.chunk_tokens:
+            return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                     temperature, with_entropy, policy.chunk_tokens)
+        logp, entropy = full_logprobs(model, batch.input_ids, batch.attention_mask, temperature, with_entropy)
+        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        mask = batch.response_mask
+        return torch.where(mask, logp, zero), None if entropy is None else torch.where(mask, entropy, zero)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
         policy = self.policies[batch.policy]
@@ -219,9 +238,13 @@ class MultiAgentRL(L.LightningModule):
         is_weights = None
         if self.is_cap is not None:
             is_weights = truncated_is_weights(old, batch.engine_logprobs, self.is_cap) * mask
+        ref = None
+        if policy.reference is not None:
+            with torch.no_grad():
+                ref, _ = self.token_logprobs(policy, batch, sampling.temperature, model=policy.reference)
         loss, metrics = policy_loss(
             logp, old, batch.advantages, mask, entropy=entropy, is_weights=is_weights,
-            norm_len=sampling.max_new_tokens, **self.loss_kwargs,
+            ref_logprobs=ref, kl_coef=self.kl_coef, norm_len=sampling.max_new_tokens, **self.loss_kwargs,
         )
         finite = bool(torch.isfinite(loss))
         if finite:
@@ -266,17 +289,26 @@ class MultiAgentRL(L.LightningModule):
                          self.loss_kwargs["agg"])
 
     def begin_iteration(self) -> int:
-        """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``."""
+        """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,
+        with each policy's learning rate for iteration k."""
         self.iteration += 1
         self._old_logprobs.clear()
+        # Stepped here, not at the end of the previous iteration: the checkpoint written at that
+        # end then holds the schedule of the iteration it finished, and a resumed run steps it
+        # once, exactly as the uninterrupted run does.
+        if self.iteration > 1 and self._trainer is not None:
+            for sched in self._schedulers():
+                sched.step()
         return self.iteration
 
     def on_train_epoch_start(self) -> None:
+        # the rollout is done: engines give their accelerator memory to the update (GPU vLLM;
+        # a no-op elsewhere) until the next sync_weights wakes them
+        for engine in self.engines.values():
+            engine.sleep()
         self._update_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
-        for sched in self._schedulers:
-            sched.step()
         scalars: dict[str, float] = {"time/update_s": time.perf_counter() - self._update_started}
         for name, bucket in self._metrics.items():
             for key, values in bucket.items():
@@ -315,7 +347,8 @@ class MultiAgentRL(L.LightningModule):
             "history": self.history,
             # numpy's state as plain values so the checkpoint loads with weights_only=True
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                    "numpy": [v.tolist() if isinstance(v, np.ndarray) else v for v in np.random.get_state()]},
+                    "numpy": [v.tolist() if isinstance(v, np.ndarray) else v for v in np.random.get_state()],
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -334,11 +367,24 @@ class MultiAgentRL(L.LightningModule):
         random.setstate(state["rng"]["python"])
         name, keys, *rest = state["rng"]["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+        cuda = state["rng"].get("cuda") or []
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
 
     def teardown(self, stage: str) -> None:
         for engine in self.engines.values():
             engine.close()
         self.engines.clear()
+
+
+def check_gpu_fractions(fractions: dict[str, float]) -> None:
+    """Refuse vLLM engines (one per policy, on the same GPU) whose memory fractions add up to more
+    than the whole GPU; the message names each engine's share."""
+    total = sum(fractions.values())
+    if total > 1.0 + 1e-9:
+        shares = ", ".join(f"{name} {frac:g}" for name, frac in fractions.items())
+        raise ValueError(f"the vLLM engines of the policies share one GPU but ask for {total:g} of it ({shares}): "
+                         f"set --model.vllm.gpu_memory_utilization to at most {1.0 / len(fractions):.2f}")
 
 
 def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,10 +13,13 @@ from torch import nn
 
 from drmas.engines.base import SamplingParams
 from drmas.models import load_causal_lm
+from drmas.modules.logprobs import chunked_logprobs_match
 
 __all__ = ["Policy", "PolicyConfig"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +48,9 @@ class PolicyConfig:
     """Iterations of linear warm-up from 0 to ``lr``."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    logprob_chunk_tokens: int = 1024
+    """Response tokens per chunk of the vocabulary projection in training (0 = project every
+    position at once, the memory-hungry way); see ``drmas.modules.logprobs``."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
     train_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=64))
@@ -55,19 +63,37 @@ class PolicyConfig:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.micro_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
 
 
 class Policy(nn.Module):
     """A policy's model and tokenizer; the tokenizer is left out of the state dict."""
 
-    def __init__(self, name: str, config: PolicyConfig) -> None:
+    def __init__(self, name: str, config: PolicyConfig, reference: bool = False) -> None:
+        """``reference``: also keep a frozen bf16 copy of the initial model (for a KL penalty)."""
         super().__init__()
         self.name, self.config = name, config
         self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
+        self.reference: nn.Module | None = None
+        if reference:
+            # bf16 halves its memory; it only ever runs without gradients
+            self.reference = copy.deepcopy(self.model).to(torch.bfloat16).eval().requires_grad_(False)
         self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.version = 0  # optimiser steps taken; engines compare it to know when to re-sync
+        self.chunk_tokens = config.logprob_chunk_tokens
+        if self.chunk_tokens and not chunked_logprobs_match(self.model):
+            log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path",
+                        name, type(self.model).__name__)
+            self.chunk_tokens = 0
+
+    def train(self, mode: bool = True) -> "Policy":
+        super().train(mode)
+        if self.reference is not None:
+            self.reference.eval()  # frozen: never dropout, whatever mode training puts us in
+        return self
 
     def make_optimizer(self, total_iterations: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         c = self.config

@@ -10,7 +10,7 @@ from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import Rollouts
 from drmas.engines import SamplingParams
 from drmas.envs.search import SearchWorkflow
-from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.modules import MultiAgentRL, PolicyConfig, VLLMConfig
 from drmas.modules.policy import lr_factor
 
 AGENTS = ("verifier", "searcher", "answerer")
@@ -111,3 +111,44 @@ def test_lr_schedules():
     assert [round(lr_factor(c, i, 4), 3) for i in range(4)] == [1.0, 0.854, 0.5, 0.146]
     with pytest.raises(ValueError, match="lr_schedule"):
         PolicyConfig(lr_schedule="step")
+
+
+def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
+    from drmas.modules.multi_agent import check_gpu_fractions
+
+    check_gpu_fractions({"solver": 0.45, "verifier": 0.45})
+    with pytest.raises(ValueError, match=r"ask for 1.5 of it \(a 0.5, b 0.5, c 0.5\).*at most 0.33"):
+        check_gpu_fractions({"a": 0.5, "b": 0.5, "c": 0.5})
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
+        MultiAgentRL(policies={"a": tiny()}, engine="hf", vllm=VLLMConfig(gpu_memory_utilization=1.5))
+
+
+def test_engines_sleep_for_the_update_and_sync_wakes_them():
+    from drmas.engines import HFEngine
+
+    class Sleepy(HFEngine):
+        """The HF engine with vLLM's GPU contract: sleeping discards the weights."""
+
+        slept = synced = 0
+        _asleep = False
+
+        def sleep(self):
+            self._asleep, self.slept = True, self.slept + 1
+
+        @property
+        def asleep(self):
+            return self._asleep
+
+        def sync_weights(self, model):
+            self._asleep, self.synced = False, self.synced + 1
+
+    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
+    policy = module.policies["shared"]
+    engine = module.engines["shared"] = Sleepy(policy.model, policy.tokenizer)
+    module._synced["shared"] = policy.version
+    module.sync_weights()
+    assert engine.synced == 0  # awake and up to date: nothing to push
+    module.on_train_epoch_start()  # the update begins
+    assert engine.slept == 1 and engine.asleep
+    module.sync_weights()  # same weights version, but they were discarded
+    assert engine.synced == 1 and not engine.asleep

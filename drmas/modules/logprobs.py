@@ -1,0 +1,90 @@
+"""Log-probs (and entropy) of the response tokens, without a ``[batch, length, vocab]`` tensor.
+
+The trainer needs ``log softmax(logits / T)`` at the sampled token of every response position,
+nothing at prompt positions. The plain way (``model(...).logits``) projects every position of
+every sequence onto the vocabulary in fp32: 4 sequences of 2,064 tokens with SmolLM2's 49,152
+tokens are 1.6 GB, with Qwen3's 151,936 tokens and 8 x 4,500 tokens 22 GB, before the softmax
+and its gradient. Here the decoder's hidden states are sliced to the response positions first,
+then the vocabulary projection, log-softmax and gather run over chunks of ``chunk_tokens``
+tokens under activation checkpointing: forward and backward hold one chunk's logits at a time.
+
+The chunked path needs ``logits == lm_head(decoder(x))``. Models that post-process their logits
+(soft-capping, scaling) fail :func:`chunked_logprobs_match` and use the full-logits path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["chunked_logprobs_match", "full_logprobs", "response_logprobs"]
+
+
+def _from_logits(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, -1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, logp.new_zeros(())
+    # H = -sum p log p = lse - sum p * logits
+    return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+def full_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float,
+                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """``[B, L-1]`` log-probs of each next token (and entropies) from the full logits."""
+    # no KV cache: nothing is decoded here, and with gradient checkpointing it is refused anyway
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logp, entropy = _from_logits(logits, input_ids[:, 1:], temperature, with_entropy)
+    return logp, entropy if with_entropy else None
+
+
+def response_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
+                      temperature: float, with_entropy: bool = False, chunk_tokens: int = 1024
+                      ) -> tuple[Tensor, Tensor | None]:
+    """``[B, L-1]`` log-probs (and entropies) at the positions of ``response_mask``, 0 elsewhere;
+    the vocabulary projection runs ``chunk_tokens`` positions at a time."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    h = hidden[:, :-1][response_mask]  # [T, H]: response positions only
+    targets = input_ids[:, 1:][response_mask]
+    head = model.get_output_embeddings()
+
+    def chunk(hc: Tensor, tc: Tensor) -> tuple[Tensor, Tensor]:
+        return _from_logits(head(hc), tc, temperature, with_entropy)
+
+    logps, ents = [], []
+    for start in range(0, h.shape[0], chunk_tokens):
+        hc, tc = h[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        # recomputed in backward: only one chunk's logits are ever alive
+        lp, ent = checkpoint(chunk, hc, tc, use_reentrant=False) if torch.is_grad_enabled() else chunk(hc, tc)
+        logps.append(lp)
+        ents.append(ent)
+    shape = (input_ids.shape[0], input_ids.shape[1] - 1)
+    zeros = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+    flat = torch.cat(logps) if logps else zeros[response_mask]
+    logp = zeros.masked_scatter(response_mask, flat)
+    if not with_entropy:
+        return logp, None
+    return logp, zeros.masked_scatter(response_mask, torch.cat(ents) if ents else zeros[response_mask])
+
+
+@torch.no_grad()
+def chunked_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
+    """Whether ``lm_head(decoder(x))`` reproduces the model's own logits (checked on a few tokens)."""
+    decoder, head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
+    if decoder is None or head is None or decoder() is None or head() is None:
+        return False
+    training = model.training
+    model.eval()  # dropout off for the comparison
+    try:
+        device = next(model.parameters()).device
+        ids = torch.arange(3, 11, device=device).unsqueeze(0) % model.config.vocab_size
+        mask = torch.ones_like(ids)
+        reference = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        ours = head()(decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state).float()
+        return ours.shape == reference.shape and bool(torch.allclose(ours, reference, atol=atol, rtol=1e-4))
+    finally:
+        model.train(training)

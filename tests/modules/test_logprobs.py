@@ -1,0 +1,75 @@
+"""Chunked response log-probs equal the full-logits ones, values and gradients."""
+
+import pytest
+import torch
+
+from drmas.data.batching import make_micro_batches
+from drmas.models import load_causal_lm
+from drmas.modules import PolicyConfig
+from drmas.modules.logprobs import chunked_logprobs_match, full_logprobs, response_logprobs
+from drmas.records import Experience
+
+
+@pytest.fixture(scope="module")
+def model():
+    m, tok = load_causal_lm("tiny-random")
+    return m
+
+
+def batch():
+    # prompts of different lengths, right padding: response positions differ per row
+    rows = [([1, 2, 3, 4, 5, 6], [40, 41, 42]), ([7, 8], [50, 51, 52, 53, 54]), ([9, 10, 11, 12], [60])]
+    samples = [Experience("t", str(i), str(i), "a", 0, "p", p, r, [0.0] * len(r)) for i, (p, r) in enumerate(rows)]
+    return make_micro_batches(samples, "p", 8, pad_id=0)[0]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1024])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_equals_full_logits_in_values_and_gradients(model, chunk, temperature):
+    b = batch()
+    mask = b.response_mask
+    weights = torch.linspace(-1, 1, mask.numel()).reshape(mask.shape)
+
+    model.zero_grad()
+    full, full_ent = full_logprobs(model, b.input_ids, b.attention_mask, temperature, with_entropy=True)
+    ((full * weights)[mask].sum() + full_ent[mask].sum()).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.zero_grad()
+    ours, ours_ent = response_logprobs(model, b.input_ids, b.attention_mask, mask, temperature, True, chunk)
+    ((ours * weights)[mask].sum() + ours_ent[mask].sum()).backward()
+
+    torch.testing.assert_close(ours[mask], full[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours_ent[mask], full_ent[mask], atol=1e-5, rtol=0)
+    assert (ours[~mask] == 0).all() and (ours_ent[~mask] == 0).all()
+    assert int(mask.sum()) == 9
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_without_entropy_no_entropy_is_made(model):
+    b = batch()
+    with torch.no_grad():
+        logp, ent = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, 1.0)
+    assert ent is None and logp.shape == b.response_mask.shape
+
+
+def test_models_that_post_process_logits_keep_the_full_path(model):
+    assert chunked_logprobs_match(model)
+    scaled, _ = load_causal_lm("tiny-random")
+
+    class Scaled(type(scaled)):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 2.0  # as logit soft-capping or scaling would
+            return out
+
+    scaled.__class__ = Scaled
+    scaled.train()
+    assert not chunked_logprobs_match(scaled)
+    assert scaled.training  # the check leaves the mode as it found it
+
+
+def test_chunk_size_is_checked():
+    with pytest.raises(ValueError, match="logprob_chunk_tokens must be >= 0"):
+        PolicyConfig(logprob_chunk_tokens=-1)
