@@ -174,6 +174,8 @@ def trainer_defaults(name: str) -> dict[str, Any]:
     return {
         "max_epochs": 4,
         "reload_dataloaders_every_n_epochs": 1,
+        # each rank plans its own micro-batches; Lightning's sampler would split them again
+        "use_distributed_sampler": False,
         "log_every_n_steps": 1,
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,

@@ -82,6 +82,11 @@ class RolloutDataModule(L.LightningDataModule):
             # with any other value Lightning reuses an old rollout: stale samples trained again
             raise ValueError(f"trainer.reload_dataloaders_every_n_epochs must be 1 (one rollout per "
                              f"iteration), got {reload}")
+        if self.trainer.world_size > 1:
+            # every rank would play the same tasks: duplicated samples, not more data
+            raise NotImplementedError(
+                f"rollouts on {self.trainer.world_size} ranks are not supported yet (each rank would play the same "
+                "tasks); run with --trainer.devices 1")
         if self._hook not in self.trainer.callbacks:
             # first, so validation is logged before the checkpoint of the iteration is written
             self.trainer.callbacks.insert(0, self._hook)

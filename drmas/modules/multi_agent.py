@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
@@ -112,6 +113,7 @@ class MultiAgentRL(L.LightningModule):
         self.is_cap, self.kl_coef = is_cap, kl_coef
         self.iteration = 0
         self._bad_loss = False
+        self._sharded = False
         self.engines: dict[str, Engine] = {}
         self._synced: dict[str, int] = {}
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
@@ -191,6 +193,27 @@ class MultiAgentRL(L.LightningModule):
 
     # ---- training -------------------------------------------------------------------------
 
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy`` (``drmas.modules.sharding.FSDP``): shard every policy
+        (and its reference) with FSDP2 over the data-parallel ranks."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if self._sharded or not isinstance(strategy, ModelParallelStrategy):
+            return
+        from drmas.modules.sharding import shard_model
+
+        mesh = self.device_mesh["data_parallel"]
+        mixed = getattr(strategy, "mixed_precision", None)
+        mixed = strategy.root_device.type == "cuda" if mixed is None else mixed
+        offload = getattr(strategy, "cpu_offload", False)
+        for policy in self.policies.values():
+            shard_model(policy.model, mesh, mixed, offload)
+            if policy.reference is not None:
+                shard_model(policy.reference, mesh, False, offload)
+            # The chunked log-probs call the decoder and the head outside the root module's
+            # forward, where FSDP has not gathered the root's parameters: full logits instead.
+            policy.chunk_tokens = 0
+        self._sharded = True
+
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
         pairs = [p.make_optimizer(total) for p in self.policies.values()]
@@ -267,8 +290,13 @@ class MultiAgentRL(L.LightningModule):
         opt = self._optimizer(policy.name)
         params = [p for p in policy.model.parameters() if p.grad is not None]
         clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
+        # sharded parameters give a DTensor: its full value is the global norm over all shards
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         bad = self._bad_loss or not math.isfinite(norm)
+        if self._trainer is not None and self.trainer.world_size > 1:  # every rank skips, or none
+            flag = torch.tensor(float(bad), device=self.device)
+            bad = bool(self.trainer.strategy.reduce(flag, reduce_op="sum") > 0)
         bucket = self._metrics[policy.name]
         if bad:
             log.warning("policy %s: non-finite loss or gradient (norm=%s) at iteration %d; step skipped",

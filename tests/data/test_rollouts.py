@@ -167,3 +167,15 @@ def test_a_tree_only_workflow_cannot_validate():
     with pytest.raises(ValueError, match="set val_tasks 0"):
         Rollouts(TreeOnly([]), sampling="tree", estimator="at_grpo", val_tasks=4)
     assert Rollouts(TreeOnly([]), sampling="tree", estimator="at_grpo", val_tasks=0).val_tasks == 0
+
+
+def test_several_ranks_are_refused_until_rollouts_are_data_parallel(workflow):
+    import types
+
+    dm = RolloutDataModule(workflow, val_tasks=0)
+    dm.trainer = types.SimpleNamespace(world_size=2, reload_dataloaders_every_n_epochs=1)
+    with pytest.raises(NotImplementedError, match="rollouts on 2 ranks are not supported yet"):
+        dm.setup("fit")
+    dm.trainer = types.SimpleNamespace(world_size=1, reload_dataloaders_every_n_epochs=3)
+    with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs must be 1"):
+        dm.setup("fit")
