@@ -69,7 +69,6 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"val_every must be >= 0, got {val_every}")
         self.rollouts = Rollouts(workflow, sampling, estimator, scale, group_size, tasks_per_iteration,
                                  val_tasks, val_k, seed)
-        self.workflow = workflow
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.plan: IterationPlan | None = None
         """The current iteration's plan (None before the first rollout)."""
@@ -93,7 +92,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.rollouts.bind(self._backend())
 
     def teardown(self, stage: str) -> None:
-        self.workflow.close()
+        self.rollouts.workflow.close()
 
     def _backend(self) -> RolloutBackend:
         return self.trainer.lightning_module

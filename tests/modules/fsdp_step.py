@@ -12,27 +12,10 @@ import sys
 import lightning as L
 import torch
 
-from drmas.data.batching import make_micro_batches
+from test_training_step import Fixed  # same folder: the hand-set batch of the single-process tests
+
 from drmas.engines import SamplingParams
 from drmas.modules import MultiAgentRL, PolicyConfig
-from drmas.records import Experience
-
-PROMPT = [1, 504, 2000, 31, 2]
-RESPONSES = [[300, 301, 302], [410, 411], [520, 521, 522, 523, 524], [630]]
-ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
-
-
-class Fixed(L.LightningDataModule):
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def train_dataloader(self):
-        samples = [Experience("t", f"j{i}", f"j{i}", "a", 0, "p", PROMPT, r, [0.0] * len(r), advantage=a)
-                   for i, (r, a) in enumerate(zip(RESPONSES, ADVANTAGES))]
-        spec = self.module.batch_spec("p")
-        batches = make_micro_batches(samples, "p", 2, spec.pad_id, spec.agg)
-        return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda x: x)
 
 
 def main(out: str, shard: bool) -> None:
@@ -48,7 +31,7 @@ def main(out: str, shard: bool) -> None:
     trainer = L.Trainer(accelerator="cpu", devices=2 if shard else 1, strategy=strategy, max_epochs=1,
                         reload_dataloaders_every_n_epochs=1, use_distributed_sampler=False, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, datamodule=Fixed(module))
+    trainer.fit(module, datamodule=Fixed(module, micro_batch_size=2))
     weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                for n, p in module.policies["p"].model.named_parameters()}
     if trainer.is_global_zero:
