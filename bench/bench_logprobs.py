@@ -5,11 +5,13 @@ One micro-batch of ``--seqs`` sequences, each ``--prompt`` prompt + ``--response
 tokens, through forward + backward of the policy-gradient surrogate (the entropy term too with
 ``--entropy``), with gradient checkpointing (as large models train; ``--no-gradient-checkpointing``
 to keep every activation). Each path runs in a fresh subprocess so that its peak RSS is its own; reported:
-the peak RSS above the process's RSS before the step, the step's wall time, and the ratios.
+the peak RSS above the process's RSS before the step (with ``--device cuda``: the peak of
+allocated GPU memory above the model, under bf16 autocast as ``bf16-mixed`` trains), the step's
+wall time, and the ratios.
 
     python bench/bench_logprobs.py [--model embedded:smollm2-135m-instruct] [--seqs 4]
                                    [--prompt 2000] [--response 64] [--chunk 1024] [--entropy]
-                                   [--no-gradient-checkpointing]
+                                   [--no-gradient-checkpointing] [--device cuda]
 """
 
 from __future__ import annotations
@@ -45,17 +47,25 @@ def one(args: argparse.Namespace) -> dict:
                           torch.randint(100, vocab, (args.response,)).tolist(), [0.0] * args.response, advantage=1.0)
                for i in range(args.seqs)]
     b = make_micro_batches(samples, "p", args.seqs, tok.pad_token_id or 0)[0]
+    cuda = args.device == "cuda"
+    if cuda:
+        model.cuda()
+        b.input_ids, b.attention_mask, b.response_mask = (t.cuda() for t in (b.input_ids, b.attention_mask, b.response_mask))
+        torch.cuda.reset_peak_memory_stats()
     mask = b.response_mask
-    before = rss_mib()
+    before = torch.cuda.memory_allocated() / 2**20 if cuda else rss_mib()
     t0 = time.perf_counter()
-    if args.variant == "full":
-        logp, ent = full_logprobs(model, b.input_ids, b.attention_mask, 1.0, args.entropy)
-    else:
-        logp, ent = response_logprobs(model, b.input_ids, b.attention_mask, mask, 1.0, args.entropy, args.chunk)
-    loss = -(logp * mask).sum() / mask.sum() - (0.0 if ent is None else 0.01 * (ent * mask).sum() / mask.sum())
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+        if args.variant == "full":
+            logp, ent = full_logprobs(model, b.input_ids, b.attention_mask, 1.0, args.entropy)
+        else:
+            logp, ent = response_logprobs(model, b.input_ids, b.attention_mask, mask, 1.0, args.entropy, args.chunk)
+        loss = -(logp * mask).sum() / mask.sum() - (0.0 if ent is None else 0.01 * (ent * mask).sum() / mask.sum())
     loss.backward()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"variant": args.variant, "peak_above_mib": peak - before, "seconds": seconds,
             "grad_norm": float(torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)))}
 
@@ -69,6 +79,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=1024)
     p.add_argument("--entropy", action="store_true")
     p.add_argument("--no-gradient-checkpointing", action="store_true")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--variant", choices=("full", "chunked"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.variant:

@@ -43,6 +43,7 @@ from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpo
 from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
 from drmas.modules.multi_agent import MultiAgentRL
+from drmas.modules.sharding import check_resume, resolve_strategy
 
 __all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow", "run_recipe"]
 
@@ -168,6 +169,15 @@ class DrmasCLI(LightningCLI):
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0, "checkpoint.every_n_epochs": 1})
 
 
+    def before_fit(self) -> None:
+        check_resume(self._get(self.config_init, "ckpt_path"), self.trainer.strategy)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        # drmas's strategy names (``fsdp``) before Lightning reads the string as one of its own
+        config = {**config, "strategy": resolve_strategy(config.get("strategy", "auto"))}
+        return super()._instantiate_trainer(config, callbacks)
+
+
 def trainer_defaults(name: str) -> dict[str, Any]:
     # One Lightning epoch = one RL iteration; the rollout data is rebuilt every epoch; every scalar is
     # logged by the module with the iteration as step, so Lightning's own cadence is moot.
@@ -221,6 +231,8 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
     """Run a recipe's CLI (``workflow``: a registered name or an import path); after ``fit``,
     print where the logs are and the summary table."""
     cli = DrmasCLI(workflow, name, default_config, args=args)
-    if getattr(cli, "subcommand", None) == "fit" and cli.trainer.is_global_zero:
-        print(format_summary(cli.model, cli.trainer), flush=True)
+    if getattr(cli, "subcommand", None) == "fit":
+        summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
+        if cli.trainer.is_global_zero:
+            print(summary, flush=True)
     return cli

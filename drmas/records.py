@@ -126,6 +126,9 @@ class MicroBatch:
     """Which pass over the policy's samples this is (0 = the first, sampled by these weights)."""
     step_after: bool = False
     """Run the optimiser step of ``policy`` after this micro-batch's backward."""
+    padding: bool = False
+    """A zero-weight stand-in that keeps this rank's passes in step with the other ranks'
+    (sharded training needs every rank to run the same number of forward/backward passes)."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,11 @@ class IterationPlan:
 
     iteration: int
     rollout: RolloutResult
-    """Every sample (with policy, reward and advantage set) and every episode's outcome."""
+    """Every sample (with policy, reward and advantage set) and every episode's outcome, of all
+    ranks."""
     micro_batches: list[MicroBatch]
-    """Each policy's micro-batches, PPO epoch after PPO epoch, in training order."""
+    """This rank's share of each policy's micro-batches, PPO epoch after PPO epoch, in training
+    order (every micro-batch when there is one rank)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent: ``time/sync_s``, ``time/rollout_s``, ``time/advantage_s``."""
 

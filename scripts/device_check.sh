@@ -52,12 +52,13 @@ if [ "${1:-}" != "8b" ]; then
     run math_tool_team_tree recipes/math.py fit "${COMMON[@]}" --data.workflow math_reasoner_tool_user \
         --data.workflow.init_args.turns 2 --data.sampling tree --data.estimator at_grpo
     run search recipes/search.py fit "${COMMON[@]}"
+    # FSDP2 on CUDA with one rank: sharding code path, bf16 mixed precision, sharded checkpoint
+    run math_fsdp recipes/math.py fit "${COMMON[@]}" --trainer.strategy fsdp
 
     summarise /tmp/runs
 fi
 
-# `bash scripts/device_check.sh 8b`: the claim of configs/qwen3_8b.yaml that one H200 trains an
-# 8B policy unsharded (fp32 weights + grads + AdamW state ~131 GB, gradient checkpointing):
+# `bash scripts/device_check.sh 8b`: that one H200 trains an 8B policy unsharded (fp32 weights + grads + AdamW state ~131 GB, gradient checkpointing):
 # a random Qwen3-8B-shaped model (no weights can be downloaded there), one iteration of the
 # math recipe with that config, GPU memory sampled every 0.5 s.
 if [ "${1:-}" = "8b" ]; then
@@ -80,6 +81,7 @@ PY
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/8b_gpu_mem_mib.csv" &
     SMI=$!
     run math_8b recipes/math.py fit --config configs/qwen3_8b.yaml --model.engine hf \
+        --trainer.devices 1 --trainer.strategy auto \
         --model.policies.shared.model /tmp/q8b --trainer.max_epochs 1 --data.group_size 2 \
         --data.tasks_per_iteration 2 --data.val_tasks 0 --checkpoint.save_last false \
         --model.policies.shared.train_sampling.max_new_tokens 64 --hf_checkpoint.dirpath /tmp/hf8b \
@@ -87,5 +89,9 @@ PY
     kill $SMI
     echo "8b peak GPU memory: $(sort -n "$OUT/8b_gpu_mem_mib.csv" | tail -1) MiB" >> "$OUT/summary.txt"
     summarise /tmp/runs8b
+    # one 8B micro-batch of 2 x (512 prompt + 4096 response) tokens, forward + backward, full
+    # logits vs chunked response-only log-probs (GPU memory above the fp32 model)
+    python3 bench/bench_logprobs.py --model /tmp/q8b --seqs 2 --prompt 512 --response 4096 --device cuda \
+        >> "$OUT/summary.txt" 2>&1
 fi
 cat "$OUT/summary.txt"

@@ -26,6 +26,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from drmas.atomic import replace_dir, write_text
+
 __all__ = ["HFCheckpoint"]
 
 LATEST_FILE = "latest"
@@ -116,41 +118,14 @@ class HFCheckpoint(Callback):
                     policy.model.save_pretrained(out, **kwargs)
                     if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
                         policy.tokenizer.save_pretrained(out)
-                self._move_into_place(tmp, target)
+                replace_dir(tmp, target)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            self._write_latest(root, name)
+            write_text(os.path.join(root, LATEST_FILE), name + "\n")
             rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")
         # Keep ranks together: nobody reads `latest` or moves on before rank 0 has finished.
         trainer.strategy.barrier("HFCheckpoint.save")
         self.last_saved = iteration
         self.last_saved_path = target
         return target
-
-    @staticmethod
-    def _move_into_place(tmp: str, target: str) -> None:
-        if not os.path.exists(target):
-            os.rename(tmp, target)
-            return
-        # rename() cannot replace a non-empty directory: move the old one aside first, so
-        # `target` is missing only between two renames and never half written.
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
-        os.rmdir(old)
-        os.rename(target, old)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-
-    @staticmethod
-    def _write_latest(root: str, name: str) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{LATEST_FILE}.", dir=root)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(name + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(root, LATEST_FILE))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise

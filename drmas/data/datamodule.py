@@ -6,6 +6,9 @@
 weights, advantages, micro-batches), keeps it as :attr:`RolloutDataModule.plan` for the
 callbacks, and serves the micro-batches in training order.
 
+With several ranks (``--trainer.strategy fsdp``) every rank plays its own share of the tasks
+and trains on its own share of the samples; see :mod:`drmas.data.rollouts`.
+
 Validation runs here too, and only here: before the first iteration, every ``val_every``
 iterations and after the last. Lightning gives data modules no epoch hooks, so the data module
 installs one small callback of its own for the end of each iteration; the trainer never calls
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from drmas.data.rollouts import RolloutBackend, Rollouts
@@ -81,11 +85,14 @@ class RolloutDataModule(L.LightningDataModule):
             # with any other value Lightning reuses an old rollout: stale samples trained again
             raise ValueError(f"trainer.reload_dataloaders_every_n_epochs must be 1 (one rollout per "
                              f"iteration), got {reload}")
-        if self.trainer.world_size > 1:
-            # every rank would play the same tasks: duplicated samples, not more data
-            raise NotImplementedError(
-                f"rollouts on {self.trainer.world_size} ranks are not supported yet (each rank would play the same "
-                "tasks); run with --trainer.devices 1")
+        world = self.trainer.world_size
+        if world > 1:
+            strategy = self.trainer.strategy
+            if not isinstance(strategy, ModelParallelStrategy):
+                # e.g. DDP: wraps the whole module, each policy's passes would not line up
+                raise ValueError(f"training on {world} ranks needs --trainer.strategy fsdp, got "
+                                 f"{type(strategy).__name__}")
+            self.rollouts.check_ranks(world)
         if self._hook not in self.trainer.callbacks:
             # first, so validation is logged before the checkpoint of the iteration is written
             self.trainer.callbacks.insert(0, self._hook)

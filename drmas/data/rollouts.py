@@ -6,6 +6,11 @@ advantages with the configured estimator, sets each sample's policy and packs ev
 micro-batches, PPO epoch after PPO epoch. It also runs validation (``val/avg@k``,
 ``val/pass@k``). It talks to the trainer only through :class:`RolloutBackend`, so it runs and
 is tested without Lightning or a model (a scripted ``generate`` will do).
+
+With several data-parallel ranks each rank plays whole tasks (an advantage group never spans
+ranks), then every rank gathers all ranks' samples and computes the same advantages from them,
+so agent-wise statistics are those of the whole iteration, exactly as with one process; each
+rank then trains on its token-balanced share (:func:`~drmas.data.batching.make_micro_batches`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.envs.base import ESTIMATORS_BY_MODE, MODES, Workflow
 from drmas.metrics import AvgAtK, PassAtK
-from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch
+from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
 
 __all__ = ["RolloutBackend", "Rollouts"]
 
@@ -31,6 +36,13 @@ class RolloutBackend(Protocol):
 
     iteration: int
     """The RL iteration running now (0 before the first); the x-axis of every logged scalar."""
+    rank: int
+    """This process's data-parallel rank (0 with one process)."""
+    world_size: int
+    """Data-parallel ranks, each playing its own share of the tasks with its own engines."""
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order (``[obj]`` with one process); a collective."""
 
     def bind_agents(self, agents: Sequence[str]) -> dict[str, str]:
         """Resolve and check the agent -> policy map for these agents; return it."""
@@ -107,17 +119,27 @@ class Rollouts:
         rng = random.Random(self.seed * 1_000_003 + iteration)
         return rng.sample(tasks, min(self.tasks_per_iteration, len(tasks)))
 
+    def check_ranks(self, world_size: int) -> None:
+        """Refuse a rank count some rank would have no task for."""
+        if self.tasks_per_iteration < world_size:
+            raise ValueError(f"tasks_per_iteration ({self.tasks_per_iteration}) must be >= the number of ranks "
+                             f"({world_size}): each rank plays whole tasks")
+
     def plan(self, backend: RolloutBackend, iteration: int) -> IterationPlan:
-        """Sync the weights, play the iteration's tasks, score them, and pack the micro-batches."""
+        """Sync the weights, play this rank's share of the iteration's tasks, gather every rank's
+        samples, score them, and pack this rank's micro-batches."""
         if not self.agent_map:
             self.bind(backend)
         t0 = time.perf_counter()
         backend.sync_weights()
         t1 = time.perf_counter()
-        result = self.workflow.rollout(
-            self.sample_tasks(iteration), backend.generate_fn(train=True),
-            n=self.group_size, mode=self.sampling, seed=self.seed + iteration,
-        )
+        # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed)
+        mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
+        local = RolloutResult([], [])
+        if mine:
+            local = self.workflow.rollout(mine, backend.generate_fn(train=True), n=self.group_size,
+                                          mode=self.sampling, seed=self.seed + iteration + 1_000_003 * backend.rank)
+        result = _gather(backend, local)
         t2 = time.perf_counter()
         for s in result.experiences:
             s.policy = self.agent_map[s.agent]
@@ -129,8 +151,8 @@ class Rollouts:
         return IterationPlan(iteration, result, self.route(result.experiences, backend), timings)
 
     def route(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
-        """Each policy's micro-batches, PPO epoch by PPO epoch; a policy only ever sees its agents'
-        samples, and its last micro-batch of each PPO epoch carries its optimiser step."""
+        """This rank's micro-batches of each policy, PPO epoch by PPO epoch; a policy only ever sees
+        its agents' samples, and its last micro-batch of each PPO epoch carries its optimiser step."""
         per_policy: dict[str, list[Experience]] = defaultdict(list)
         for s in samples:
             per_policy[s.policy].append(s)
@@ -140,7 +162,7 @@ class Rollouts:
             for name, spec in specs.items():
                 if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
                     batches += make_micro_batches(per_policy[name], name, spec.micro_batch_size, spec.pad_id,
-                                                  spec.agg, ppo_epoch)
+                                                  spec.agg, ppo_epoch, backend.rank, backend.world_size)
         return batches
 
     # ---- validation -------------------------------------------------------------------------
@@ -165,7 +187,11 @@ class Rollouts:
             self.bind(backend)
         tasks = self.val_task_list()
         backend.sync_weights()
-        result = self.workflow.rollout(tasks, backend.generate_fn(train=False), n=self.val_k, mode="parallel")
+        mine = tasks[backend.rank :: backend.world_size]
+        local = RolloutResult([], [])
+        if mine:
+            local = self.workflow.rollout(mine, backend.generate_fn(train=False), n=self.val_k, mode="parallel")
+        result = _gather(backend, local)
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
@@ -183,3 +209,11 @@ class Rollouts:
             scalars[f"{prefix}/avg@{self.val_k}"] = float(avg.compute())
             scalars[f"{prefix}/pass@{self.val_k}"] = float(pas.compute())
         return scalars
+
+
+def _gather(backend: RolloutBackend, local: RolloutResult) -> RolloutResult:
+    """All ranks' samples and episodes, in rank order (``local`` itself with one rank)."""
+    if backend.world_size == 1:
+        return local
+    parts = backend.gather_objects(local)
+    return RolloutResult([s for p in parts for s in p.experiences], [e for p in parts for e in p.episodes])

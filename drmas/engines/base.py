@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["Engine", "Generation", "SamplingParams", "check_request"]
+__all__ = ["Engine", "Generation", "SamplingParams", "check_request", "full_state_items"]
 
 
 @dataclass
@@ -81,3 +81,17 @@ def check_request(prompts: Sequence[Sequence[int]], n: int, params: SamplingPara
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty; engines need at least one prompt token")
+
+
+def full_state_items(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s state-dict items one at a time, each a full tensor (cast to ``dtype``).
+
+    A sharded (FSDP2) parameter is gathered from every rank when its turn comes and dropped once
+    the consumer has copied it, so no rank holds a second full copy of the model. Gathering is a
+    collective: every rank must consume the whole iterator, in the same order.
+    """
+    for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        tensor = tensor.detach()
+        yield name, tensor if dtype is None else tensor.to(dtype)

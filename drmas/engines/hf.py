@@ -27,7 +27,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from drmas.engines.base import Engine, Generation, SamplingParams, check_request
+from drmas.engines.base import Engine, Generation, SamplingParams, check_request, full_state_items
 
 __all__ = ["HFEngine"]
 
@@ -106,14 +106,20 @@ class HFEngine(Engine):
     torch's global RNG, so it is reproducible under ``torch.manual_seed``. Generation
     settings stored on the model (``model.generation_config``) other than the ones set
     from :class:`SamplingParams` still apply, as with a plain ``generate`` call.
+
+    ``copy_weights``: ``model`` is the engine's own copy, and :meth:`sync_weights` copies the
+    trained model's weights into it (needed when the trained model is sharded) instead of
+    generating with the trained model object itself.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int | None = None,
+                 copy_weights: bool = False) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.copy_weights = copy_weights
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
@@ -214,11 +220,16 @@ class HFEngine(Engine):
         return results
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Nothing to copy: this engine generates with the model object it was given.
-
-        A different object (e.g. a re-wrapped model) replaces the one used so far.
-        """
-        self.model = model
+        """Without ``copy_weights`` nothing is copied: the engine generates with the model object
+        it was given, and a different object replaces the one used so far. With it, ``model``'s
+        weights are copied into the engine's model tensor by tensor (gathered from the shards)."""
+        if not self.copy_weights:
+            self.model = model
+            return
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in full_state_items(model):
+                own[name].copy_(tensor)
 
 
 def cut_after_stop(text: str, stop: Sequence[str]) -> str:

@@ -29,12 +29,12 @@ import importlib.util
 import logging
 import os
 import random
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 import torch
 
-from drmas.engines.base import Engine, Generation, SamplingParams, check_request
+from drmas.engines.base import Engine, Generation, SamplingParams, check_request, full_state_items
 
 if TYPE_CHECKING:
     import vllm
@@ -169,7 +169,7 @@ class VLLMEngine(Engine):
         """
         if self._asleep:  # GPU only: bring the weight memory back before writing into it
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(model, self.dtype)})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_state_items(model, self.dtype)})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         if self._asleep:
             self.llm.wake_up(tags=["kv_cache"])
@@ -203,14 +203,6 @@ class VLLMEngine(Engine):
         del self.llm
         del llm
         gc.collect()
-
-
-def _weights(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """State-dict items cast one at a time (no second full copy of the model)."""
-    for name, tensor in model.state_dict().items():
-        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor shard -> the full parameter
-            tensor = tensor.full_tensor()
-        yield name, tensor.detach().to(dtype)
 
 
 def _guard_kernel_rebind_scan() -> None:

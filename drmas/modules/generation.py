@@ -1,14 +1,18 @@
 """What the trainer needs to generate with its policies: vLLM engine settings, the check that
-several engines fit one GPU, and the chat prompt's token ids."""
+several engines fit one GPU, each policy's engine, and the chat prompt's token ids."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from drmas.engines import ENGINES, Engine
+from drmas.models import load_causal_lm, resolve_model_path
 from drmas.records import ChatPrompt
 
-__all__ = ["VLLMConfig", "check_gpu_fractions", "encode_prompt"]
+__all__ = ["VLLMConfig", "check_gpu_fractions", "encode_prompt", "make_engine"]
 
 
 @dataclass
@@ -42,3 +46,21 @@ def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any]
         messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
     ) + prompt.prefill
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: torch.device,
+                sharded: bool) -> tuple[Engine, bool]:
+    """``policy``'s rollout engine, and whether it already serves the policy's initial weights."""
+    if kind == "hf" and not sharded:
+        return ENGINES["hf"](policy.model, policy.tokenizer), True
+    if kind == "hf":
+        # Each rank generates for its own tasks, a different number of steps, which the
+        # collectives of a sharded model cannot follow: generate with an unsharded copy that
+        # sync_weights fills tensor by tensor.
+        model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]
+        model = model.to(device).eval().requires_grad_(False)
+        return ENGINES["hf"](model, policy.tokenizer, copy_weights=True), False
+    return ENGINES["vllm"](
+        resolve_model_path(policy.config.model), dtype=vllm.dtype, max_model_len=vllm.max_model_len, seed=seed,
+        gpu_memory_utilization=vllm.gpu_memory_utilization, kv_cache_gib=vllm.kv_cache_gib,
+    ), True

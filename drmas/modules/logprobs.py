@@ -7,6 +7,7 @@ tokens are 1.6 GB, with Qwen3's 151,936 tokens and 8 x 4,500 tokens 22 GB, befor
 and its gradient. Here the decoder's hidden states are sliced to the response positions first,
 then the vocabulary projection, log-softmax and gather run over chunks of ``chunk_tokens``
 tokens under activation checkpointing: forward and backward hold one chunk's logits at a time.
+The same code serves FSDP2-sharded models (see :func:`_decoder_states`).
 
 The chunked path needs ``logits == lm_head(decoder(x))``. Models that post-process their logits
 (soft-capping, scaling) fail :func:`chunked_logprobs_match` and use the full-logits path.
@@ -42,12 +43,29 @@ def full_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, t
     return logp, entropy if with_entropy else None
 
 
+def _decoder_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The decoder's last hidden states, taken during the model's own forward pass.
+
+    Going through the root ``forward`` (not calling the decoder directly) matters for sharded
+    models: FSDP gathers the root's parameters (embeddings, final norm, head) in the root's forward
+    and keeps them gathered until the backward, so the head can be applied to the chunks after it.
+    ``logits_to_keep=1`` makes the model's own head project one position per sequence.
+    """
+    captured: list[Tensor] = []
+    handle = model.get_decoder().register_forward_hook(lambda mod, args, out: captured.append(out.last_hidden_state))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return captured[-1]
+
+
 def response_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
                       temperature: float, with_entropy: bool = False, chunk_tokens: int = 1024
                       ) -> tuple[Tensor, Tensor | None]:
     """``[B, L-1]`` log-probs (and entropies) at the positions of ``response_mask``, 0 elsewhere;
     the vocabulary projection runs ``chunk_tokens`` positions at a time."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = _decoder_states(model, input_ids, attention_mask)
     h = hidden[:, :-1][response_mask]  # [T, H]: response positions only
     targets = input_ids[:, 1:][response_mask]
     head = model.get_output_embeddings()
@@ -73,7 +91,9 @@ def response_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
 
 @torch.no_grad()
 def chunked_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
-    """Whether ``lm_head(decoder(x))`` reproduces the model's own logits (checked on a few tokens)."""
+    """Whether :func:`response_logprobs` reproduces the log-probs of the model's own logits
+    (checked on a few tokens): the model takes ``logits_to_keep`` and its logits are
+    ``lm_head(decoder(x))``, with no post-processing."""
     decoder, head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
     if decoder is None or head is None or decoder() is None or head() is None:
         return False
@@ -83,8 +103,10 @@ def chunked_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
         device = next(model.parameters()).device
         ids = torch.arange(3, 11, device=device).unsqueeze(0) % model.config.vocab_size
         mask = torch.ones_like(ids)
-        reference = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-        ours = head()(decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state).float()
-        return ours.shape == reference.shape and bool(torch.allclose(ours, reference, atol=atol, rtol=1e-4))
+        reference, _ = full_logprobs(model, ids, mask, 1.0)
+        ours, _ = response_logprobs(model, ids, mask, torch.ones_like(reference, dtype=torch.bool), 1.0)
+        return bool(torch.allclose(ours, reference, atol=atol, rtol=1e-4))
+    except TypeError:  # no logits_to_keep argument
+        return False
     finally:
         model.train(training)

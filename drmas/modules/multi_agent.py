@@ -23,12 +23,15 @@ from typing import Any, Sequence
 import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
-from drmas.modules.generation import VLLMConfig, check_gpu_fractions, encode_prompt
+from drmas.modules.generation import VLLMConfig, check_gpu_fractions, encode_prompt, make_engine
 from drmas.modules.logprobs import full_logprobs, response_logprobs
+from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig
+from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
 __all__ = ["MultiAgentRL", "VLLMConfig", "check_gpu_fractions"]
@@ -133,20 +136,27 @@ class MultiAgentRL(L.LightningModule):
     def policy_of(self, agent: str) -> str:
         return self.agent_map[agent]
 
+    @property
+    def rank(self) -> int:
+        return self.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._trainer.world_size if self._trainer is not None else 1
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order; a collective (``[obj]`` with one process)."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
     def _engine(self, name: str) -> Engine:
         if name not in self.engines:
-            policy = self.policies[name]
-            if self.engine_name == "hf":
-                self.engines[name] = ENGINES["hf"](policy.model, policy.tokenizer)
-            else:
-                from drmas.models import resolve_model_path
-
-                v = self.vllm_config
-                self.engines[name] = ENGINES["vllm"](
-                    resolve_model_path(policy.config.model), dtype=v.dtype, max_model_len=v.max_model_len,
-                    seed=self.seed, gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gib=v.kv_cache_gib,
-                )
-            self._synced[name] = 0
+            self.engines[name], fresh = make_engine(self.engine_name, self.policies[name], self.vllm_config,
+                                                    self.seed + self.rank, self.device, self._sharded)
+            self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 
     def sync_weights(self) -> None:
@@ -195,10 +205,18 @@ class MultiAgentRL(L.LightningModule):
             shard_model(policy.model, mesh, mixed, offload)
             if policy.reference is not None:
                 shard_model(policy.reference, mesh, False, offload)
-            # The chunked log-probs call the decoder and the head outside the root module's
-            # forward, where FSDP has not gathered the root's parameters: full logits instead.
-            policy.chunk_tokens = 0
         self._sharded = True
+
+    def on_fit_start(self) -> None:
+        if self.device.type != "cuda":  # the plan is about accelerator memory
+            return
+        engines = self.vllm_config.gpu_memory_utilization if self.engine_name == "vllm" else 0.0
+        entries = [policy_memory(p, self.kl_coef > 0, self.vllm_config.max_model_len) for p in self.policies.values()]
+        plan, fits = memory_plan(entries, self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
+                                 engines, getattr(self.trainer.strategy, "cpu_offload", False))
+        rank_zero_info(plan)
+        if not fits:
+            raise ValueError(plan)
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
@@ -260,13 +278,14 @@ class MultiAgentRL(L.LightningModule):
             self.manual_backward(loss * batch.loss_scale)
         else:
             self._bad_loss = True
-        bucket = self._metrics[batch.policy]
-        for k, v in metrics.items():
-            bucket[k].append((float(v), batch.loss_scale))
-        bucket["loss"].append((float(loss.detach()), batch.loss_scale))
-        bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
-        if is_weights is not None and mask.any():
-            bucket["is_weight_mean"].append((float(is_weights[mask].mean()), batch.loss_scale))
+        if not batch.padding:  # a stand-in pass that keeps ranks in step has no statistics
+            bucket = self._metrics[batch.policy]
+            for k, v in metrics.items():
+                bucket[k].append((float(v), batch.loss_scale))
+            bucket["loss"].append((float(loss.detach()), batch.loss_scale))
+            bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
+            if is_weights is not None and mask.any():
+                bucket["is_weight_mean"].append((float(is_weights[mask].mean()), batch.loss_scale))
         out: dict[str, Any] = {}
         if batch.step_after:
             out["grad_norms"] = {batch.policy: self._step(policy)}
@@ -323,19 +342,11 @@ class MultiAgentRL(L.LightningModule):
         self._update_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
-        scalars: dict[str, float] = {"time/update_s": time.perf_counter() - self._update_started}
-        for name, bucket in self._metrics.items():
-            for key, values in bucket.items():
-                if key == "skipped_steps":
-                    scalars[f"train/{name}/skipped_steps"] = float(len(values))
-                elif key == "samples":  # sequences trained on per PPO epoch
-                    scalars[f"train/{name}/samples"] = sum(v for v, _ in values) / self.policies[name].config.ppo_epochs
-                elif key == "grad_norm":
-                    scalars[f"train/{name}/grad_norm"] = values[-1][0]
-                    scalars[f"train/{name}/grad_norm_max"] = max(v for v, _ in values)
-                else:
-                    # weighted by micro-batch share: the value of the whole batch
-                    scalars[f"train/{name}/{key}"] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1e-12)
+        buckets = {name: dict(bucket) for name, bucket in self._metrics.items()}
+        per_rank = self.gather_objects(buckets)  # every rank trained on its own share
+        scalars = {"time/update_s": time.perf_counter() - self._update_started,
+                   **epoch_scalars(per_rank, {n: p.config.ppo_epochs for n, p in self.policies.items()})}
+        for name in {n for buckets in per_rank for n in buckets}:
             scalars[f"train/{name}/lr"] = self._optimizer(name).param_groups[0]["lr"]
         self._metrics.clear()
         self.log_scalars(scalars)
@@ -351,39 +362,26 @@ class MultiAgentRL(L.LightningModule):
                 lg.log_metrics(metrics, step=step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        import random
-
-        import numpy as np
-
         checkpoint["drmas"] = {
             "iteration": self.iteration,
             "versions": {n: p.version for n, p in self.policies.items()},
             "history": self.history,
-            # numpy's state as plain values so the checkpoint loads with weights_only=True
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                    "numpy": [v.tolist() if isinstance(v, np.ndarray) else v for v in np.random.get_state()],
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "rng": self.gather_objects(capture_rng()),  # one per rank: each samples its own rollouts
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        import random
-
-        import numpy as np
-
         state = checkpoint.get("drmas")
         if state is None:
             raise ValueError("this checkpoint was not written by drmas.MultiAgentRL")
+        rng = state["rng"]
+        if len(rng) != self.world_size:
+            raise ValueError(f"this checkpoint was written by {len(rng)} rank(s) and this run has {self.world_size}: "
+                             f"resume with the same --trainer.devices x --trainer.num_nodes ({len(rng)})")
         self.iteration = state["iteration"]
         self.history = state["history"]
         for n, v in state["versions"].items():
             self.policies[n].version = v
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        name, keys, *rest = state["rng"]["numpy"]
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-        cuda = state["rng"].get("cuda") or []
-        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
+        restore_rng(rng[self.rank])
 
     def teardown(self, stage: str) -> None:
         for engine in self.engines.values():

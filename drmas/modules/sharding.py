@@ -9,13 +9,17 @@ used.
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
-__all__ = ["FSDP", "decoder_layers", "shard_model"]
+from drmas.atomic import replace_dir
+
+__all__ = ["FSDP", "STRATEGIES", "check_resume", "decoder_layers", "resolve_strategy", "shard_model"]
 
 
 class FSDP(ModelParallelStrategy):
@@ -31,6 +35,23 @@ class FSDP(ModelParallelStrategy):
         kwargs.setdefault("tensor_parallel_size", 1)
         super().__init__(**kwargs)
         self.mixed_precision, self.cpu_offload = mixed_precision, cpu_offload
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Lightning's sharded checkpoint (a directory of per-rank files plus ``meta.pt``), written
+        to a temporary sibling and renamed into place, so a kill while writing leaves the previous
+        checkpoint whole (Lightning writes into the target directory itself)."""
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        target = str(self.broadcast(str(filepath)))
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
+        if self.is_global_zero and os.path.lexists(tmp):  # left by an interrupted write
+            shutil.rmtree(tmp)
+        self.barrier("drmas.checkpoint.begin")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("drmas.checkpoint.written")
+        if self.is_global_zero:
+            replace_dir(tmp, target)
+        self.barrier("drmas.checkpoint.done")
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":  # Lightning's default would be one rank per node
@@ -61,3 +82,38 @@ def shard_model(model: nn.Module, mesh: Any, mixed_precision: bool = False, cpu_
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+#: The strategy names drmas runs with (``--trainer.strategy NAME``).
+STRATEGIES = {
+    "auto": "one device",
+    "fsdp": "FSDP2 over every device and node",
+    "fsdp_offload": "FSDP2 with parameters and optimiser state in CPU memory between uses",
+}
+
+
+def resolve_strategy(strategy: Any) -> Any:
+    """A strategy name as the trainer takes it: ``fsdp`` and ``fsdp_offload`` become :class:`FSDP`
+    (Lightning's own ``fsdp`` is FSDP1, which breaks manual optimisation); a Strategy object is
+    kept; any other name is refused with the accepted ones."""
+    if not isinstance(strategy, str):
+        return strategy
+    if strategy not in STRATEGIES:
+        accepted = "; ".join(f"{k} ({v})" for k, v in STRATEGIES.items())
+        raise ValueError(f"--trainer.strategy {strategy!r} is not supported; use one of: {accepted}; "
+                         "or a class path such as drmas.modules.sharding.FSDP")
+    if strategy == "auto":
+        return strategy
+    return FSDP(cpu_offload=strategy == "fsdp_offload")
+
+
+def check_resume(ckpt_path: Any, strategy: Any) -> None:
+    """Refuse, before anything loads, to resume a sharded checkpoint without sharding: its
+    directory would be read as a file. (Another rank count is refused when the state loads.)"""
+    if not isinstance(ckpt_path, (str, os.PathLike)) or isinstance(strategy, ModelParallelStrategy):
+        return
+    meta = os.path.join(ckpt_path, "meta.pt")
+    if os.path.isdir(ckpt_path) and os.path.isfile(meta):
+        ranks = len(torch.load(meta, map_location="cpu", weights_only=True)["drmas"]["rng"])
+        raise ValueError(f"{ckpt_path} is a sharded checkpoint written by {ranks} ranks: resume it with "
+                         f"--trainer.strategy fsdp and {ranks} ranks (--trainer.devices x --trainer.num_nodes)")

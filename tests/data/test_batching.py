@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from drmas.algorithms import policy_loss
-from drmas.data.batching import make_micro_batches
+from drmas.data.batching import make_micro_batches, shard_samples
 from drmas.records import Experience
 
 
@@ -38,3 +38,22 @@ def test_scaled_micro_batch_losses_add_up_to_the_whole_batch_loss(agg):
         return policy_loss(logp, logp - 0.05, mb.advantages, mb.response_mask, agg=agg, norm_len=8)[0]
 
     assert sum(const_loss(mb) * mb.loss_scale for mb in parts).item() == pytest.approx(const_loss(whole).item())
+
+
+def test_shards_balance_tokens_with_counts_one_apart():
+    costs = [10, 9, 8, 1, 1]  # prompt + response tokens
+    samples = [E([1] * (c - 1), [2]) for c in costs]
+    # 10 -> r0, 9 -> r1, 8 -> r1 (9 < 10), 1 -> r0 (10 < 17), 1 -> r0 (11 < 17; 3 per rank at most)
+    assert shard_samples(samples, 2) == [[0, 3, 4], [1, 2]]
+    assert shard_samples(samples, 1) == [[0, 1, 2, 3, 4]]
+    assert shard_samples(samples[:1], 3) == [[0], [], []]
+
+
+def test_ranks_get_equal_passes_with_zero_weight_padding():
+    ranks = [make_micro_batches(SAMPLES, "p", micro_batch_size=1, pad_id=0, rank=r, world_size=2) for r in range(2)]
+    # 3 real samples of costs 5, 2, 8: rank 0 trains the 8 and pads, rank 1 trains 2 then 5
+    assert [[m.sample_index.tolist() for m in mbs] for mbs in ranks] == [[[2], [-1]], [[1], [0]]]
+    pad = ranks[0][1]
+    assert pad.padding and pad.loss_scale == 0.0 and pad.step_after and not ranks[0][0].step_after
+    # token shares of 6 response tokens, times 2 ranks: the averaged gradient is the whole batch's
+    assert [m.loss_scale for m in ranks[0][:1] + ranks[1]] == pytest.approx([6 / 6, 2 / 6, 4 / 6])

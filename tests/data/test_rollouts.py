@@ -1,6 +1,8 @@
 """The rollout side without Lightning or a model: a scripted backend stands in for the trainer
 (the contract is all ``Rollouts`` may use), a real workflow plays, and the plan is checked."""
 
+import copy
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -20,8 +22,13 @@ class ScriptedBackend:
     specs = {"p_solve": BatchSpec(pad_id=0, micro_batch_size=2, ppo_epochs=2),
              "p_check": BatchSpec(pad_id=5, micro_batch_size=4, ppo_epochs=1)}
 
+    rank, world_size = 0, 1
+
     def __init__(self, fn):
         self.fn, self.iteration, self.syncs, self.logged, self.calls = fn, 0, 0, [], []
+
+    def gather_objects(self, obj):
+        return [obj]
 
     def bind_agents(self, agents):
         return {"solver": "p_solve", "verifier": "p_check"}
@@ -169,13 +176,96 @@ def test_a_tree_only_workflow_cannot_validate():
     assert Rollouts(TreeOnly([]), sampling="tree", estimator="at_grpo", val_tasks=0).val_tasks == 0
 
 
-def test_several_ranks_are_refused_until_rollouts_are_data_parallel(workflow):
+def test_several_ranks_need_fsdp_and_a_task_per_rank(workflow):
     import types
 
-    dm = RolloutDataModule(workflow, val_tasks=0)
-    dm.trainer = types.SimpleNamespace(world_size=2, reload_dataloaders_every_n_epochs=1)
-    with pytest.raises(NotImplementedError, match="rollouts on 2 ranks are not supported yet"):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from drmas.modules.sharding import FSDP
+
+    dm = RolloutDataModule(workflow, val_tasks=0, tasks_per_iteration=2)
+    dm.trainer = types.SimpleNamespace(world_size=2, reload_dataloaders_every_n_epochs=1, strategy=DDPStrategy())
+    with pytest.raises(ValueError, match="training on 2 ranks needs --trainer.strategy fsdp, got DDPStrategy"):
+        dm.setup("fit")
+    dm.trainer = types.SimpleNamespace(world_size=3, reload_dataloaders_every_n_epochs=1, strategy=FSDP())
+    with pytest.raises(ValueError, match=r"tasks_per_iteration \(2\) must be >= the number of ranks \(3\)"):
         dm.setup("fit")
     dm.trainer = types.SimpleNamespace(world_size=1, reload_dataloaders_every_n_epochs=3)
     with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs must be 1"):
         dm.setup("fit")
+
+
+def _ranked_backends(world, generate):
+    """``world`` backends whose ``gather_objects`` meet at a barrier, as ranks' collectives do."""
+    slots, barrier = [None] * world, threading.Barrier(world)
+
+    class Ranked(ScriptedBackend):
+        def gather_objects(self, obj):
+            slots[self.rank] = copy.deepcopy(obj)  # what pickling through a process group does
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()
+            return out
+
+    backends = []
+    for rank in range(world):
+        b = Ranked(None)
+        b.rank, b.world_size, b.generate_fn = rank, world, lambda train, b=b: generate(b)
+        backends.append(b)
+    return backends
+
+
+def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
+    wf = SolverVerifierWorkflow(max_loops=2)
+    make = lambda: Rollouts(wf, estimator="drmas", group_size=4, tasks_per_iteration=5, val_tasks=0, seed=1)  # noqa: E731
+    tasks = make().sample_tasks(1)
+
+    def task_of(prompt):  # every prompt of an episode quotes its problem
+        return next(t for t in tasks if any(t.problem in text for _, text in prompt.messages))
+
+    def generate(backend):
+        def gen(agent, prompts, n):
+            # deterministic in (prompt, i): the same completions whichever rank asks
+            backend.calls.extend(task_of(p).uid for p in prompts)
+            if agent == "solver":
+                return [[Completion([7] * (3 + j), [1] * (i + 1), [-0.5] * (i + 1),
+                                    f"\\boxed{{{task_of(p).answer if i % 2 == 0 else -1}}}") for i in range(n)]
+                        for j, p in enumerate(prompts)]
+            return [[Completion([7, 7], [2] * (i + 2), [-0.5] * (i + 2),
+                                "approve</verify>" if i % 3 else "reject</verify>") for i in range(n)] for p in prompts]
+        return gen
+
+    single = make().plan(_ranked_backends(1, generate)[0], iteration=1)
+    backends = _ranked_backends(2, generate)
+    plans = [None, None]
+
+    def play(rank):
+        plans[rank] = make().plan(backends[rank], iteration=1)
+
+    threads = [threading.Thread(target=play, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+
+    # disjoint whole tasks per rank, all of them played
+    played = [set(b.calls) for b in backends]
+    assert not played[0] & played[1] and played[0] | played[1] == {t.uid for t in tasks}
+    # the same advantages as one process playing the same completions, on every rank, not all 0
+    key = lambda x: (x.task_uid, x.traj_uid, x.agent, x.turn)  # noqa: E731
+    want = {key(x): x.advantage for x in single.experiences}
+    assert any(abs(a) > 0.1 for a in want.values()) and {x.agent for x in single.experiences} == {"solver", "verifier"}
+    for plan in plans:
+        assert {key(x): x.advantage for x in plan.experiences} == pytest.approx(want, abs=1e-6)
+    # the ranks' passes line up one for one, and together train every sample once per PPO epoch
+    steps = [[(m.policy, m.ppo_epoch, m.step_after) for m in plan.micro_batches] for plan in plans]
+    assert steps[0] == steps[1]
+    by_policy = {}
+    for plan in plans:
+        for m in plan.micro_batches:
+            entry = by_policy.setdefault((m.policy, m.ppo_epoch), [[], 0.0])
+            entry[0] += [] if m.padding else m.sample_index.tolist()
+            entry[1] += m.loss_scale
+            assert m.loss_scale == 0.0 if m.padding else m.loss_scale > 0
+    for (policy, _), (trained, scale) in by_policy.items():
+        n = sum(x.policy == policy for x in single.experiences)
+        assert sorted(trained) == list(range(n))
+        assert scale == pytest.approx(2.0)  # each rank's share x 2: FSDP averages the two gradients

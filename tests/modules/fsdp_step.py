@@ -34,10 +34,16 @@ def main(out: str, shard: bool) -> None:
     trainer.fit(module, datamodule=Fixed(module, micro_batch_size=2))
     weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                for n, p in module.policies["p"].model.named_parameters()}
+    # the rollout engine of a sharded policy: its own unsharded copy, filled from the shards
+    module.sync_weights()
+    engine = module.engines["p"]
+    engine_diff = max(float((engine.model.state_dict()[n] - w).abs().max()) for n, w in weights.items())
     if trainer.is_global_zero:
         logged = next(h for h in module.history if "train/p/loss" in h)
         torch.save({"loss": logged["train/p/loss"], "grad_norm": logged["train/p/grad_norm"],
                     "version": module.policies["p"].version, "weights": weights,
+                    "chunk_tokens": module.policies["p"].chunk_tokens,
+                    "engine_copy": engine.model is not module.policies["p"].model, "engine_diff": engine_diff,
                     "sharded": any(hasattr(p, "full_tensor") for p in module.policies["p"].model.parameters())}, out)
 
 

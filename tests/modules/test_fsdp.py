@@ -1,4 +1,5 @@
-"""FSDP2 over 2 CPU processes (gloo): one step on the same batch equals the unsharded step."""
+"""FSDP2 over 2 CPU processes (gloo): one step on the same batch equals the unsharded step, with
+the chunked response-only log-probs on both sides."""
 
 import subprocess
 import sys
@@ -20,7 +21,11 @@ def run(tmp_path, *flags):
 def test_a_sharded_step_equals_the_unsharded_one(tmp_path):
     single, sharded = run(tmp_path), run(tmp_path, "--shard")
     assert sharded["sharded"] and not single["sharded"]  # the 2-process run really was sharded
+    assert sharded["chunk_tokens"] == single["chunk_tokens"] == 1024  # response-only chunked log-probs in both
     assert single["version"] == sharded["version"] == 1
+    # generation cannot follow a sharded model's collectives: the engine has its own copy, synced exactly
+    assert sharded["engine_copy"] and not single["engine_copy"]
+    assert sharded["engine_diff"] == single["engine_diff"] == 0.0
     # same loss, the same global (not per-shard) grad norm, the same updated weights
     assert abs(sharded["loss"] - single["loss"]) <= 1e-6 * max(1.0, abs(single["loss"]))
     assert abs(sharded["grad_norm"] - single["grad_norm"]) <= 1e-5 * single["grad_norm"]

@@ -152,3 +152,16 @@ def test_engines_sleep_for_the_update_and_sync_wakes_them():
     assert engine.slept == 1 and engine.asleep
     module.sync_weights()  # same weights version, but they were discarded
     assert engine.synced == 1 and not engine.asleep
+
+
+def test_a_checkpoint_of_another_rank_count_is_refused_before_anything_changes():
+    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
+    state = {}
+    module.on_save_checkpoint(state)
+    assert len(state["drmas"]["rng"]) == 1  # one random state per rank
+    state["drmas"]["rng"] *= 2
+    state["drmas"]["iteration"] = 7
+    with pytest.raises(ValueError, match=r"written by 2 rank\(s\) and this run has 1: resume with the same "
+                                         r"--trainer.devices x --trainer.num_nodes \(2\)"):
+        module.on_load_checkpoint(state)
+    assert module.iteration == 0

@@ -1,0 +1,71 @@
+"""The accelerator memory plan printed at start on a GPU: what each policy's training state needs
+per device, next to the rollout engines' share, and a refusal with the numbers when it cannot fit.
+
+Counted: fp32 weights, gradients and the two AdamW moments (16 bytes per parameter), divided
+over the ranks when sharded and moved to CPU with offloading; a bf16 reference copy when
+``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass.
+Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
+is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PolicyMemory", "memory_plan", "policy_memory"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class PolicyMemory:
+    """What the plan needs to know about one policy."""
+
+    name: str
+    parameters: int
+    vocab_size: int
+    chunk_tokens: int
+    """Response tokens per log-prob chunk (0 = every position of a micro-batch at once)."""
+    tokens_per_micro_batch: int
+    """Used for the logits when ``chunk_tokens`` is 0."""
+    reference: bool = False
+
+
+def policy_memory(policy, kl: bool, max_len: int) -> PolicyMemory:
+    """A :class:`~drmas.modules.policy.Policy`'s entry (``max_len``: longest sequence)."""
+    c = policy.config
+    return PolicyMemory(policy.name, sum(p.numel() for p in policy.model.parameters()),
+                        policy.model.config.vocab_size, policy.chunk_tokens, c.micro_batch_size * max_len, kl)
+
+
+def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fraction: float,
+                offload: bool = False) -> tuple[str, bool]:
+    """The plan as a table (GiB per device) and whether it fits.
+
+    Engines sleep during the update and the policies' gradients are freed after each step, so the
+    two peaks are the update (weights + grads + optimiser + logits of every policy) and the rollout
+    (weights + optimiser + every engine's ``engine_fraction`` of the device).
+    """
+    rows, update, resident = [], 0.0, 0.0
+    for p in policies:
+        state = 0.0 if offload else p.parameters / ranks
+        weights, grads, optim = 4 * state, 4 * state, 8 * state
+        ref = 2 * p.parameters / ranks if p.reference and not offload else 0.0
+        tokens = p.chunk_tokens or p.tokens_per_micro_batch
+        logits = 3 * 4 * tokens * p.vocab_size  # logits, softmax and their gradient, fp32
+        update += weights + grads + optim + ref + logits
+        resident += weights + optim + ref
+        rows.append((p.name, weights, grads, optim, ref, logits))
+    engines = engine_fraction * len(policies) * device_bytes
+    rollout = resident + engines
+    lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; activations not counted)",
+             f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} {'logits':>8s}"]
+    lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
+    lines.append(f"update peak {update / GIB:.2f} GiB; rollout peak {rollout / GIB:.2f} GiB "
+                 f"(engines {engines / GIB:.2f} GiB = {len(policies)} x {engine_fraction:g})")
+    fits = max(update, rollout) <= device_bytes
+    if not fits:
+        lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks (--trainer.devices), "
+                     "offload (--trainer.strategy fsdp_offload), lower vllm.gpu_memory_utilization or "
+                     "logprob_chunk_tokens, or use a smaller model")
+    return "\n".join(lines), fits

@@ -1,0 +1,45 @@
+"""The GPU memory plan (pure arithmetic, checked by hand) and the strategy/resume guards."""
+
+import pytest
+import torch
+
+from drmas.modules.memory import GIB, PolicyMemory, memory_plan
+from drmas.modules.sharding import FSDP, check_resume, resolve_strategy
+
+ONE_B = PolicyMemory("shared", parameters=10**9, vocab_size=100_000, chunk_tokens=1024, tokens_per_micro_batch=10**5)
+
+
+def test_plan_counts_sharded_state_logits_and_engines():
+    text, fits = memory_plan([ONE_B], ranks=8, device_bytes=80 * GIB, engine_fraction=0.3)
+    assert fits
+    # 1e9 / 8 params per rank: 4 B weights + 4 B grads + 8 B Adam; logits 3 x 4 B x 1024 x 1e5
+    state, logits = 10**9 / 8, 12 * 1024 * 100_000
+    update = (16 * state + logits) / GIB
+    rollout = (12 * state + 0.3 * 80 * GIB) / GIB
+    assert f"update peak {update:.2f} GiB; rollout peak {rollout:.2f} GiB" in text
+    assert f"shared{'':6s} {4 * state / GIB:8.2f} {4 * state / GIB:8.2f} {8 * state / GIB:8.2f}" in text
+
+
+def test_plan_refuses_what_cannot_fit_and_offloading_fits_it():
+    big = PolicyMemory("big", parameters=8 * 10**9, vocab_size=151_936, chunk_tokens=0, tokens_per_micro_batch=8192,
+                       reference=True)
+    text, fits = memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fraction=0.3)
+    assert not fits and "does not fit in 80.0 GiB" in text and "fsdp_offload" in text
+    # 8 ranks: 8e9 x (16 + 2 reference) / 8 = 18e9 B of state plus 8192-token logits
+    assert memory_plan([big], ranks=8, device_bytes=80 * GIB, engine_fraction=0.3)[1]
+    assert memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fraction=0.3, offload=True)[1]
+
+
+def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):
+    assert resolve_strategy("auto") == "auto"
+    assert isinstance(resolve_strategy("fsdp"), FSDP) and not resolve_strategy("fsdp").cpu_offload
+    assert resolve_strategy("fsdp_offload").cpu_offload
+    with pytest.raises(ValueError, match=r"--trainer.strategy 'deepspeed' is not supported; use one of: auto"):
+        resolve_strategy("deepspeed")
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.mkdir()
+    torch.save({"drmas": {"rng": [{}, {}, {}, {}]}}, ckpt / "meta.pt")
+    with pytest.raises(ValueError, match="written by 4 ranks: resume it with --trainer.strategy fsdp and 4 ranks"):
+        check_resume(str(ckpt), "auto")
+    check_resume(str(ckpt), FSDP())  # sharded: the rank count is checked when the state loads
+    check_resume(None, "auto")
