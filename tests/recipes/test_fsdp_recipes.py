@@ -5,6 +5,7 @@ import math
 import os
 
 import torch
+from safetensors.torch import load_file
 from recipe_runs import check_run, run_dir, run_recipe, scalars
 
 AGENTS = ("verifier", "searcher", "answerer")
@@ -15,7 +16,7 @@ def meta(ckpt: str) -> dict:
     return torch.load(os.path.join(ckpt, "meta.pt"), map_location="cpu", weights_only=True)["drmas"]
 
 
-def test_search_on_two_ranks_checkpoints_shards_and_resumes(tmp_path):
+def test_search_on_two_ranks_logs_every_rank_and_checkpoints_shards(tmp_path):
     run_recipe("search", tmp_path, *FSDP, "--model.engine", "hf", "--model.entropy_coef", "0.01")
     check_run(tmp_path, AGENTS)
     first = run_dir(tmp_path)
@@ -30,18 +31,34 @@ def test_search_on_two_ranks_checkpoints_shards_and_resumes(tmp_path):
     state = meta(ckpt)
     assert state["iteration"] == 2 and len(state["rng"]) == 2  # each rank's random state
 
-    proc = run_recipe("search", tmp_path, *FSDP, "--model.engine", "hf", "--model.entropy_coef", "0.01",
-                      "--trainer.max_epochs", "3", "--ckpt_path", ckpt)
-    assert "Restored all states" in proc.stderr
-    resumed = scalars(run_dir(tmp_path))
-    assert sorted(resumed["rollout/success_rate"]) == [3]  # continues at iteration 3, not from 1
-    assert meta(os.path.join(run_dir(tmp_path), "checkpoints", "last.ckpt"))["iteration"] == 3
-
     # a sharded checkpoint without sharding: one line naming what to do, not IsADirectoryError
     proc = run_recipe("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "3", "--ckpt_path", ckpt,
                       check=False)
     assert proc.returncode != 0
     assert "is a sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp" in proc.stderr
+
+
+def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path):
+    # no validation: the 2-iteration run would validate at its end and draw random numbers
+    # that the 3-iteration run draws later
+    args = (*FSDP, "--model.engine", "hf", "--model.entropy_coef", "0.01", "--data.val_tasks", "0")
+    full, part = tmp_path / "full", tmp_path / "part"
+    full.mkdir(), part.mkdir()
+    run_recipe("search", full, *args, "--trainer.max_epochs", "3")
+    run_recipe("search", part, *args)
+    ckpt = os.path.join(run_dir(part), "checkpoints", "last.ckpt")
+    proc = run_recipe("search", part, *args, "--trainer.max_epochs", "3", "--ckpt_path", ckpt)
+    assert "Restored all states" in proc.stderr
+    want, got = scalars(run_dir(full)), scalars(run_dir(part))
+    assert sorted(got["rollout/success_rate"]) == [3]  # continues at iteration 3, not from 1
+    compared = [k for k in got if k.startswith(("train/", "rollout/")) and 3 in got[k]]
+    assert len(compared) > 20 and want["train/shared/grad_norm"][3] > 0
+    for key in compared:  # each rank's random state and optimiser shard restored: same numbers
+        assert got[key][3] == want[key][3], key
+    # and the same final weights in the HF export
+    final = [load_file(os.path.join(run_dir(d), "hf", "iter_3", "shared", "model.safetensors")) for d in (full, part)]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
 def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
