@@ -9,7 +9,7 @@ This module imports nothing of drmas, so every other module may import it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Hashable, Protocol, Sequence
 
 from torch import Tensor
@@ -23,6 +23,7 @@ __all__ = [
     "GenerateFn",
     "IterationPlan",
     "MicroBatch",
+    "PackedRows",
     "RolloutResult",
 ]
 
@@ -105,6 +106,30 @@ class RolloutResult:
 
 
 @dataclass
+class PackedRows:
+    """A micro-batch's samples with shared prompt prefixes packed so each prefix runs once.
+
+    Each row holds one group of samples: their common prompt prefix, then every sample's own
+    remainder (rest of the prompt and the response), one after another. A remainder attends to
+    the prefix and to itself only (``segments``), with positions continuing from the prefix.
+    """
+
+    input_ids: Tensor  # [R, Lp]
+    position_ids: Tensor  # [R, Lp]
+    segments: Tensor  # [R, Lp]: 0 = the shared prefix, k > 0 = the k-th remainder, -1 = padding
+    rows: Tensor  # [T]: for each response token, in ``response_mask`` order, the packed row ...
+    cols: Tensor  # [T]: ... and column whose logits predict it
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the decoder runs (padding excluded)."""
+        return int((self.segments >= 0).sum())
+
+    def to(self, device) -> "PackedRows":
+        return PackedRows(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+
+@dataclass
 class MicroBatch:
     """Right-padded token tensors of some samples of one policy, ready for a forward pass.
 
@@ -126,6 +151,8 @@ class MicroBatch:
     """Which pass over the policy's samples this is (0 = the first, sampled by these weights)."""
     step_after: bool = False
     """Run the optimiser step of ``policy`` after this micro-batch's backward."""
+    packed: PackedRows | None = None
+    """The same samples with shared prefixes packed (None: run them as they are)."""
     padding: bool = False
     """A zero-weight stand-in that keeps this rank's passes in step with the other ranks'
     (sharded training needs every rank to run the same number of forward/backward passes)."""
@@ -140,6 +167,8 @@ class BatchSpec:
     ppo_epochs: int
     agg: str = "token-mean"
     """The loss aggregation (sets each micro-batch's ``loss_scale``)."""
+    prefix_sharing: bool = False
+    """Order samples so shared prompt prefixes sit together and pack them (:class:`PackedRows`)."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Packing one policy's samples into length-sorted training micro-batches, split over ranks."""
+"""Packing one policy's samples into training micro-batches (length-sorted, or grouped by shared
+prompt prefixes), split over ranks."""
 
 from __future__ import annotations
 
@@ -6,28 +7,11 @@ import math
 from typing import Sequence
 
 import torch
-from torch import Tensor
 
+from drmas.packing import pack_shared_prefixes, pad_samples, prefix_order
 from drmas.records import Experience, MicroBatch
 
 __all__ = ["make_micro_batches", "shard_samples"]
-
-
-def _pack(samples: Sequence[Experience], pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    length = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
-    resp = torch.zeros((b, length - 1), dtype=torch.bool)
-    elp = torch.zeros((b, length - 1), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        ids[i, : p + r] = torch.tensor(list(s.prompt_ids) + list(s.response_ids))
-        attn[i, : p + r] = 1
-        # logits at position t predict token t+1: response tokens p..p+r-1 come from p-1..p+r-2
-        resp[i, p - 1 : p + r - 1] = True
-        elp[i, p - 1 : p + r - 1] = torch.tensor(s.engine_logprobs[:r], dtype=torch.float32)
-    return ids, attn, resp, elp
 
 
 def shard_samples(samples: Sequence[Experience], world_size: int) -> list[list[int]]:
@@ -54,6 +38,7 @@ def make_micro_batches(
     ppo_epoch: int = 0,
     rank: int = 0,
     world_size: int = 1,
+    prefix_sharing: bool = False,
 ) -> list[MicroBatch]:
     """Split one policy's samples into length-sorted micro-batches with loss scales; with
     several ranks, this rank's share of them (:func:`shard_samples`).
@@ -64,6 +49,10 @@ def make_micro_batches(
     ranks the scale is multiplied by ``world_size`` because sharded training averages the ranks'
     gradients, and every rank gets the same number of micro-batches: a rank with fewer samples
     runs zero-weight padding micro-batches (``padding=True``) so its passes stay in step.
+
+    ``prefix_sharing``: samples are ordered by their tokens instead of their length, so that those
+    sharing a prompt prefix fall into the same micro-batch, and each micro-batch carries them
+    packed (:func:`~drmas.packing.pack_shared_prefixes`).
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -74,7 +63,10 @@ def make_micro_batches(
         return []
     total_tokens = sum(len(samples[i].response_ids) for i in real)
     shares = [[real[j] for j in share] for share in shard_samples([samples[i] for i in real], world_size)]
-    order = sorted(shares[rank], key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i))
+    if prefix_sharing:
+        order = prefix_order(samples, shares[rank])
+    else:
+        order = sorted(shares[rank], key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i))
     out: list[MicroBatch] = []
     for start in range(0, len(order), micro_batch_size):
         idx = order[start : start + micro_batch_size]
@@ -84,6 +76,8 @@ def make_micro_batches(
         else:
             scale = len(chunk) / len(real)
         out.append(_micro_batch(chunk, idx, policy, pad_id, scale * world_size, ppo_epoch))
+        if prefix_sharing:
+            out[-1].packed = pack_shared_prefixes(chunk, pad_id)
     passes = max(math.ceil(len(share) / micro_batch_size) for share in shares)
     while len(out) < passes:
         # index -1: never a real sample's slot among the kept old log-probs
@@ -94,7 +88,7 @@ def make_micro_batches(
 
 def _micro_batch(chunk: list[Experience], idx: list[int], policy: str, pad_id: int, scale: float,
                  ppo_epoch: int, padding: bool = False) -> MicroBatch:
-    ids, attn, resp, elp = _pack(chunk, pad_id)
+    ids, attn, resp, elp = pad_samples(chunk, pad_id)
     return MicroBatch(
         policy=policy,
         input_ids=ids,

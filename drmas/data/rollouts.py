@@ -162,7 +162,8 @@ class Rollouts:
             for name, spec in specs.items():
                 if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
                     batches += make_micro_batches(per_policy[name], name, spec.micro_batch_size, spec.pad_id,
-                                                  spec.agg, ppo_epoch, backend.rank, backend.world_size)
+                                                  spec.agg, ppo_epoch, backend.rank, backend.world_size,
+                                                  spec.prefix_sharing)
         return batches
 
     # ---- validation -------------------------------------------------------------------------

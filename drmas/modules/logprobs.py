@@ -19,7 +19,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["chunked_logprobs_match", "full_logprobs", "response_logprobs"]
+from drmas.packing import MIN_SHARED_TOKENS, pack_shared_prefixes, pad_samples
+from drmas.records import Experience, PackedRows
+
+__all__ = ["block_mask", "chunked_logprobs_match", "full_logprobs", "packed_logprobs_match", "response_logprobs"]
 
 
 def _from_logits(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
@@ -43,7 +46,21 @@ def full_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, t
     return logp, entropy if with_entropy else None
 
 
-def _decoder_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def block_mask(segments: Tensor, boolean: bool) -> Tensor:
+    """``[R, 1, L, L]`` attention mask of packed rows (:class:`~drmas.records.PackedRows`): a token
+    sees the earlier tokens of the shared prefix and of its own segment (padding sees padding).
+    Boolean (True = attend) for SDPA, additive float for eager attention."""
+    idx = torch.arange(segments.shape[1], device=segments.device)
+    causal = idx[None, :] <= idx[:, None]
+    q, k = segments[:, :, None], segments[:, None, :]
+    allow = causal & (((k == 0) & (q >= 0)) | (k == q))
+    if boolean:
+        return allow[:, None]
+    return torch.zeros(allow.shape, device=segments.device).masked_fill(~allow, torch.finfo(torch.float32).min)[:, None]
+
+
+def _decoder_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                    position_ids: Tensor | None = None) -> Tensor:
     """The decoder's last hidden states, taken during the model's own forward pass.
 
     Going through the root ``forward`` (not calling the decoder directly) matters for sharded
@@ -54,19 +71,25 @@ def _decoder_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor)
     captured: list[Tensor] = []
     handle = model.get_decoder().register_forward_hook(lambda mod, args, out: captured.append(out.last_hidden_state))
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+              logits_to_keep=1)
     finally:
         handle.remove()
     return captured[-1]
 
 
 def response_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
-                      temperature: float, with_entropy: bool = False, chunk_tokens: int = 1024
-                      ) -> tuple[Tensor, Tensor | None]:
+                      temperature: float, with_entropy: bool = False, chunk_tokens: int = 1024,
+                      packed: PackedRows | None = None) -> tuple[Tensor, Tensor | None]:
     """``[B, L-1]`` log-probs (and entropies) at the positions of ``response_mask``, 0 elsewhere;
-    the vocabulary projection runs ``chunk_tokens`` positions at a time."""
-    hidden = _decoder_states(model, input_ids, attention_mask)
-    h = hidden[:, :-1][response_mask]  # [T, H]: response positions only
+    the vocabulary projection runs ``chunk_tokens`` positions at a time. With ``packed`` the
+    decoder runs the packed rows instead (shared prefixes once); the result is the same."""
+    if packed is None:
+        hidden = _decoder_states(model, input_ids, attention_mask)
+        h = hidden[:, :-1][response_mask]  # [T, H]: response positions only
+    else:
+        mask = block_mask(packed.segments, model.config._attn_implementation == "sdpa")
+        h = _decoder_states(model, packed.input_ids, mask, packed.position_ids)[packed.rows, packed.cols]
     targets = input_ids[:, 1:][response_mask]
     head = model.get_output_embeddings()
 
@@ -107,6 +130,31 @@ def chunked_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
         ours, _ = response_logprobs(model, ids, mask, torch.ones_like(reference, dtype=torch.bool), 1.0)
         return bool(torch.allclose(ours, reference, atol=atol, rtol=1e-4))
     except TypeError:  # no logits_to_keep argument
+        return False
+    finally:
+        model.train(training)
+
+
+@torch.no_grad()
+def packed_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
+    """Whether packed rows (:class:`~drmas.records.PackedRows`) give the model's unpacked
+    log-probs: its attention takes a 4-D mask (SDPA or eager) and position ids (checked on two
+    short samples sharing a prefix)."""
+    if model.config._attn_implementation not in ("sdpa", "eager"):
+        return False
+    training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        vocab = model.config.vocab_size
+        prompt = [(7 * i + 3) % vocab for i in range(MIN_SHARED_TOKENS + 4)]
+        samples = [Experience("t", str(k), "e", "a", 0, "p", prompt, [(11 * i + k) % vocab for i in range(1, 4 + k)],
+                              [0.0] * (3 + k)) for k in range(2)]
+        ids, attn, resp, _ = (t.to(device) for t in pad_samples(samples, 0))
+        plain, _ = response_logprobs(model, ids, attn, resp, 1.0)
+        ours, _ = response_logprobs(model, ids, attn, resp, 1.0, packed=pack_shared_prefixes(samples, 0).to(device))
+        return bool(torch.allclose(ours, plain, atol=atol, rtol=1e-4))
+    except (TypeError, ValueError, RuntimeError):
         return False
     finally:
         model.train(training)

@@ -53,6 +53,7 @@ class MultiAgentRL(L.LightningModule):
         entropy_coef: float = 0.0,
         kl_coef: float = 0.0,
         is_cap: float | None = 2.0,
+        prefix_sharing: bool = True,
         seed: int = 0,
     ) -> None:
         """
@@ -73,6 +74,9 @@ class MultiAgentRL(L.LightningModule):
                 keeps a frozen bf16 reference copy per policy and logs ``train/<policy>/kl``).
             is_cap: cap of the truncated importance weights between trainer and engine
                 log-probs (None = no correction).
+            prefix_sharing: run prompt prefixes shared by several samples once in the update
+                (same log-probs and gradients; see ``drmas.packing``). Off for a model whose
+                attention cannot take the block mask (one warning) or without chunked log-probs.
             seed: seed of the engines' samplers.
         """
         super().__init__()
@@ -91,7 +95,7 @@ class MultiAgentRL(L.LightningModule):
             raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
         if kl_coef > 0:  # the frozen references are in eval mode on purpose
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-        self.policies = torch.nn.ModuleDict({name: Policy(name, cfg, reference=kl_coef > 0)
+        self.policies = torch.nn.ModuleDict({name: Policy(name, cfg, reference=kl_coef > 0, prefix_sharing=prefix_sharing)
                                              for name, cfg in policies.items()})
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
@@ -242,7 +246,7 @@ class MultiAgentRL(L.LightningModule):
         with_entropy = bool(self.loss_kwargs["entropy_coef"]) and model is policy.model
         if policy.chunk_tokens:
             return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                     temperature, with_entropy, policy.chunk_tokens)
+                                     temperature, with_entropy, policy.chunk_tokens, batch.packed)
         logp, entropy = full_logprobs(model, batch.input_ids, batch.attention_mask, temperature, with_entropy)
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
         mask = batch.response_mask
@@ -319,7 +323,7 @@ class MultiAgentRL(L.LightningModule):
         """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
         p = self.policies[policy]
         return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
-                         self.loss_kwargs["agg"])
+                         self.loss_kwargs["agg"], p.prefix_sharing)
 
     def begin_iteration(self) -> int:
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,

@@ -13,7 +13,7 @@ from torch import nn
 
 from drmas.engines.base import SamplingParams
 from drmas.models import load_causal_lm
-from drmas.modules.logprobs import chunked_logprobs_match
+from drmas.modules.logprobs import chunked_logprobs_match, packed_logprobs_match
 
 __all__ = ["Policy", "PolicyConfig"]
 
@@ -70,8 +70,9 @@ class PolicyConfig:
 class Policy(nn.Module):
     """A policy's model and tokenizer; the tokenizer is left out of the state dict."""
 
-    def __init__(self, name: str, config: PolicyConfig, reference: bool = False) -> None:
-        """``reference``: also keep a frozen bf16 copy of the initial model (for a KL penalty)."""
+    def __init__(self, name: str, config: PolicyConfig, reference: bool = False, prefix_sharing: bool = False) -> None:
+        """``reference``: also keep a frozen bf16 copy of the initial model (for a KL penalty).
+        ``prefix_sharing``: pack shared prompt prefixes in training, where the model allows it."""
         super().__init__()
         self.name, self.config = name, config
         self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
@@ -88,6 +89,10 @@ class Policy(nn.Module):
             log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path",
                         name, type(self.model).__name__)
             self.chunk_tokens = 0
+        self.prefix_sharing = prefix_sharing and self.chunk_tokens > 0 and packed_logprobs_match(self.model)
+        if prefix_sharing and not self.prefix_sharing:
+            log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
+                        "chunked log-probs); every sample runs its whole prompt", name, type(self.model).__name__)
 
     def train(self, mode: bool = True) -> "Policy":
         super().train(mode)

@@ -32,7 +32,9 @@ class Fixed(L.LightningDataModule):
     def train_dataloader(self):
         module, mbs, epochs, adv = self.args
         spec = module.batch_spec("p")
-        batches = [b for e in range(epochs) for b in make_micro_batches(samples(adv), "p", mbs, spec.pad_id, spec.agg, e)]
+        batches = [b for e in range(epochs)
+                   for b in make_micro_batches(samples(adv), "p", mbs, spec.pad_id, spec.agg, e,
+                                               prefix_sharing=spec.prefix_sharing)]
         return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda x: x)
 
 
