@@ -110,16 +110,21 @@ class HFEngine(Engine):
     ``copy_weights``: ``model`` is the engine's own copy, and :meth:`sync_weights` copies the
     trained model's weights into it (needed when the trained model is sharded) instead of
     generating with the trained model object itself.
+
+    ``share_prefill``: a prompt asked for ``n`` samples (or repeated in one call) is prefilled
+    once and its KV cache repeated for its rows, instead of once per row; the samples are the
+    same (same logits, same random draws).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int | None = None,
-                 copy_weights: bool = False) -> None:
+                 copy_weights: bool = False, share_prefill: bool = True) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.copy_weights = copy_weights
+        self.share_prefill = share_prefill
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
@@ -182,8 +187,10 @@ class HFEngine(Engine):
                 processors.append(TopPLogitsWarper(params.top_p))
         # Neutral values only when sampling: generate warns about sampling flags in greedy mode.
         sampling_off = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        cache = self._shared_prefill(rows, input_ids, attention_mask) if self.share_prefill else None
         sequences = self.model.generate(
             input_ids=input_ids,
+            **({} if cache is None else {"past_key_values": cache}),
             attention_mask=attention_mask,
             do_sample=not greedy,
             **sampling_off,
@@ -218,6 +225,25 @@ class HFEngine(Engine):
                 )
             )
         return results
+
+    def _shared_prefill(self, rows: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        """The KV cache of every distinct prompt but its last token, computed once and repeated
+        for each row that asks it; ``generate`` then starts from it. None when no prompt repeats
+        (or the model keeps no cache): ``generate`` prefills as usual."""
+        first: dict[tuple[int, ...], int] = {}
+        owner = [first.setdefault(tuple(r), i) for i, r in enumerate(rows)]
+        if len(first) == len(rows) or input_ids.shape[1] < 2:
+            return None
+        distinct = sorted(first.values())
+        slot = {row: k for k, row in enumerate(distinct)}
+        ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
+        # the positions generate gives left-padded rows: counted from each row's first real token
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True).past_key_values
+        if cache is None or not hasattr(cache, "batch_select_indices"):
+            return None
+        cache.batch_select_indices(torch.tensor([slot[o] for o in owner], device=input_ids.device))
+        return cache
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Without ``copy_weights`` nothing is copied: the engine generates with the model object

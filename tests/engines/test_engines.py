@@ -106,6 +106,27 @@ def test_hf_sampling_reproducible_under_manual_seed(tiny, prompts):
     assert len({tuple(g.token_ids) for g in a[0]}) > 1
 
 
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, top_k=50, max_new_tokens=12)])
+def test_hf_prompts_prefilled_once_give_the_same_samples(tiny, prompts, params):
+    model, tok = tiny
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    try:
+        torch.manual_seed(3)
+        shared = HFEngine(model, tok).generate([*prompts, prompts[0]], 3, params)
+        first_call = calls[0]
+        torch.manual_seed(3)
+        plain = HFEngine(model, tok, share_prefill=False).generate([*prompts, prompts[0]], 3, params)
+    finally:
+        hook.remove()
+    # one prefill of the 4 distinct prompts (their last token left to generate), not 15 rows
+    assert first_call == (4, max(len(p) for p in prompts) - 1)
+    assert [[g.token_ids for g in x] for x in shared] == [[g.token_ids for g in x] for x in plain]
+    for xs, ys in zip(shared, plain):
+        for a, b in zip(xs, ys):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 def test_hf_max_new_tokens_and_length_reason(tiny, prompts):
     model, tok = tiny
     params = SamplingParams(temperature=1.0, max_new_tokens=5)
