@@ -1,7 +1,8 @@
 """Rollouts with transformers ``generate`` on the training model itself.
 
 No second copy of the weights exists, so there is nothing to synchronise and the engine
-runs anywhere the model runs. It is the reference the vLLM engine is tested against.
+runs anywhere the model runs (a sharded model is the exception: the engine then keeps an
+unsharded copy, see ``copy_weights``). It is the reference the vLLM engine is tested against.
 
 Log-probs are ``log_softmax(logits / T)`` of the raw logits at each sampled token (raw
 logits when ``T == 0``): the quantity the trainer recomputes, so the PPO ratio starts at 1.

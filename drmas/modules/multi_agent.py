@@ -288,6 +288,8 @@ class MultiAgentRL(L.LightningModule):
                 bucket[k].append((float(v), batch.loss_scale))
             bucket["loss"].append((float(loss.detach()), batch.loss_scale))
             bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
+            ran = batch.packed.tokens if batch.packed is not None and policy.chunk_tokens else batch.attention_mask.sum()
+            bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
             if is_weights is not None and mask.any():
                 bucket["is_weight_mean"].append((float(is_weights[mask].mean()), batch.loss_scale))
         out: dict[str, Any] = {}

@@ -39,7 +39,7 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
 
     Each rank records ``(value, weight)`` pairs per policy and key, the weight being the
     micro-batch's share of the whole batch: the weighted mean over all ranks is the value of the
-    whole batch; ``samples`` add up over ranks; the agreed keys come from rank 0.
+    whole batch; ``samples`` and ``tokens`` add up over ranks; the agreed keys come from rank 0.
     """
     merged: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for rank, buckets in enumerate(per_rank):
@@ -54,8 +54,8 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
         for key, values in bucket.items():
             if key == "skipped_steps":
                 scalars[f"train/{name}/skipped_steps"] = float(len(values))
-            elif key == "samples":  # sequences trained on per PPO epoch
-                scalars[f"train/{name}/samples"] = sum(v for v, _ in values) / ppo_epochs[name]
+            elif key in ("samples", "tokens"):  # sequences, and tokens through the decoder, per PPO epoch
+                scalars[f"train/{name}/{key}"] = sum(v for v, _ in values) / ppo_epochs[name]
             elif key == "grad_norm":
                 scalars[f"train/{name}/grad_norm"] = values[-1][0]
                 scalars[f"train/{name}/grad_norm_max"] = max(v for v, _ in values)

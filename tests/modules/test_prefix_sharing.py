@@ -78,7 +78,9 @@ def test_packed_prefixes_give_the_same_loss_and_gradients(agg, micro_batch_size,
     assert all(b.packed is None for b in plain_batches)
     # prefixes really were shared: fewer tokens ran through the decoder
     ran = sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in packed_batches)
-    assert any(b.packed is not None for b in packed_batches) and ran < sum(int(b.attention_mask.sum()) for b in plain_batches)
+    whole = sum(int(b.attention_mask.sum()) for b in plain_batches)
+    assert any(b.packed is not None for b in packed_batches) and ran < whole
+    assert logged["train/p/tokens"] == ran and want["train/p/tokens"] == whole  # logged as run
     for key in ("train/p/loss", "train/p/entropy", "train/p/grad_norm") + (("train/p/kl",) if kl_coef else ()):
         assert logged[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
     norm = math.sqrt(sum(float(v.pow(2).sum()) for v in plain.values()))

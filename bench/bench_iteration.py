@@ -1,0 +1,81 @@
+"""Where an iteration of the search main job goes: rollout, weight sync and update, in parallel and
+tree mode, with the tokens the update ran and the share of this machine's matmul peak it reached.
+
+Runs ``recipes/search.py fit`` with the main job's config (SmolLM2-135M, vLLM rollouts, bf16-mixed
+training) for ``--iterations`` iterations per mode (no validation) and reports the last
+iteration's split (the first carries warm-up). The peak is measured here first: square bf16 and
+fp32 matmuls of ``--matmul`` rows. The update's achieved FLOP rate counts 6 x parameters x tokens
+(forward and backward; recomputation under gradient checkpointing is not counted).
+
+    python bench/bench_iteration.py [--iterations 2] [--modes parallel tree] [--matmul 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def matmul_peak(n: int, dtype) -> float:
+    """FLOP/s of an n x n matmul in ``dtype`` (best of 5 after a warm-up)."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def one_mode(mode: str, iterations: int, out: str) -> dict[str, float]:
+    extra = ["--data.sampling", "tree", "--data.estimator", "at_grpo"] if mode == "tree" else []
+    cmd = [sys.executable, os.path.join(ROOT, "recipes", "search.py"), "fit", "--trainer.max_epochs", str(iterations),
+           "--data.val_tasks", "0", "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
+           "--trainer.logger.init_args.save_dir", out, *extra]
+    subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.DEVNULL)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(glob.glob(os.path.join(out, "search", "version_*", "events.*"))[0], size_guidance={"scalars": 0})
+    ea.Reload()
+    last = lambda tag: ea.Scalars(tag)[-1].value  # noqa: E731
+    return {k: last(f"time/{k}_s") for k in ("rollout", "sync", "update")} | {
+        "samples": last("train/shared/samples"), "tokens": last("train/shared/tokens")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iterations", type=int, default=2)
+    p.add_argument("--modes", nargs="+", default=["parallel", "tree"], choices=("parallel", "tree"))
+    p.add_argument("--matmul", type=int, default=2048)
+    args = p.parse_args()
+    import torch
+
+    from drmas.models import load_causal_lm
+
+    parameters = sum(p.numel() for p in load_causal_lm("embedded:smollm2-135m-instruct")[0].parameters())
+    peak = {"bf16": matmul_peak(args.matmul, torch.bfloat16), "fp32": matmul_peak(args.matmul, torch.float32)}
+    print(f"matmul peak ({args.matmul}^2): bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s, fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s")
+    print(f"{'mode':9s} {'rollout s':>9s} {'sync s':>7s} {'update s':>8s} {'update %':>8s} {'samples':>7s} "
+          f"{'tokens':>7s} {'GFLOP/s':>8s} {'of bf16 peak':>12s}")
+    for mode in args.modes:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = one_mode(mode, args.iterations, tmp)
+        total = r["rollout"] + r["sync"] + r["update"]
+        rate = 6 * parameters * r["tokens"] / r["update"]
+        print(f"{mode:9s} {r['rollout']:9.1f} {r['sync']:7.1f} {r['update']:8.1f} {100 * r['update'] / total:7.0f}% "
+              f"{r['samples']:7.0f} {r['tokens']:7.0f} {rate / 1e9:8.1f} {rate / peak['bf16']:11.0%}")
+
+
+if __name__ == "__main__":
+    main()
