@@ -4,7 +4,8 @@ FSDP2 over 2 CPU processes (gloo); writes the loss, grad norm and final weights 
     python tests/modules/fsdp_step.py OUT [--shard]
 
 Lightning starts the second rank by running this script again. Every rank trains on the same
-micro-batches, so FSDP's averaged gradient equals the single-process gradient.
+micro-batches, so FSDP's averaged gradient equals the single-process gradient. The samples share
+prompt prefixes, so the packed rows run through the sharded model too.
 """
 
 import sys
@@ -12,7 +13,8 @@ import sys
 import lightning as L
 import torch
 
-from test_training_step import Fixed  # same folder: the hand-set batch of the single-process tests
+# same folder: hand-set advantages on samples sharing prompt prefixes (tree- and parallel-shaped)
+from test_prefix_sharing import Fixed
 
 from drmas.engines import SamplingParams
 from drmas.modules import MultiAgentRL, PolicyConfig
@@ -31,7 +33,8 @@ def main(out: str, shard: bool) -> None:
     trainer = L.Trainer(accelerator="cpu", devices=2 if shard else 1, strategy=strategy, max_epochs=1,
                         reload_dataloaders_every_n_epochs=1, use_distributed_sampler=False, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, datamodule=Fixed(module, micro_batch_size=2))
+    dm = Fixed(module, micro_batch_size=2)
+    trainer.fit(module, datamodule=dm)
     weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                for n, p in module.policies["p"].model.named_parameters()}
     # the rollout engine of a sharded policy: its own unsharded copy, filled from the shards
@@ -43,6 +46,7 @@ def main(out: str, shard: bool) -> None:
         torch.save({"loss": logged["train/p/loss"], "grad_norm": logged["train/p/grad_norm"],
                     "version": module.policies["p"].version, "weights": weights,
                     "chunk_tokens": module.policies["p"].chunk_tokens,
+                    "packed": sum(b.packed is not None for b in dm.batches),
                     "engine_copy": engine.model is not module.policies["p"].model, "engine_diff": engine_diff,
                     "sharded": any(hasattr(p, "full_tensor") for p in module.policies["p"].model.parameters())}, out)
 

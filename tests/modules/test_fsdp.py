@@ -1,5 +1,5 @@
 """FSDP2 over 2 CPU processes (gloo): one step on the same batch equals the unsharded step, with
-the chunked response-only log-probs on both sides."""
+the chunked response-only log-probs and packed shared prefixes on both sides."""
 
 import subprocess
 import sys
@@ -22,6 +22,7 @@ def test_a_sharded_step_equals_the_unsharded_one(tmp_path):
     single, sharded = run(tmp_path), run(tmp_path, "--shard")
     assert sharded["sharded"] and not single["sharded"]  # the 2-process run really was sharded
     assert sharded["chunk_tokens"] == single["chunk_tokens"] == 1024  # response-only chunked log-probs in both
+    assert sharded["packed"] == single["packed"] >= 2  # shared prefixes packed in both
     assert single["version"] == sharded["version"] == 1
     # generation cannot follow a sharded model's collectives: the engine has its own copy, synced exactly
     assert sharded["engine_copy"] and not single["engine_copy"]
