@@ -184,6 +184,9 @@ class IterationPlan:
     order (every micro-batch when there is one rank)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent: ``time/sync_s``, ``time/rollout_s``, ``time/advantage_s``."""
+    engine: dict[str, float] = field(default_factory=dict)
+    """What the engines report of the rollout, over all ranks: ``rollout/prefix_cache_hit_rate``
+    (prompt tokens served from a prefix cache) when they keep one."""
 
     @property
     def experiences(self) -> list[Experience]:

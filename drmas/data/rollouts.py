@@ -57,6 +57,9 @@ class RolloutBackend(Protocol):
     def sync_weights(self) -> None:
         """Make the rollout engines serve the policies' current weights."""
 
+    def engine_cache_stats(self) -> tuple[int, int]:
+        """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
+
     def batch_spec(self, policy: str) -> BatchSpec:
         """What packing this policy's samples into micro-batches needs (pad id, micro-batch size, PPO epochs)."""
 
@@ -136,9 +139,13 @@ class Rollouts:
         # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed)
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
         local = RolloutResult([], [])
+        backend.engine_cache_stats()  # from here on: this rollout's requests only
         if mine:
             local = self.workflow.rollout(mine, backend.generate_fn(train=True), n=self.group_size,
                                           mode=self.sampling, seed=self.seed + iteration + 1_000_003 * backend.rank)
+        stats = [backend.engine_cache_stats()]
+        if backend.world_size > 1:
+            stats = backend.gather_objects(stats[0])
         result = _gather(backend, local)
         t2 = time.perf_counter()
         for s in result.experiences:
@@ -148,7 +155,9 @@ class Rollouts:
             s.advantage = a
         t3 = time.perf_counter()
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
-        return IterationPlan(iteration, result, self.route(result.experiences, backend), timings)
+        prompt, cached = (sum(s[i] for s in stats) for i in (0, 1))
+        engine = {"rollout/prefix_cache_hit_rate": cached / prompt} if prompt else {}
+        return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, engine)
 
     def route(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
         """This rank's micro-batches of each policy, PPO epoch by PPO epoch; a policy only ever sees

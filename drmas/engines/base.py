@@ -44,6 +44,17 @@ class Generation:
 class Engine(ABC):
     """Generates from token-id prompts with the current weights of one policy."""
 
+    prompt_tokens: int = 0
+    """Prompt tokens of the requests served since :meth:`take_cache_stats` (one per request, not per sample)."""
+    cached_tokens: int = 0
+    """How many of them came from a prefix cache (engines without one leave both at 0)."""
+
+    def take_cache_stats(self) -> tuple[int, int]:
+        """``(prompt_tokens, cached_tokens)`` since the last call; resets both."""
+        stats = (self.prompt_tokens, self.cached_tokens)
+        self.prompt_tokens = self.cached_tokens = 0
+        return stats
+
     @abstractmethod
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams

@@ -151,6 +151,8 @@ class VLLMEngine(Engine):
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         result = []
         for request in outputs:
+            self.prompt_tokens += len(request.prompt_token_ids or ())
+            self.cached_tokens += request.num_cached_tokens or 0
             gens = []
             for out in sorted(request.outputs, key=lambda o: o.index):
                 if out.finish_reason not in ("stop", "length"):

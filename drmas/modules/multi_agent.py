@@ -172,6 +172,10 @@ class MultiAgentRL(L.LightningModule):
                 engine.sync_weights(policy.model)
                 self._synced[name] = policy.version
 
+    def engine_cache_stats(self) -> tuple[int, int]:
+        stats = [e.take_cache_stats() for e in self.engines.values()]
+        return sum(s[0] for s in stats), sum(s[1] for s in stats)
+
     def generate_fn(self, train: bool) -> GenerateFn:
         """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
 

@@ -30,6 +30,9 @@ class ScriptedBackend:
     def gather_objects(self, obj):
         return [obj]
 
+    def engine_cache_stats(self):
+        return (0, 0)  # a scripted engine keeps no prefix cache
+
     def bind_agents(self, agents):
         return {"solver": "p_solve", "verifier": "p_check"}
 
@@ -89,6 +92,19 @@ def test_a_plan_scores_routes_and_packs_by_the_backends_specs(workflow):
     assert mbs[0].sample_index.tolist() == [0, 1] and mbs[1].sample_index.tolist() == [2, 3]
     assert mbs[0].advantages.tolist() == pytest.approx([a, -a], rel=1e-5)
     assert mbs[0].input_ids[0].tolist() == [7, 7, 7, 1, 0]  # padded with p_solve's pad id
+
+
+def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
+    class Cached(ScriptedBackend):
+        served = [(900, 800), (200, 50), (1, 1)]  # before the rollout (validation), the rollout, after
+
+        def engine_cache_stats(self):
+            return self.served.pop(0)
+
+    rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
+    backend = Cached(lambda agent, i: "\\boxed{1}")
+    assert rollouts.plan(backend, iteration=1).engine == {"rollout/prefix_cache_hit_rate": 0.25}
+    assert rollouts.plan(ScriptedBackend(lambda agent, i: "\\boxed{1}"), iteration=1).engine == {}
 
 
 def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):

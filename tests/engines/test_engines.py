@@ -289,6 +289,17 @@ def test_vllm_logprobs_are_after_temperature(tiny, prompts, vllm_engine):
     assert torch.cat(raw_diffs).mean() > 1e-2
 
 
+def test_vllm_reports_prompt_tokens_served_from_its_prefix_cache(vllm_engine):
+    vllm_engine.take_cache_stats()
+    prompt = [(7 * i) % 1000 + 5 for i in range(300)]  # longer than a cache block (128 on CPU)
+    vllm_engine.generate([prompt], 1, GREEDY)
+    assert vllm_engine.take_cache_stats() == (300, 0)  # nothing cached yet
+    vllm_engine.generate([prompt], 1, GREEDY)
+    total, cached = vllm_engine.take_cache_stats()
+    assert total == 300 and 0 < cached < 300  # the whole blocks of the prompt came from the cache
+    assert vllm_engine.take_cache_stats() == (0, 0)  # taking resets
+
+
 def test_vllm_n_generations(tiny, prompts, vllm_engine):
     _, tok = tiny
     params = SamplingParams(temperature=1.0, max_new_tokens=12)

