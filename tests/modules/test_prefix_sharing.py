@@ -87,3 +87,23 @@ def test_packed_prefixes_give_the_same_loss_and_gradients(agg, micro_batch_size,
     assert norm > 1e-3
     for name, grad in plain.items():
         torch.testing.assert_close(packed[name], grad, rtol=1e-5, atol=1e-5 * norm, msg=name)
+
+
+def test_models_whose_attention_cannot_take_the_block_mask_fall_back(caplog):
+    from drmas.models import load_causal_lm
+    from drmas.modules.logprobs import packed_logprobs_match
+    from drmas.modules.policy import Policy
+
+    model, _ = load_causal_lm("tiny-random")
+    assert model.config._attn_implementation == "sdpa" and packed_logprobs_match(model)
+    model.config._attn_implementation = "eager"  # an additive float mask
+    assert packed_logprobs_match(model)
+    model.config._attn_implementation = "flash_attention_2"  # takes no 4-D mask
+    assert not packed_logprobs_match(model)
+    # a policy without the chunked log-probs runs samples whole, and says so once
+    with caplog.at_level("WARNING"):
+        policy = Policy("p", PolicyConfig(model="tiny-random", logprob_chunk_tokens=0), prefix_sharing=True)
+    assert not policy.prefix_sharing
+    assert [r.getMessage() for r in caplog.records].count(
+        "policy p: LlamaForCausalLM cannot run packed shared prefixes (needs SDPA or eager attention and the "
+        "chunked log-probs); every sample runs its whole prompt") == 1
