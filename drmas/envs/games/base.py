@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import copy as _copy
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from drmas.registry import Registry
 
-__all__ = ["GAMES", "Game", "make"]
+__all__ = ["GAMES", "Game", "make", "render_grid"]
 
 GAMES: Registry[type["Game"]] = Registry("game")
 """Puzzle classes by name; ``make`` builds them. Register your own with ``@GAMES.register``."""
@@ -51,6 +51,11 @@ class Game(ABC):
 
     def copy(self) -> "Game":
         return _copy.deepcopy(self)
+
+
+def render_grid(size: int, char: Callable[[int, int], str]) -> str:
+    """A square board as text: ``char(row, col)`` for each cell, one row per line."""
+    return "\n".join("".join(char(r, c) for c in range(size)) for r in range(size))
 
 
 def make(name: str, seed: int = 0, **size: Any) -> Game:

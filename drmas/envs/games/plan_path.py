@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from drmas.envs.games.base import GAMES, Game
+from drmas.envs.games.base import GAMES, Game, render_grid
 
 __all__ = ["MOVES", "PlanPath", "shortest_distance"]
 
@@ -60,15 +60,12 @@ class PlanPath(Game):
 
     @property
     def observation(self) -> str:
-        rows = []
-        for r in range(self.size):
-            row = ["#" if w else "." for w in self.walls[r]]
-            if self.goal[0] == r:
-                row[self.goal[1]] = "G"
-            if self.position[0] == r:
-                row[self.position[1]] = "S"
-            rows.append("".join(row))
-        return "\n".join(rows)
+        def char(r: int, c: int) -> str:
+            if (r, c) == self.position:
+                return "S"
+            return "G" if (r, c) == self.goal else "#" if self.walls[r][c] else "."
+
+        return render_grid(self.size, char)
 
     @property
     def solved(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from drmas.envs.games.base import GAMES, Game
+from drmas.envs.games.base import GAMES, Game, render_grid
 from drmas.envs.games.plan_path import MOVES
 
 __all__ = ["Sokoban"]
@@ -83,21 +83,17 @@ class Sokoban(Game):
 
     @property
     def observation(self) -> str:
-        rows = []
-        for r in range(self.size):
-            row = []
-            for c in range(self.size):
-                cell = (r, c)
-                if cell not in self.floor:
-                    row.append("#")
-                elif cell == self.player:
-                    row.append("+" if cell in self.targets else "@")
-                elif cell in self.boxes:
-                    row.append("*" if cell in self.targets else "$")
-                else:
-                    row.append("." if cell in self.targets else " ")
-            rows.append("".join(row))
-        return "\n".join(rows)
+        def char(r: int, c: int) -> str:
+            cell, target = (r, c), (r, c) in self.targets
+            if cell not in self.floor:
+                return "#"
+            if cell == self.player:
+                return "+" if target else "@"
+            if cell in self.boxes:
+                return "*" if target else "$"
+            return "." if target else " "
+
+        return render_grid(self.size, char)
 
     @property
     def solved(self) -> bool:
