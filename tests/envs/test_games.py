@@ -93,6 +93,58 @@ def test_every_sokoban_seed_is_solvable():
         assert not env.solved and sokoban_solvable(text), (seed, text)
 
 
+def sudoku_solutions(text, limit=2):
+    """Solutions of a Sudoku board (digits and dots), counted up to ``limit``: plain backtracking
+    over sets, most constrained cell first."""
+    grid = [[0 if ch == "." else int(ch) for ch in row] for row in text.split("\n")]
+    n = len(grid)
+    box = int(n ** 0.5)
+
+    def options(r, c):
+        seen = set(grid[r]) | {grid[i][c] for i in range(n)}
+        seen |= {grid[i][j] for i in range(r - r % box, r - r % box + box) for j in range(c - c % box, c - c % box + box)}
+        return [v for v in range(1, n + 1) if v not in seen]
+
+    def count():
+        empty = [(r, c) for r in range(n) for c in range(n) if not grid[r][c]]
+        if not empty:
+            return 1
+        r, c = min(empty, key=lambda rc: len(options(*rc)))
+        total = 0
+        for v in options(r, c):
+            grid[r][c] = v
+            total += count()
+            grid[r][c] = 0
+            if total >= limit:
+                break
+        return total
+
+    return count()
+
+
+def test_every_sudoku_seed_has_exactly_one_solution():
+    for seed in range(1000):
+        size = (4, 9)[seed % 2]
+        env = make("sudoku", seed=seed, size=size)
+        text = env.observation
+        assert len(text.split("\n")) == size and set(text) <= set(".123456789\n") and "." in text
+        assert sudoku_solutions(text) == 1, (seed, text)
+
+
+def test_sudoku_fills_by_the_rules():
+    env = make("sudoku", seed=1, size=4)
+    empty = [(r, c) for r in range(4) for c in range(4) if env.grid[r][c] == 0]
+    # an empty cell whose row already holds a value
+    r, c, clash = next((r, c, v) for r, c in empty for v in env.grid[r] if v)
+    gr, gc = next(iter(env.givens))
+    env.step([f"{gr + 1} {gc + 1} 1", "0 1 1", "1 1 5", "a b c", "1 1", f"{r + 1} {c + 1} {clash}"])
+    assert env.illegal == 6 and env.grid[r][c] == 0  # a given, out of range x2, syntax x2, a clash
+    env.step([f"{r + 1} {c + 1} {env.solution[r][c]}"])
+    assert env.grid[r][c] == env.solution[r][c] and env.correct_cells == 1 and not env.solved
+    env.step([f"{i + 1} {j + 1} {env.solution[i][j]}" for i, j in empty if (i, j) != (r, c)])
+    assert env.solved and env.correct_cells == len(empty) and env.illegal == 6
+
+
 def room(rows):
     """A Sokoban level from square XSB rows (for rule tests)."""
     env = Sokoban(seed=0, size=6)
@@ -152,10 +204,12 @@ def test_plan_path_moves_and_solves():
 def test_make_names_and_sizes():
     assert make("sokoban", seed=3, size=7, boxes=2).observation == make("sokoban", seed=3, size=7, boxes=2).observation
     assert make("plan_path", seed=3).observation != make("plan_path", seed=4).observation
-    with pytest.raises(KeyError, match="unknown game 'chess'; known: plan_path, sokoban"):
+    with pytest.raises(KeyError, match="unknown game 'chess'; known: plan_path, sokoban, sudoku"):
         make("chess")
     with pytest.raises(ValueError, match="plan_path size must be in 4..10, got 12"):
         make("plan_path", size=12)
     with pytest.raises(ValueError, match="sokoban boxes must be 1 or 2, got 3"):
         make("sokoban", boxes=3)
-    assert "plan_path" in GAMES and "sokoban" in GAMES
+    with pytest.raises(ValueError, match="sudoku size must be 4 or 9, got 6"):
+        make("sudoku", size=6)
+    assert GAMES.names() == ["plan_path", "sokoban", "sudoku"]
