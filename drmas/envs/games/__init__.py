@@ -1,9 +1,11 @@
 """Planning puzzles (Plan-Path, Sokoban, Sudoku) behind one Gym-like API: ``make(name, seed, **size)``
-returns a :class:`Game` with ``observation``, ``step(actions)``, ``solved`` and ``copy()``."""
+returns a :class:`Game` with ``observation``, ``step(actions)``, ``solved`` and ``copy()``; and
+the planner / tool-user workflow that plays them (registered as ``games``)."""
 
 from drmas.envs.games.base import GAMES, Game, make
 from drmas.envs.games.plan_path import PlanPath
 from drmas.envs.games.sokoban import Sokoban
 from drmas.envs.games.sudoku import Sudoku
+from drmas.envs.games.workflow import GameTask, PlanningWorkflow
 
-__all__ = ["GAMES", "Game", "PlanPath", "Sokoban", "Sudoku", "make"]
+__all__ = ["GAMES", "Game", "GameTask", "PlanPath", "PlanningWorkflow", "Sokoban", "Sudoku", "make"]

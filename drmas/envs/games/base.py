@@ -12,6 +12,7 @@ Workflows, tests and users drive puzzles the same way::
 from __future__ import annotations
 
 import copy as _copy
+import re
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
@@ -38,6 +39,23 @@ class Game(ABC):
     @abstractmethod
     def solved(self) -> bool:
         """Whether the puzzle is solved."""
+
+    @property
+    @abstractmethod
+    def progress(self) -> float:
+        """How far the puzzle is from its start toward solved, 0 to 1 (1 = solved)."""
+
+    action_pattern: str = r"\S+"
+    """What one action looks like (a regular expression)."""
+    separators: str = r"[,;\s]+"
+    """What separates actions."""
+
+    @classmethod
+    def parse_actions(cls, text: str) -> list[str] | None:
+        """The actions in ``text``, or None when any piece is not an action (the format is strict)."""
+        pieces = [p for p in re.split(cls.separators, text.strip()) if p]
+        ok = all(re.fullmatch(cls.action_pattern, p) for p in pieces)
+        return pieces if pieces and ok else None
 
     @abstractmethod
     def apply(self, action: str) -> bool:

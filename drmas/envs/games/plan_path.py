@@ -36,6 +36,7 @@ def shortest_distance(walls: list[list[bool]], start: tuple[int, int], goal: tup
 
 @GAMES.register("plan_path")
 class PlanPath(Game):
+    action_pattern = "[UDLR]"  # one move per letter, separated by commas or spaces: "U, R, R"
     def __init__(self, seed: int = 0, size: int = 6, wall_density: float = 0.3) -> None:
         """
         Args:
@@ -56,6 +57,7 @@ class PlanPath(Game):
             if distance is not None and distance >= size - 1:
                 break
         self.size, self.walls, self.position, self.goal = size, walls, start, goal
+        self.start_distance = distance
         self.illegal = 0
 
     @property
@@ -77,6 +79,10 @@ class PlanPath(Game):
         d = shortest_distance(self.walls, self.position, self.goal)
         assert d is not None  # every cell the walker can reach connects to the goal
         return d
+
+    @property
+    def progress(self) -> float:
+        return 1.0 - self.distance / self.start_distance
 
     def apply(self, action: str) -> bool:
         if action not in MOVES:

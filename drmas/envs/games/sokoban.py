@@ -43,6 +43,7 @@ def _connected(floor: set[Cell]) -> bool:
 
 @GAMES.register("sokoban")
 class Sokoban(Game):
+    action_pattern = "[UDLR]"
     def __init__(self, seed: int = 0, size: int = 6, boxes: int = 1) -> None:
         """
         Args:
@@ -102,6 +103,10 @@ class Sokoban(Game):
     @property
     def boxes_on_targets(self) -> int:
         return len(self.boxes & self.targets)
+
+    @property
+    def progress(self) -> float:
+        return self.boxes_on_targets / len(self.targets)
 
     def apply(self, action: str) -> bool:
         if action not in MOVES:

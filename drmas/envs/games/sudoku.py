@@ -74,6 +74,8 @@ def count_solutions(grid: list[list[int]], box: int, limit: int = 2) -> int:
 
 @GAMES.register("sudoku")
 class Sudoku(Game):
+    action_pattern = r"\d+ \d+ \d+"  # "row col value", actions separated by ";" or ","
+    separators = r"\s*[,;\n]\s*"
     def __init__(self, seed: int = 0, size: int = 4) -> None:
         """
         Args:
@@ -97,6 +99,7 @@ class Sudoku(Game):
                 grid[r][c] = value
         self.grid = grid
         self.givens = {(r, c) for r in range(size) for c in range(size) if grid[r][c]}
+        self.blanks = size * size - len(self.givens)
         self.illegal = 0
 
     @property
@@ -112,6 +115,10 @@ class Sudoku(Game):
         """Filled cells (givens excluded) that match the unique solution."""
         return sum(self.grid[r][c] == self.solution[r][c] for r in range(self.size) for c in range(self.size)
                    if self.grid[r][c] and (r, c) not in self.givens)
+
+    @property
+    def progress(self) -> float:
+        return self.correct_cells / self.blanks
 
     def apply(self, action: str) -> bool:
         parts = action.split()

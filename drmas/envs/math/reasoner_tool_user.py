@@ -25,7 +25,6 @@ or seeded random) and the next prompt is built from the advanced state.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,7 +34,8 @@ from drmas.envs.math.grading import extract_boxed, same_answer
 from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
 from drmas.envs.math.splits import math_splits
 from drmas.envs.math.task import MathTask
-from drmas.envs.sandbox import Result, SandboxPool
+from drmas.envs.programs import ProgramRunner, parse_program
+from drmas.envs.sandbox import Result
 from drmas.records import Completion
 
 __all__ = ["ReasonerToolUserWorkflow", "parse_program", "program_answer"]
@@ -69,15 +69,6 @@ def default_templates() -> dict[str, PromptTemplate]:
             example_assistant=EXAMPLE_SOLUTION,
         ),
     }
-
-
-_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-
-
-def parse_program(text: str) -> str | None:
-    """The first fenced code block (an unclosed one runs to the end); ``None`` if there is none or it is empty."""
-    m = _CODE_BLOCK.search(text)
-    return m.group(1).strip() or None if m else None
 
 
 def program_answer(result: Result) -> str | None:
@@ -151,22 +142,18 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
         """
-        if turns < 1 or sandbox_workers < 1:
-            raise ValueError(f"turns and sandbox_workers must be >= 1, got {turns}, {sandbox_workers}")
+        if turns < 1:
+            raise ValueError(f"turns must be >= 1, got {turns}")
         super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
         self.turns = turns
-        self.code_timeout_s, self.code_memory_mb = code_timeout_s, code_memory_mb
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
-        self.sandbox_workers = sandbox_workers
-        self._pool: SandboxPool | None = None
+        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
         return split_tasks(self._splits, split)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self.programs.close()
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -183,21 +170,12 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             context = f"A teammate's program printed {state.run_summary}.\n" if state.run_summary else ""
         return self.templates[agent].render(problem=state.task.problem, context=context)
 
-    def _run(self, programs: list[str | None]) -> list[Result]:
-        """Sandbox results in order; a missing program is a failure that never reaches the sandbox."""
-        real = [p for p in programs if p is not None]
-        if self._pool is None:
-            self._pool = SandboxPool(self.sandbox_workers)
-        results = iter(self._pool.run(real, timeout_s=self.code_timeout_s, memory_mb=self.code_memory_mb))
-        missing = Result("", "no code block", 1, False)
-        return [next(results) if p is not None else missing for p in programs]
-
     def evaluate(self, agent: str, states: Sequence[ToolTeamState], completions: Sequence[Completion]) -> list[Action]:
         if agent == "tool_user":
             # local: +1 correct output, 0 wrong, -1 failed or silent; a tool step never ends the episode
             programs = [parse_program(c.text) for c in completions]
             out = []
-            for st, prog, run in zip(states, programs, self._run(programs)):
+            for st, prog, run in zip(states, programs, self.programs.run(programs)):
                 answer = program_answer(run)
                 local = -1.0 if answer is None else float(same_answer(answer, st.task.answer))
                 out.append(Action(prog is not None, local, value=(prog, run, answer)))

