@@ -55,7 +55,7 @@ def test_crashing_and_silent_programs_and_malformed_plans(wf):
     assert [s.local_reward for s in tool] == [-1.0, -1.0] and all(s.valid for s in tool)
     # an empty <actions></actions> is a malformed plan: no progress, the format penalty
     assert all(not s.valid and s.reward == pytest.approx(-0.1) for s in plans)
-    assert "It printed: it failed" in script.prompts("planner")[0]
+    assert [p.split("It printed: ")[1].split("\n")[0] for p in script.prompts("planner")] == ["an error", "nothing"]
 
 
 def test_illegal_moves_change_nothing_and_are_counted(wf):

@@ -189,7 +189,8 @@ class PlanningWorkflow(TurnWorkflow):
                     trial = st.env.copy()
                     trial.step(actions)
                     local = trial.progress - st.env.progress
-                summary = printed or ("it failed" if prog is not None else "nothing")
+                failed = run.returncode != 0 or run.timed_out
+                summary = printed or ("nothing (no program)" if prog is None else "an error" if failed else "nothing")
                 out.append(Action(prog is not None, local, value=(prog, summary)))
             return out
         for st, c in zip(states, completions):
