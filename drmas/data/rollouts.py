@@ -143,10 +143,7 @@ class Rollouts:
         if mine:
             local = self.workflow.rollout(mine, backend.generate_fn(train=True), n=self.group_size,
                                           mode=self.sampling, seed=self.seed + iteration + 1_000_003 * backend.rank)
-        stats = [backend.engine_cache_stats()]
-        if backend.world_size > 1:
-            stats = backend.gather_objects(stats[0])
-        result = _gather(backend, local)
+        result, (prompt, cached) = _gather(backend, local, backend.engine_cache_stats())
         t2 = time.perf_counter()
         for s in result.experiences:
             s.policy = self.agent_map[s.agent]
@@ -155,7 +152,6 @@ class Rollouts:
             s.advantage = a
         t3 = time.perf_counter()
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
-        prompt, cached = (sum(s[i] for s in stats) for i in (0, 1))
         engine = {"rollout/prefix_cache_hit_rate": cached / prompt} if prompt else {}
         return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, engine)
 
@@ -201,7 +197,7 @@ class Rollouts:
         local = RolloutResult([], [])
         if mine:
             local = self.workflow.rollout(mine, backend.generate_fn(train=False), n=self.val_k, mode="parallel")
-        result = _gather(backend, local)
+        result, _ = _gather(backend, local)
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
@@ -221,9 +217,12 @@ class Rollouts:
         return scalars
 
 
-def _gather(backend: RolloutBackend, local: RolloutResult) -> RolloutResult:
-    """All ranks' samples and episodes, in rank order (``local`` itself with one rank)."""
+def _gather(backend: RolloutBackend, local: RolloutResult,
+            stats: tuple[int, int] = (0, 0)) -> tuple[RolloutResult, tuple[int, int]]:
+    """All ranks' samples and episodes in rank order, and their engines' cache counts summed, in
+    one collective (``local`` and ``stats`` themselves with one rank)."""
     if backend.world_size == 1:
-        return local
-    parts = backend.gather_objects(local)
-    return RolloutResult([s for p in parts for s in p.experiences], [e for p in parts for e in p.episodes])
+        return local, stats
+    parts = backend.gather_objects((local, stats))
+    return (RolloutResult([s for r, _ in parts for s in r.experiences], [e for r, _ in parts for e in r.episodes]),
+            (sum(n for _, (n, _) in parts), sum(c for _, (_, c) in parts)))
