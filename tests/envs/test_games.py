@@ -106,12 +106,22 @@ def sudoku_solutions(text, limit=2):
         return [v for v in range(1, n + 1) if v not in seen]
 
     def count():
-        empty = [(r, c) for r in range(n) for c in range(n) if not grid[r][c]]
-        if not empty:
+        best = None
+        for r in range(n):
+            for c in range(n):
+                if not grid[r][c]:
+                    opts = options(r, c)
+                    if best is None or len(opts) < len(best[2]):
+                        best = (r, c, opts)
+                    if len(opts) <= 1:
+                        break
+            if best is not None and len(best[2]) <= 1:
+                break
+        if best is None:
             return 1
-        r, c = min(empty, key=lambda rc: len(options(*rc)))
+        r, c, opts = best
         total = 0
-        for v in options(r, c):
+        for v in opts:
             grid[r][c] = v
             total += count()
             grid[r][c] = 0
