@@ -7,7 +7,7 @@ import re
 
 from drmas.envs.sandbox import Result, SandboxPool
 
-__all__ = ["ProgramRunner", "parse_program"]
+__all__ = ["ProgramRunner", "parse_program", "run_failure"]
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -18,20 +18,37 @@ def parse_program(text: str) -> str | None:
     return m.group(1).strip() or None if m else None
 
 
+def run_failure(result: Result) -> str | None:
+    """How a run failed, in words for a teammate's next prompt; ``None`` when it ran fine."""
+    if result.ok:
+        return None
+    if result.error:
+        return "nothing: it could not be started"
+    if result.timed_out:
+        return "nothing: it timed out"
+    if result.truncated:
+        return "too much: its output passed the limit"
+    err = [line for line in result.stderr.splitlines() if line.strip()]
+    return f"an error: {err[-1][:200] if err else 'exit code ' + str(result.returncode)}"
+
+
 class ProgramRunner:
     """A sandbox pool started on first use, with the workflow's limits."""
 
-    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 4) -> None:
+    def __init__(
+        self, timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 4, allow_unconfined: bool = False
+    ) -> None:
         if workers < 1:
             raise ValueError(f"sandbox_workers must be >= 1, got {workers}")
         self.timeout_s, self.memory_mb, self.workers = timeout_s, memory_mb, workers
+        self.allow_unconfined = allow_unconfined
         self._pool: SandboxPool | None = None
 
     def run(self, programs: list[str | None]) -> list[Result]:
         """Results in order; a missing program is a failure that never reaches the sandbox."""
         real = [p for p in programs if p is not None]
         if self._pool is None:
-            self._pool = SandboxPool(self.workers)
+            self._pool = SandboxPool(self.workers, self.allow_unconfined)
         results = iter(self._pool.run(real, timeout_s=self.timeout_s, memory_mb=self.memory_mb))
         missing = Result("", "no code block", 1, False)
         return [next(results) if p is not None else missing for p in programs]

@@ -44,10 +44,13 @@ to ``timeout_s``); total memory (``RLIMIT_AS`` is per process, so a run can hold
 ``memory_mb``); kernel attack surface (no seccomp filter); wall clock, hostname, CPU count.
 
 Each namespace is used only if the kernel permits it (probed once per process, then a smoke
-test); the detected set is logged. Without root the program keeps the parent's uid: the same
-limits apply, ``RLIMIT_NPROC`` then counts all processes of that user (it is set to their
-current number + 32), the network and IPC namespaces need an unprivileged user namespace,
-and writes are NOT confined (the program can write wherever the user can).
+test); the detected set is logged. Without root the program keeps the parent's uid inside a new
+user namespace with its own mount, pid, network and IPC namespaces: every mount is remounted
+read-only, private tmpfs mounts hold the work dir and cover the shared writable directories,
+the user's home is hidden, and the program is pid 1 of its own pid namespace (it cannot signal
+the trainer). ``RLIMIT_NPROC`` then counts all processes of that user (it is set to their
+current number + 32). Where no such confinement is possible, runs are refused with
+:class:`SandboxUnavailable` unless the caller passes ``allow_unconfined=True``.
 
 Why one file of ~700 lines: this file is also the bootstrap (and the probe) that the sandbox
 executes as a script, with ``python -I -S -B`` and no package on ``sys.path``, inside the new
@@ -79,7 +82,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, NoReturn, Sequence
 
-__all__ = ["Result", "SandboxPool", "run_python"]
+__all__ = ["Result", "SandboxError", "SandboxPool", "SandboxUnavailable", "run_python"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,22 +102,43 @@ _SELF = os.path.abspath(__file__)
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+# per-mount flags a remount inside a user namespace must keep (the kernel locks them)
+_KEPT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": 0x400,
+               "nodiratime": 0x800, "relatime": 0x200000}
 _MNT_DETACH = 0x2
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 36, 38
 
 
 @dataclass(frozen=True)
 class Result:
-    """Outcome of one program. ``returncode`` is negative for a signal, None on timeout."""
+    """Outcome of one program. ``returncode`` is negative for a signal, None on timeout or when
+    the sandbox could not start the program (``error`` then says why)."""
 
     stdout: str
     stderr: str
     returncode: int | None
     timed_out: bool
     truncated: bool = False
+    """The output passed the cap and the program was killed: what it printed is incomplete."""
+    error: str = ""
+    """Set when the sandbox failed to set up this run (the program never ran)."""
+
+    @property
+    def ok(self) -> bool:
+        """The program ran to completion, exited 0, and its whole output is here."""
+        return self.returncode == 0 and not (self.timed_out or self.truncated or self.error)
+
+
+class SandboxError(RuntimeError):
+    """One run could not be set up (namespaces, mounts, privilege drop): the program never ran."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """Model-written code cannot be confined on this machine and running it unconfined was not allowed."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,8 +186,39 @@ def _enter_userns(flags: int) -> None:
             f.write(text)
 
 
+def _cover(blocked: str, targets: Sequence[str], stage_dir: str, index: int) -> None:
+    """Cover ``blocked`` with an empty tmpfs, except ``targets`` below it, bound back in place."""
+    stages = []
+    for j, target in enumerate(targets):  # bind each target aside first
+        stage = os.path.join(stage_dir, f".expose{index}-{j}")
+        os.mkdir(stage, 0o700)
+        _mount(target, stage, None, _MS_BIND | _MS_REC)
+        stages.append((stage, target))
+    _mount("tmpfs", blocked, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755,size=1m")
+    for stage, target in stages:
+        os.makedirs(target, 0o755, exist_ok=True)
+        _mount(stage, target, None, _MS_BIND | _MS_REC)
+        _sys("umount2", stage.encode(), _MNT_DETACH)
+        os.rmdir(stage)
+
+
+def _private_tmp_dirs(tmpfs_mb: int, skip: Sequence[str]) -> list[str]:
+    """A private size-limited tmpfs over each world-writable shared directory not in ``skip``."""
+    covered = []
+    for d in _SHARED_WRITABLE_DIRS:
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        inside = any(t == d or t.startswith(d + "/") for t in skip)
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and not inside:
+            _mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={tmpfs_mb}m,nr_inodes=8192")
+            covered.append(d)
+    return covered
+
+
 def _private_mounts(cfg: dict[str, Any]) -> None:
-    """Mount-namespace setup (root only). Called after unshare(CLONE_NEWNS) succeeded."""
+    """Mount-namespace setup as root. Called after unshare(CLONE_NEWNS) succeeded."""
     workdir, script = cfg["workdir"], cfg["script"]
     if os.readlink("/proc/self/ns/mnt") == os.readlink(f"/proc/{cfg['parent_pid']}/ns/mnt"):
         raise OSError("refusing to mount in the parent's mount namespace")
@@ -172,34 +227,53 @@ def _private_mounts(cfg: dict[str, Any]) -> None:
         code = f.read()
     exposed: list[str] = []
     for i, (blocked, targets) in enumerate(cfg["expose"]):
-        # Bind each target aside, cover the untraversable ancestor with a tmpfs, bind back.
-        stages = []
-        for j, target in enumerate(targets):
-            stage = os.path.join(workdir, f".expose{i}-{j}")
-            os.mkdir(stage, 0o700)
-            _mount(target, stage, None, _MS_BIND | _MS_REC)
-            stages.append((stage, target))
-        _mount("tmpfs", blocked, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755,size=1m")
-        for stage, target in stages:
-            os.makedirs(target, 0o755, exist_ok=True)
-            _mount(stage, target, None, _MS_BIND | _MS_REC)
-            _sys("umount2", stage.encode(), _MNT_DETACH)
-            os.rmdir(stage)
-            exposed.append(target)
-    for d in _SHARED_WRITABLE_DIRS:
-        try:
-            st = os.stat(d)
-        except FileNotFoundError:
-            continue
-        inside = any(t == d or t.startswith(d + "/") for t in exposed)
-        if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and not inside:
-            options = f"mode=1777,size={cfg['tmpfs_mb']}m,nr_inodes=8192"
-            _mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+        _cover(blocked, targets, workdir, i)
+        exposed += targets
+    _private_tmp_dirs(cfg["tmpfs_mb"], exposed)
     if not os.path.isdir(workdir):  # it was under a now-private /tmp: recreate it there
         os.makedirs(workdir, 0o700)
         with open(script, "wb") as f:
             f.write(code)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=2")
+
+
+def _mounts() -> list[tuple[str, bool, int]]:
+    """(mount point, read-only?, flags a remount must keep) of every mount, parents first."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
+            options = fields[5].split(",")
+            out.append((point, "ro" in options, sum(_KEPT_FLAGS.get(o, 0) for o in options)))
+    return out
+
+
+def _confine_userns(cfg: dict[str, Any]) -> None:
+    """Without root, as root of a new user + mount namespace: every mount becomes read-only,
+    private tmpfs mounts cover the shared writable directories and hold the work dir, and the
+    user's home is hidden (except the interpreter, when it lives there)."""
+    workdir, script = cfg["workdir"], cfg["script"]
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    with open(script, "rb") as f:
+        code = f.read()
+    for point, read_only, keep in _mounts():
+        if read_only or point == "/proc" or point.startswith(("/proc/", "/sys/")) or point == "/sys":
+            continue
+        try:
+            _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep)
+        except OSError as e:
+            if e.errno not in (2, 13):  # ENOENT, EACCES: a mount this user cannot reach anyway
+                raise OSError(e.errno, f"cannot make {point} read-only: {e.strerror}") from None
+    covered = _private_tmp_dirs(cfg["tmpfs_mb"], ())
+    if any(workdir.startswith(d + "/") for d in covered):
+        os.makedirs(workdir, 0o700)  # its host copy is hidden now
+    else:
+        _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=700,size={cfg['tmpfs_mb']}m")
+    with open(script, "wb") as f:
+        f.write(code)
+    for i, (blocked, targets) in enumerate(cfg["expose"]):
+        _cover(blocked, targets, workdir, i)
 
 
 def _proc_ids(pid: int) -> tuple[int, int] | None:
@@ -278,7 +352,8 @@ def _exec_program(cfg: dict[str, Any], status_fd: int, bootstrap_pid: int) -> No
         if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
             raise OSError("privilege drop did not take effect")
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after setresuid, which clears it
-    if os.getppid() != bootstrap_pid:  # the bootstrap died before prctl
+    # the bootstrap died before prctl (in a new pid namespace the parent is invisible: pid 0)
+    if os.getppid() != bootstrap_pid and not cfg["unshare"] & _CLONE_NEWPID:
         os._exit(125)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     os.umask(0o077)
@@ -310,7 +385,7 @@ def _bootstrap(cfg: dict[str, Any]) -> NoReturn:
             elif cfg["unshare"]:
                 _unshare(cfg["unshare"])
             if cfg["mount"]:
-                _private_mounts(cfg)
+                (_confine_userns if cfg["userns"] else _private_mounts)(cfg)
             if cfg["uid"] is not None:
                 os.chown(cfg["workdir"], cfg["uid"], cfg["gid"])
                 os.chown(cfg["script"], cfg["uid"], cfg["gid"])
@@ -371,8 +446,13 @@ def _probe() -> NoReturn:
             "userns": False,
         }
     else:
+        def userns_mounts() -> None:
+            _enter_userns(_CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWNS | _CLONE_NEWPID)
+            _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+            _mount("tmpfs", tempfile.gettempdir(), "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m")
+
         ok = attempt(lambda: _enter_userns(_CLONE_NEWNET | _CLONE_NEWIPC))
-        found = {"net": ok, "ipc": ok, "mount": False, "userns": ok}
+        found = {"net": ok, "ipc": ok, "mount": ok and attempt(userns_mounts), "userns": ok}
     sys.stdout.write(json.dumps(found))
     sys.stdout.flush()
     os._exit(0)
@@ -391,18 +471,32 @@ class _Features:
     mount: bool
     expose: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
+    @property
+    def confined(self) -> bool:
+        """Writes are confined: an own uid (root), or read-only mounts in a user namespace."""
+        return self.drop_uid or (self.userns and self.mount)
+
     def describe(self) -> str:
+        if self.drop_uid:
+            identity = "own uid per run"
+        elif self.confined:
+            identity = "parent's uid in a user namespace, every mount read-only, own pid namespace"
+        else:
+            identity = "parent's uid (NOT confined: writes wherever that user can)"
+        mounts = "private tmp dirs" + (", hidepid /proc" if self.drop_uid else "")
         return ", ".join([
-            "own uid per run" if self.drop_uid else "parent's uid (NOT dropped: writes not confined)",
+            identity,
             "netns" if self.unshare & _CLONE_NEWNET else "NO network isolation",
             "ipcns" if self.unshare & _CLONE_NEWIPC else "no ipc namespace",
-            "mountns (private tmp dirs, hidepid /proc)" if self.mount else "no mount namespace",
-            *(f"interpreter exposed through {blocked}" for blocked, _ in self.expose),
+            f"mountns ({mounts})" if self.mount else "no mount namespace",
+            *(f"{blocked} {'hidden' if self.userns else 'covered'} except the interpreter"
+              for blocked, _ in self.expose),
         ])
 
 
 _features_lock = threading.Lock()
 _features_cache: _Features | None = None
+_features_failures: list[str] = []  # why better confinement was not possible (for error messages)
 
 
 def _python() -> str:
@@ -411,13 +505,16 @@ def _python() -> str:
     return os.path.realpath(sys.executable)
 
 
+def _interpreter_dirs() -> list[str]:
+    """The top directories the interpreter and its standard library need."""
+    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python()))}
+    return sorted(p for p in needed if not any(p.startswith(q + "/") for q in needed))
+
+
 def _exposures() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """Directories other users cannot enter above the interpreter's files, with what to expose."""
-    exe = _python()
-    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(exe))}
-    tops = sorted(p for p in needed if not any(p.startswith(q + "/") for q in needed))
     found: dict[str, list[str]] = {}
-    for path in tops:
+    for path in _interpreter_dirs():
         current = ""
         for part in path.strip("/").split("/")[:-1]:
             current += "/" + part
@@ -425,6 +522,18 @@ def _exposures() -> tuple[tuple[str, tuple[str, ...]], ...]:
                 found.setdefault(current, []).append(path)
                 break
     return tuple((blocked, tuple(targets)) for blocked, targets in sorted(found.items()))
+
+
+def _home_cover() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The user's home to hide from programs (keeping the interpreter's files when they live there)."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    tmp = os.path.realpath(tempfile.gettempdir())
+    if home == "/" or not os.path.isdir(home) or tmp == home or tmp.startswith(home + "/"):
+        return ()
+    inside = tuple(p for p in _interpreter_dirs() if p.startswith(home + "/"))
+    if any(p == home for p in _interpreter_dirs()):
+        return ()
+    return ((home, inside),)
 
 
 def _features() -> _Features:
@@ -442,6 +551,7 @@ def _features() -> _Features:
         except ValueError as e:
             raise RuntimeError(f"sandbox probe failed: {probe.stderr[-2000:]}") from e
         ns = (_CLONE_NEWNET if found["net"] else 0) | (_CLONE_NEWIPC if found["ipc"] else 0)
+        failures: list[str] = []
         if os.geteuid() == 0:
             expose = _exposures()
             if expose and not found["mount"]:
@@ -455,23 +565,43 @@ def _features() -> _Features:
             if not expose and (ns or mount):
                 candidates.append(_Features(True, 0, False, False))
         else:
-            candidates = [_Features(False, ns, found["userns"], False)]
+            candidates = []
+            if found["mount"]:
+                candidates.append(_Features(False, ns | _CLONE_NEWNS | _CLONE_NEWPID, True, True, _home_cover()))
+            else:
+                failures.append("unprivileged user namespaces with mounts are not permitted by this kernel"
+                                if not found["userns"] else "mounts in a user namespace are not permitted")
+            candidates.append(_Features(False, ns, found["userns"], False))
             if ns:
                 candidates.append(_Features(False, 0, False, False))
-        failures = []
         for feats in candidates:
             try:
                 r = _run("import fractions, itertools, math\nprint('ok')", "", 20.0, 256, feats)
             except RuntimeError as e:
-                failures.append(str(e))
+                failures.append(f"{feats.describe()}: {e}")
                 continue
             if r.stdout == "ok\n" and r.returncode == 0:
                 _features_cache = feats
-                log = logger.info if feats.drop_uid and feats.unshare & _CLONE_NEWNET else logger.warning
+                _features_failures[:] = failures
+                log = logger.info if feats.confined and feats.unshare & _CLONE_NEWNET else logger.warning
                 log("python sandbox isolation: %s", feats.describe())
                 return feats
             failures.append(f"{feats.describe()}: rc={r.returncode} stderr={r.stderr[-1000:]}")
         raise RuntimeError("sandbox smoke test failed: " + " | ".join(failures))
+
+
+def _check_confined(feats: _Features, allow_unconfined: bool) -> None:
+    if feats.confined or allow_unconfined:
+        return
+    why = "; ".join(_features_failures) or "not root"
+    raise SandboxUnavailable(
+        f"sandbox: model-written programs cannot be confined here ({why}). Unconfined, each program "
+        f"would run as this user (uid {os.getuid()}) and could read, change and delete every file that user "
+        "can, and signal that user's processes (the trainer included)"
+        + ("" if feats.unshare & _CLONE_NEWNET else ", and reach the network")
+        + ". Run as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+        "user.max_user_namespaces > 0, or AppArmor's kernel.apparmor_restrict_unprivileged_userns=0), or "
+        "accept the risk with allow_unconfined=True (a workflow's --data.workflow.init_args.allow_unconfined true).")
 
 
 def _lock_dir() -> str:
@@ -682,7 +812,7 @@ def _run(code: str, stdin: str, timeout_s: float, memory_mb: int, feats: _Featur
             _rmtree(workdir)
     for line in status.splitlines():
         if line.startswith("error "):
-            raise RuntimeError(f"sandbox {line[6:]}")
+            raise SandboxError(f"sandbox {line[6:]}")
     returncode: int | None = None
     if not timed_out:
         exits = [int(line[5:]) for line in status.splitlines() if line.startswith("exit ")]
@@ -691,22 +821,43 @@ def _run(code: str, stdin: str, timeout_s: float, memory_mb: int, feats: _Featur
     return Result(stdout, stderr, returncode, timed_out, truncated)
 
 
-def run_python(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 512) -> Result:
-    """Run ``code`` as a Python program in the sandbox and return its output (see module doc)."""
+def run_python(
+    code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 512, allow_unconfined: bool = False
+) -> Result:
+    """Run ``code`` as a Python program in the sandbox and return its output (see module doc).
+
+    Raises :class:`SandboxUnavailable` where programs cannot be confined (not root and no
+    unprivileged user namespaces) unless ``allow_unconfined``, and :class:`SandboxError` when
+    this one run could not be set up.
+    """
     if timeout_s <= 0:
         raise ValueError("timeout_s must be positive")
     if memory_mb < 32:
         raise ValueError("memory_mb must be at least 32 (the interpreter itself needs ~20 MiB)")
-    return _run(code, stdin, timeout_s, memory_mb, _features())
+    feats = _features()
+    _check_confined(feats, allow_unconfined)
+    return _run(code, stdin, timeout_s, memory_mb, feats)
 
 
 class SandboxPool:
-    """Run many programs, at most ``max_workers`` at a time (threads waiting on subprocesses)."""
+    """Run many programs, at most ``max_workers`` at a time (threads waiting on subprocesses).
 
-    def __init__(self, max_workers: int = 4) -> None:
+    A run the sandbox fails to set up becomes a failed :class:`Result` (``error`` set, logged),
+    so one bad run never ends a batch; :class:`SandboxUnavailable` still propagates.
+    """
+
+    def __init__(self, max_workers: int = 4, allow_unconfined: bool = False) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
+        self.allow_unconfined = allow_unconfined
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="drmas-sandbox")
+
+    def _one(self, code: str, stdin: str, timeout_s: float, memory_mb: int) -> Result:
+        try:
+            return run_python(code, stdin, timeout_s, memory_mb, self.allow_unconfined)
+        except SandboxError as e:
+            logger.warning("a sandboxed program could not be started and counts as failed: %s", e)
+            return Result("", "", None, False, error=str(e))
 
     def run(
         self,
@@ -719,10 +870,10 @@ class SandboxPool:
         stdins = [stdin] * len(codes) if isinstance(stdin, str) else list(stdin)
         if len(stdins) != len(codes):
             raise ValueError(f"{len(codes)} programs but {len(stdins)} stdin strings")
-        futures = [
-            self._executor.submit(run_python, c, s, timeout_s, memory_mb)
-            for c, s in zip(codes, stdins, strict=True)
-        ]
+        if codes:  # refuse before queueing anything if programs cannot be confined
+            _check_confined(_features(), self.allow_unconfined)
+        futures = [self._executor.submit(self._one, c, s, timeout_s, memory_mb)
+                   for c, s in zip(codes, stdins, strict=True)]
         return [f.result() for f in futures]
 
     def close(self) -> None:

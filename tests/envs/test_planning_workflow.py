@@ -55,7 +55,18 @@ def test_crashing_and_silent_programs_and_malformed_plans(wf):
     assert [s.local_reward for s in tool] == [-1.0, -1.0] and all(s.valid for s in tool)
     # an empty <actions></actions> is a malformed plan: no progress, the format penalty
     assert all(not s.valid and s.reward == pytest.approx(-0.1) for s in plans)
-    assert [p.split("It printed: ")[1].split("\n")[0] for p in script.prompts("planner")] == ["an error", "nothing"]
+    assert [p.split("It printed: ")[1].split("\n")[0] for p in script.prompts("planner")] == ["an error: exit code 3", "nothing"]
+
+
+def test_a_plan_cut_at_the_output_cap_is_never_used(wf):
+    """A program that prints the right plan, then floods its output: truncated, so a failed run."""
+    task = wf.tasks("train")[0]
+    plan = ", ".join(shortest_plan(task.make()))
+    flood = f"print('{plan}')\nprint('x' * 200_000)\n```"
+    script = Script(lambda agent, p, i: flood if agent == "tool_user" else "</actions>")
+    result = wf.rollout([task], script, n=1, mode="parallel")
+    assert [s.local_reward for s in result.experiences if s.agent == "tool_user"] == [-1.0, -1.0]
+    assert script.prompts("planner")[0].split("It printed: ")[1].startswith("too much")
 
 
 def test_illegal_moves_change_nothing_and_are_counted(wf):

@@ -37,6 +37,7 @@ def test_parsers():
     assert program_answer(Result("7\n", "boom", 1, False)) is None
     assert program_answer(Result("", "", 0, False)) is None
     assert program_answer(Result("7", "", None, True)) is None
+    assert program_answer(Result("7\nxxxx", "", -9, False, truncated=True)) is None  # cut at the cap
 
 
 def test_agreement_on_the_right_answer_ends_the_episode(wf, task):

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import pytest
 
 from drmas.envs import sandbox
+from drmas.envs.programs import run_failure
 from drmas.envs.sandbox import Result, SandboxPool, run_python
 
 TIMEOUT = 2.5
@@ -186,6 +187,25 @@ def test_the_workdir_is_writable_private_and_removed() -> None:
     assert not os.path.exists(workdir)
 
 
+def test_a_run_that_cannot_be_set_up_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setup failure (injected here) is that program's failed result, logged; the batch goes on."""
+    real = sandbox._run
+
+    def flaky(code: str, *args: object) -> Result:
+        if code == "print('unlucky')":
+            raise sandbox.SandboxError("sandbox setup: [Errno 28] No space left on device")
+        return real(code, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sandbox, "_run", flaky)
+    with SandboxPool(2) as pool:
+        good, bad = pool.run([NORMAL, "print('unlucky')"], timeout_s=TIMEOUT)
+    assert good.ok and good.stdout == "45\n"
+    assert not bad.ok and bad.returncode is None and "No space left" in bad.error
+    assert run_failure(bad) == "nothing: it could not be started"
+    with pytest.raises(sandbox.SandboxError):
+        sandbox.run_python("print('unlucky')")  # called directly, the error is raised
+
+
 def test_the_stdlib_works_but_not_site_packages() -> None:
     code = "import fractions, math\nprint(fractions.Fraction(1, 3) + 1, math.comb(5, 2))\nimport numpy"
     r = run_python(code, timeout_s=TIMEOUT)
@@ -313,29 +333,73 @@ feats = sb._features()
 normal = sb.run_python("import os, resource as r; print(os.getuid(), r.getrlimit(r.RLIMIT_NPROC)[0])")
 loop = sb.run_python("while True: pass", timeout_s=1.5)
 orphan = sb.run_python(sys.argv[2])
-print(json.dumps({"drop": feats.drop_uid, "normal": normal.stdout, "loop": [loop.timed_out, loop.returncode],
-                  "orphan": orphan.stdout}))
+writes = sb.run_python(sys.argv[3])
+print(json.dumps({"drop": feats.drop_uid, "confined": feats.confined, "normal": normal.stdout,
+                  "loop": [loop.timed_out, loop.returncode], "orphan": orphan.stdout, "writes": writes.stdout}))
+"""
+
+_TRY_WRITES = """
+import os, sys
+for path in sys.argv[1:] or {paths!r}:
+    try:
+        open(path, "w").write("pwned")
+        print("wrote", os.path.basename(path))
+    except OSError as e:
+        print("denied", os.path.basename(path), e.errno)
+try:
+    print("read", open({secret!r}).read())
+except OSError as e:
+    print("hidden", e.errno)
+print("pid", os.getpid(), "signal trainer", end=" ")
+try:
+    os.kill({trainer}, 0)
+    print("possible")
+except OSError as e:
+    print("impossible", e.errno)
 """
 
 
-def test_fallback_without_root_keeps_limits() -> None:
-    """As an unprivileged user the program keeps that uid, with the limits and the cleanup."""
+def _unprivileged_python() -> str:
     if os.geteuid() != 0:
         pytest.skip("needs root to start the unprivileged helper")
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
     if python is None or not os.access(python, os.X_OK) or Path(python).resolve().is_relative_to("/root"):
         pytest.skip("no interpreter an unprivileged user can run")
-    uid = sandbox._UID_BASE + sandbox._UID_SLOTS  # outside the sandbox range, owns nothing
+    return python
+
+
+@pytest.fixture
+def user_dirs() -> Iterator[tuple[int, Path, Path]]:
+    """A uid outside the sandbox range, a directory it owns (outside every tmp dir) and its home."""
+    uid = sandbox._UID_BASE + sandbox._UID_SLOTS
+    base = Path(tempfile.mkdtemp(prefix=".unprivileged-", dir=REPO))
+    own, home = base / "own", base / "home"
+    own.mkdir()
+    home.mkdir()
+    (home / "key").write_text("secret")
+    for p in (base, own, home, home / "key"):
+        os.chown(p, uid, uid)
+    yield uid, own, home
+    shutil.rmtree(base)
+
+
+def test_without_root_the_program_is_confined_with_limits(user_dirs: tuple[int, Path, Path]) -> None:
+    """As an unprivileged user the program keeps that uid, with the limits and the cleanup, inside
+    a user namespace: every mount read-only, private tmp dirs, the home hidden, its own pid space."""
+    python = _unprivileged_python()
+    uid, own, home = user_dirs
     marker = f"{_MARKER}-fallback"
     orphan = (
         "import subprocess,sys; "
         f"subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)  # {marker}']); "
         "print('parent done')"
     )
+    paths = [str(own / "x"), "mine.txt", "/tmp/t", "/dev/shm/s"]
+    writes = _TRY_WRITES.format(paths=paths, secret=str(home / "key"), trainer=os.getpid())
     proc = subprocess.run(
-        [python, "-I", "-c", _UNPRIVILEGED_SCRIPT, sandbox._SELF, orphan],
+        [python, "-I", "-c", _UNPRIVILEGED_SCRIPT, sandbox._SELF, orphan, writes],
         capture_output=True, text=True, timeout=60, user=uid, group=uid, extra_groups=[], check=False,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/"}, cwd="/",
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, cwd="/",
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -344,3 +408,68 @@ def test_fallback_without_root_keeps_limits() -> None:
     assert out["loop"] == [True, None]
     assert out["orphan"] == "parent done\n" and _marker_procs(marker) == []
     assert [p for p in _procs() if p[1] == uid] == []
+    assert out["confined"] is True, proc.stderr
+    # EROFS (30) in a directory the user owns; the work dir and the private tmp dirs are writable
+    assert out["writes"].splitlines() == [
+        "denied x 30", "wrote mine.txt", "wrote t", "wrote s", "hidden 2", "pid 1 signal trainer impossible 3"]
+    assert list(own.iterdir()) == [] and not Path("/dev/shm/s").exists()
+
+
+_NO_USERNS = """
+import ctypes, os, sys
+uid, python, *argv = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]
+go_r, go_w = os.pipe()
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a user namespace (all ids mapped) whose limit forbids nested ones, then drop to uid
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:
+        os._exit(90)
+    os.write(ready_w, b"x")
+    os.read(go_r, 1)
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    os.execv(python, [python, "-I", *argv])
+if not os.read(ready_r, 1):
+    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{pid}/{name}", "w") as f:
+        f.write("0 0 4000000000")
+os.write(go_w, b"x")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+_REFUSED_SCRIPT = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sandbox_copy", sys.argv[1])
+sb = importlib.util.module_from_spec(spec)
+sys.modules["sandbox_copy"] = sb
+spec.loader.exec_module(sb)
+try:
+    sb.run_python("print(1)")
+    refused = ""
+except sb.SandboxUnavailable as e:
+    refused = str(e)
+with sb.SandboxPool(1, allow_unconfined=True) as pool:
+    allowed = pool.run(["print(6 * 7)"])[0]
+print(json.dumps({"refused": refused, "allowed": allowed.stdout, "confined": sb._features().confined}))
+"""
+
+
+def test_without_user_namespaces_programs_are_refused_unless_allowed(user_dirs: tuple[int, Path, Path]) -> None:
+    python = _unprivileged_python()
+    uid, _, home = user_dirs
+    proc = subprocess.run(
+        [python, "-I", "-c", _NO_USERNS, str(uid), python, "-c", _REFUSED_SCRIPT, sandbox._SELF],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, cwd="/",
+    )
+    if proc.returncode == 90:
+        pytest.skip("user namespaces are not available to root here")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["confined"] is False and out["allowed"] == "42\n"
+    assert "cannot be confined" in out["refused"] and "allow_unconfined" in out["refused"]
+    assert "user namespaces" in out["refused"] and "every file" in out["refused"]

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.games.base import Game, make
-from drmas.envs.programs import ProgramRunner, parse_program
+from drmas.envs.programs import ProgramRunner, parse_program, run_failure
 from drmas.records import Completion
 
 __all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
@@ -124,6 +124,7 @@ class PlanningWorkflow(TurnWorkflow):
         code_timeout_s: float = 5.0,
         code_memory_mb: int = 512,
         sandbox_workers: int = 4,
+        allow_unconfined: bool = False,
         tie_break: str = "first",
         templates: dict[str, PromptTemplate] | None = None,
     ) -> None:
@@ -141,6 +142,9 @@ class PlanningWorkflow(TurnWorkflow):
             code_timeout_s: wall-clock limit of each program in the sandbox.
             code_memory_mb: address-space limit of each program.
             sandbox_workers: programs run at the same time.
+            allow_unconfined: run model-written programs even where the sandbox cannot confine
+                them (not root and no unprivileged user namespaces): they could then change
+                any file of this user. Off by default: such a machine refuses to run them.
             tie_break: tree sampling among equal scores: ``first`` or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults.
         """
@@ -158,7 +162,7 @@ class PlanningWorkflow(TurnWorkflow):
                                 for seed in range(starts[split], starts[split] + counts[split])]
                         for split in starts}
         self.game, self.max_turns = game, max_turns
-        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers)
+        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers, allow_unconfined)
 
     def tasks(self, split: str) -> Sequence[GameTask]:
         return split_tasks(self._splits, split)
@@ -182,15 +186,14 @@ class PlanningWorkflow(TurnWorkflow):
         if agent == "tool_user":
             programs = [parse_program(c.text) for c in completions]
             for st, prog, run in zip(states, programs, self.programs.run(programs)):
-                printed = run.stdout.strip()[-500:] if run.returncode == 0 and not run.timed_out else ""
+                printed = run.stdout.strip()[-500:] if run.ok else ""  # a cut output is no plan
                 actions = st.env.parse_actions(printed) if printed else None
                 local = -1.0  # failed, silent, or not an action list
                 if actions is not None:
                     trial = st.env.copy()
                     trial.step(actions)
                     local = trial.progress - st.env.progress
-                failed = run.returncode != 0 or run.timed_out
-                summary = printed or ("nothing (no program)" if prog is None else "an error" if failed else "nothing")
+                summary = printed or ("nothing (no program)" if prog is None else run_failure(run) or "nothing")
                 out.append(Action(prog is not None, local, value=(prog, summary)))
             return out
         for st, c in zip(states, completions):

@@ -34,7 +34,7 @@ from drmas.envs.math.grading import extract_boxed, same_answer
 from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
 from drmas.envs.math.splits import math_splits
 from drmas.envs.math.task import MathTask
-from drmas.envs.programs import ProgramRunner, parse_program
+from drmas.envs.programs import ProgramRunner, parse_program, run_failure
 from drmas.envs.sandbox import Result
 from drmas.records import Completion
 
@@ -72,8 +72,9 @@ def default_templates() -> dict[str, PromptTemplate]:
 
 
 def program_answer(result: Result) -> str | None:
-    """The last non-empty line a program printed, or ``None`` if it failed or printed nothing."""
-    if result.timed_out or result.returncode != 0:
+    """The last non-empty line a program printed, or ``None`` if it failed, printed nothing, or
+    printed past the output cap (a cut output is never an answer)."""
+    if not result.ok:
         return None
     lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
     return lines[-1][:200] if lines else None
@@ -84,12 +85,7 @@ def _clip(text: str) -> str:
 
 
 def _describe_run(result: Result) -> str:
-    if result.timed_out:
-        return "nothing: it timed out"
-    if result.returncode != 0:
-        err = [line for line in result.stderr.splitlines() if line.strip()]
-        return f"an error: {err[-1][:200] if err else 'exit code ' + str(result.returncode)}"
-    return program_answer(result) or "nothing"
+    return run_failure(result) or program_answer(result) or "nothing"
 
 
 @dataclass
@@ -122,6 +118,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
         code_timeout_s: float = 5.0,
         code_memory_mb: int = 512,
         sandbox_workers: int = 4,
+        allow_unconfined: bool = False,
         tie_break: str = "first",
         templates: dict[str, PromptTemplate] | None = None,
     ) -> None:
@@ -138,6 +135,9 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             code_timeout_s: wall-clock limit of each program in the sandbox.
             code_memory_mb: address-space limit of each program.
             sandbox_workers: programs run at the same time.
+            allow_unconfined: run model-written programs even where the sandbox cannot confine
+                them (not root and no unprivileged user namespaces): they could then change
+                any file of this user. Off by default: such a machine refuses to run them.
             tie_break: how tree sampling picks among equally scored candidates: ``first``
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
@@ -147,7 +147,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
         super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
         self.turns = turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
-        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers)
+        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers, allow_unconfined)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
         return split_tasks(self._splits, split)
