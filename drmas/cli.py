@@ -37,7 +37,8 @@ from jsonargparse import get_loader, set_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-import drmas.envs.games  # noqa: F401  (registers the built-in workflows)
+import drmas.envs.code  # noqa: F401  (registers the built-in workflows)
+import drmas.envs.games  # noqa: F401
 import drmas.envs.math  # noqa: F401
 import drmas.envs.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats

@@ -47,6 +47,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_k: int = 4,
         val_every: int = 0,
         log_completions_every: int = 1,
+        policy_swap_probe: bool = False,
         seed: int = 0,
     ) -> None:
         """
@@ -66,6 +67,10 @@ class RolloutDataModule(L.LightningDataModule):
             val_every: validate every this many iterations (0 = only before training and at the end).
             log_completions_every: log one sample completion per agent as text every this many
                 iterations (0 = never).
+            policy_swap_probe: every validation also runs with the agents' policies swapped (each
+                agent's prompts answered by the next agent's policy; two agents trade) and logs
+                it under ``val_swapped/``: how much each policy specialised in its role. Needs
+                one policy per agent; doubles the cost of validation.
             seed: seed of the task sampling (iteration k always draws the same tasks).
         """
         super().__init__()
@@ -74,6 +79,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.rollouts = Rollouts(workflow, sampling, estimator, scale, group_size, tasks_per_iteration,
                                  val_tasks, val_k, seed)
         self.val_every, self.log_completions_every = val_every, log_completions_every
+        self.policy_swap_probe = policy_swap_probe
         self.plan: IterationPlan | None = None
         """The current iteration's plan (None before the first rollout)."""
         self._plan_started = False  # whether training on ``plan`` has begun
@@ -97,6 +103,8 @@ class RolloutDataModule(L.LightningDataModule):
             # first, so validation is logged before the checkpoint of the iteration is written
             self.trainer.callbacks.insert(0, self._hook)
         self.rollouts.bind(self._backend())
+        if self.policy_swap_probe:
+            self.rollouts.swapped_agents()  # one policy per agent, or an error before anything runs
 
     def teardown(self, stage: str) -> None:
         self.rollouts.workflow.close()
@@ -120,6 +128,8 @@ class RolloutDataModule(L.LightningDataModule):
         """Validate the current weights and log the scalars at the current iteration."""
         backend = self._backend()
         scalars = self.rollouts.validate(backend)
+        if scalars and self.policy_swap_probe:
+            scalars.update(self.rollouts.validate(backend, swap=True))
         if scalars:
             backend.log_scalars(scalars)
         return scalars

@@ -183,10 +183,20 @@ class Rollouts:
                 group.append(t)
         return [t for group in per_source.values() for t in group]
 
+    def swapped_agents(self) -> dict[str, str]:
+        """The policy-swap probe: agent -> the agent whose policy answers its prompts instead.
+        Each agent's policy moves to the next agent (two agents trade); needs one policy per agent."""
+        agents = list(self.workflow.agents)
+        if len({self.agent_map[a] for a in agents}) != len(agents):
+            raise ValueError(f"the policy-swap probe needs one policy per agent, got agents -> policies "
+                             f"{self.agent_map} (give --model.policies one entry per agent)")
+        return {a: agents[(i + 1) % len(agents)] for i, a in enumerate(agents)}
+
     @torch.no_grad()
-    def validate(self, backend: RolloutBackend) -> dict[str, float]:
+    def validate(self, backend: RolloutBackend, swap: bool = False) -> dict[str, float]:
         """``val/avg@k`` and ``val/pass@k`` over the val tasks, plus ``val/<source>/avg@k`` and
-        ``val/<source>/pass@k`` per source when the tasks name one ({} with ``val_tasks=0``)."""
+        ``val/<source>/pass@k`` per source when the tasks name one ({} with ``val_tasks=0``).
+        ``swap``: the policy-swap probe (:meth:`swapped_agents`), logged under ``val_swapped/``."""
         if not self.val_tasks:
             return {}
         if not self.agent_map:
@@ -195,16 +205,23 @@ class Rollouts:
         backend.sync_weights()
         mine = tasks[backend.rank :: backend.world_size]
         local = RolloutResult([], [])
+        generate = backend.generate_fn(train=False)
+        if swap:
+            partner, own = self.swapped_agents(), generate
+
+            def generate(agent: str, prompts: Sequence[Any], n: int) -> Any:
+                return own(partner[agent], prompts, n)  # routed to the partner's policy
         if mine:
-            local = self.workflow.rollout(mine, backend.generate_fn(train=False), n=self.val_k, mode="parallel")
+            local = self.workflow.rollout(mine, generate, n=self.val_k, mode="parallel")
         result, _ = _gather(backend, local)
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
-        groups: dict[str, list[Any]] = {"val": tasks}
+        top = "val_swapped" if swap else "val"
+        groups: dict[str, list[Any]] = {top: tasks}
         for t in tasks:
             if getattr(t, "source", None) is not None:
-                groups.setdefault(f"val/{t.source}", []).append(t)
+                groups.setdefault(f"{top}/{t.source}", []).append(t)
         scalars = {}
         for prefix, group in groups.items():
             c = torch.tensor([correct[t.uid] for t in group])

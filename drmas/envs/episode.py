@@ -119,6 +119,11 @@ class TurnWorkflow(Workflow):
     def team_reward(self, state: EpisodeState) -> float:
         """The team reward of a finished episode (its success when > 0)."""
 
+    def success(self, state: EpisodeState) -> bool:
+        """Whether a finished episode counts as solved (success rate, avg@k, pass@k): by default
+        a positive team reward; a domain with graded team rewards (a pass rate) says more."""
+        return self.team_reward(state) > 0
+
     def episode_info(self, state: EpisodeState) -> dict:
         """Extra facts about a finished episode (e.g. its answer) for :class:`EpisodeResult`."""
         return {}
@@ -152,7 +157,7 @@ class TurnWorkflow(Workflow):
                     local = self._format_term(s.valid) + (s.info["role_reward"] if self.role_rewards else 0.0)
                     s.team_reward, s.local_reward = team, local
                     s.reward = mix_rewards(team, local, self.alpha)
-            episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, team > 0, ep.state.turn + 1, team,
+            episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, self.success(ep.state), ep.state.turn + 1, team,
                                           self.episode_info(ep.state)))
         return RolloutResult([s for ep in eps for s in ep.samples], episodes)
 

@@ -44,12 +44,17 @@ class ProgramRunner:
         self.allow_unconfined = allow_unconfined
         self._pool: SandboxPool | None = None
 
-    def run(self, programs: list[str | None]) -> list[Result]:
-        """Results in order; a missing program is a failure that never reaches the sandbox."""
-        real = [p for p in programs if p is not None]
+    def run(
+        self, programs: list[str | None], stdins: list[str] | None = None, timeout_s: float | None = None
+    ) -> list[Result]:
+        """Results in order; a missing program is a failure that never reaches the sandbox.
+        ``stdins``: one per program (default: empty); ``timeout_s`` overrides the runner's."""
+        stdins = stdins if stdins is not None else [""] * len(programs)
+        real = [(p, s) for p, s in zip(programs, stdins, strict=True) if p is not None]
         if self._pool is None:
             self._pool = SandboxPool(self.workers, self.allow_unconfined)
-        results = iter(self._pool.run(real, timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+        results = iter(self._pool.run([p for p, _ in real], [s for _, s in real],
+                                      timeout_s=timeout_s or self.timeout_s, memory_mb=self.memory_mb))
         missing = Result("", "no code block", 1, False)
         return [next(results) if p is not None else missing for p in programs]
 

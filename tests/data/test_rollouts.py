@@ -139,6 +139,39 @@ def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
     assert calls == [2] and backend.syncs == 1
 
 
+def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
+    """Each policy is scripted to master its own role: right answers from p_solve on solver
+    prompts, approvals from p_check. Swapped, the solver's prompts reach p_check: nothing solved."""
+    wf = SolverVerifierWorkflow(max_loops=2)
+    rollouts = Rollouts(wf, val_tasks=3, val_k=2)
+    tasks = rollouts.val_task_list()
+    answers = {wf.prompt("solver", wf.initial_state(t)): t.answer for t in tasks}
+    backend, routed = ScriptedBackend(None), []
+    policy_of = backend.bind_agents(wf.agents)
+
+    def generate(agent, prompts, n):
+        policy = policy_of[agent]
+        routed.append((agent, policy))
+        text = {"p_solve": lambda p: f"\\boxed{{{answers.get(p, -1)}}}", "p_check": lambda p: "approve</verify>"}[policy]
+        return [[Completion([1], [2], [-0.1], p.prefill + text(p)) for _ in range(n)] for p in prompts]
+
+    backend.generate_fn = lambda train: generate
+    normal = rollouts.validate(backend)
+    swapped = rollouts.validate(backend, swap=True)
+    source = tasks[0].source
+    assert normal["val/avg@2"] == 1.0 and swapped == {
+        "val_swapped/avg@2": 0.0, "val_swapped/pass@2": 0.0,
+        f"val_swapped/{source}/avg@2": 0.0, f"val_swapped/{source}/pass@2": 0.0}
+    assert rollouts.swapped_agents() == {"solver": "verifier", "verifier": "solver"}
+    # the solver's prompts went to p_check (called under the verifier's name), which never boxes an answer
+    assert routed[:3] == [("solver", "p_solve"), ("verifier", "p_check"), ("verifier", "p_check")]
+
+    shared = Rollouts(wf, val_tasks=3, val_k=2)
+    shared.agent_map = {"solver": "shared", "verifier": "shared"}
+    with pytest.raises(ValueError, match="the policy-swap probe needs one policy per agent"):
+        shared.swapped_agents()
+
+
 def test_capabilities_are_refused_before_anything_runs():
     sv = SolverVerifierWorkflow()
     with pytest.raises(ValueError, match=r"SolverVerifierWorkflow does not support sampling='tree'; it supports: parallel"):

@@ -1,0 +1,91 @@
+"""Judging programs on tests: every test of one program in a single sandbox run.
+
+The sandboxed script is :mod:`drmas.envs.code.driver` (each test in a fresh forked process,
+with its own time limit); only inputs go in and digests come out, so expected outputs never
+reach the program. Outputs match when their whitespace-separated tokens are equal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from drmas.envs.code import driver
+from drmas.envs.code.task import TestCase
+from drmas.envs.programs import ProgramRunner, run_failure
+
+__all__ = ["MAX_TESTS", "Judge", "Verdict", "pass_rate"]
+
+MAX_TESTS = 64  # per run: the driver's report must fit the sandbox's 64 KiB output cap
+_DRIVER = Path(driver.__file__).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One program on one test."""
+
+    status: str
+    """``ok`` (ran, exit 0), ``error``, ``timeout``, ``truncated`` (output past 1 MiB),
+    ``no program``, or ``failed run`` (the sandbox run as a whole failed)."""
+    passed: bool
+    output: str = ""
+    """The start of what the program printed."""
+    error: str = ""
+    """The last line of its stderr, or why the run failed."""
+
+
+def pass_rate(verdicts: Sequence[Verdict]) -> float:
+    return sum(v.passed for v in verdicts) / len(verdicts) if verdicts else 0.0
+
+
+class Judge:
+    """Runs (program, tests) jobs in the sandbox, several at a time."""
+
+    def __init__(self, time_limit_s: float = 2.0, memory_mb: int = 512, workers: int = 4,
+                 allow_unconfined: bool = False) -> None:
+        if time_limit_s <= 0:
+            raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+        self.time_limit_s = time_limit_s
+        self.runner = ProgramRunner(time_limit_s, memory_mb, workers, allow_unconfined)
+
+    def run(self, jobs: Sequence[tuple[str | None, Sequence[TestCase]]]) -> list[list[Verdict]]:
+        """One list of verdicts per job, one verdict per test, in order."""
+        for _, tests in jobs:
+            if len(tests) > MAX_TESTS:
+                raise ValueError(f"at most {MAX_TESTS} tests per program, got {len(tests)}")
+        live = [(p, t) for p, t in jobs if p is not None and t]
+        scripts = [f"{_DRIVER}\nrun_tests({p!r})\n" for p, _ in live]
+        stdins = [json.dumps({"inputs": [c.input for c in t], "timeout_s": self.time_limit_s}) for _, t in live]
+        # the whole run: every test at its limit, plus forks and two interpreter starts (a
+        # program that loops forever costs two limits: the driver stops after two timeouts)
+        timeout = max(len(t) for _, t in live) * (self.time_limit_s + 0.05) + 2.0 if live else 1.0
+        results = iter(self.runner.run(scripts, stdins, timeout_s=timeout))
+        out = []
+        for program, tests in jobs:
+            if not tests:
+                out.append([])
+            elif program is None:
+                out.append([Verdict("no program", False, error="no code block")] * len(tests))
+            else:
+                out.append(_verdicts(next(results), tests))
+        return out
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _verdicts(result, tests: Sequence[TestCase]) -> list[Verdict]:
+    failure = run_failure(result)
+    if failure is None:
+        try:
+            reports = json.loads(result.stdout)
+        except ValueError:
+            reports, failure = None, "an error: the test driver's report was unreadable"
+        if reports is not None and len(reports) != len(tests):
+            failure = "an error: the test driver's report was incomplete"
+    if failure is not None:
+        return [Verdict("failed run", False, error=failure)] * len(tests)
+    return [Verdict(r["status"], r["status"] == "ok" and r["digest"] == driver.digest(t.output),
+                    r["preview"], r["error"]) for r, t in zip(reports, tests)]

