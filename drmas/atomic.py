@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 
-__all__ = ["replace_dir", "write_text"]
+__all__ = ["replace_dir", "write_bytes", "write_text"]
 
 
 def replace_dir(tmp: str, target: str) -> None:
@@ -30,10 +31,17 @@ def replace_dir(tmp: str, target: str) -> None:
 
 def write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a synced temporary file and an atomic rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a synced temporary file and an atomic rename (the file
+    gets the usual permissions for the umask, not mkstemp's 0600)."""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
