@@ -4,6 +4,8 @@ Lightning's own checkpoints hold optimiser and loop state for resuming; these di
 what a user serves, evaluates or loads into vLLM. Layout::
 
     <dirpath>/iter_<k>/<policy>/   config.json, model.safetensors, tokenizer files
+                                   (a LoRA policy: adapter_config.json, adapter_model.safetensors
+                                   in peft's format, and with merge_lora merged/, a plain model)
     <dirpath>/latest               text: the newest directory name, e.g. "iter_12"
 
 where k is the number of finished RL iterations (one Lightning epoch = one iteration).
@@ -27,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.atomic import replace_dir, write_text
+from drmas.models.lora import save_adapter
 
 __all__ = ["HFCheckpoint"]
 
@@ -57,7 +60,8 @@ class HFCheckpoint(Callback):
     """
 
     def __init__(
-        self, every_n_iterations: int = 0, dirpath: str | None = None, save_tokenizer: bool = True
+        self, every_n_iterations: int = 0, dirpath: str | None = None, save_tokenizer: bool = True,
+        merge_lora: bool = False,
     ) -> None:
         """
         Args:
@@ -66,12 +70,15 @@ class HFCheckpoint(Callback):
             dirpath: where to write; default ``<trainer.log_dir>/hf`` (``default_root_dir/hf``
                 without a logger).
             save_tokenizer: also save each policy's tokenizer next to its weights.
+            merge_lora: for a LoRA policy, also write its base with the adapter merged in
+                (``<policy>/merged``: a plain model, as large as the base).
         """
         if every_n_iterations < 0:
             raise ValueError(f"every_n_iterations must be >= 0, got {every_n_iterations}")
         self.every_n_iterations = int(every_n_iterations)
         self.dirpath = dirpath
         self.save_tokenizer = save_tokenizer
+        self.merge_lora = merge_lora
         # The iteration most recently written by this run, so on_train_end does not save it twice.
         self.last_saved: int | None = None
         self.last_saved_path: str | None = None
@@ -115,7 +122,10 @@ class HFCheckpoint(Callback):
                     kwargs: dict[str, Any] = {}
                     if full[pname] is not None:
                         kwargs["state_dict"] = full[pname]
-                    policy.model.save_pretrained(out, **kwargs)
+                    if getattr(policy, "adapter", None) is not None:
+                        save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
+                    else:
+                        policy.model.save_pretrained(out, **kwargs)
                     if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
                         policy.tokenizer.save_pretrained(out)
                 replace_dir(tmp, target)

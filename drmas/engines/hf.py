@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from drmas.engines.base import Engine, Generation, SamplingParams, check_request, full_state_items
+from drmas.models.lora import activate
 
 __all__ = ["HFEngine"]
 
@@ -118,7 +119,7 @@ class HFEngine(Engine):
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int | None = None,
-                 copy_weights: bool = False, share_prefill: bool = True) -> None:
+                 copy_weights: bool = False, share_prefill: bool = True, adapter: str | None = None) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         self.model = model
@@ -126,6 +127,7 @@ class HFEngine(Engine):
         self.max_batch_size = max_batch_size
         self.copy_weights = copy_weights
         self.share_prefill = share_prefill
+        self.adapter = adapter  # a LoRA adapter of a (possibly shared) peft model to generate with
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
@@ -146,6 +148,8 @@ class HFEngine(Engine):
         check_request(prompts, n, params)
         if not prompts:
             return []
+        if self.adapter is not None:
+            activate(self.model, self.adapter)
         rows = [list(p) for p in prompts for _ in range(n)]
         size = self.max_batch_size or len(rows)
         out: list[Generation] = []

@@ -52,7 +52,7 @@ def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: tor
                 sharded: bool) -> tuple[Engine, bool]:
     """``policy``'s rollout engine, and whether it already serves the policy's initial weights."""
     if kind == "hf" and not sharded:
-        return ENGINES["hf"](policy.model, policy.tokenizer), True
+        return ENGINES["hf"](policy.model, policy.tokenizer, adapter=policy.adapter), True
     if kind == "hf":
         # Each rank generates for its own tasks, a different number of steps, which the
         # collectives of a sharded model cannot follow: generate with an unsharded copy that

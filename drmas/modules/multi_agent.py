@@ -30,7 +30,7 @@ from drmas.engines import ENGINES, Engine, vllm_available
 from drmas.modules.generation import VLLMConfig, check_gpu_fractions, encode_prompt, make_engine
 from drmas.modules.logprobs import full_logprobs, response_logprobs
 from drmas.modules.memory import memory_plan, policy_memory
-from drmas.modules.policy import Policy, PolicyConfig
+from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
@@ -95,10 +95,13 @@ class MultiAgentRL(L.LightningModule):
             raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
         if kl_coef > 0:  # the frozen references are in eval mode on purpose
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-        self.policies = torch.nn.ModuleDict({name: Policy(name, cfg, reference=kl_coef > 0, prefix_sharing=prefix_sharing)
-                                             for name, cfg in policies.items()})
+        self.policies = torch.nn.ModuleDict(make_policies(policies, kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+        lora = [name for name, cfg in policies.items() if cfg.lora is not None]
+        if lora and self.engine_name != "hf":
+            raise ValueError(f"LoRA policies ({', '.join(lora)}) generate with --model.engine hf for now "
+                             f"(got {self.engine_name!r})")
         if self.engine_name == "vllm" and torch.cuda.is_available():
             check_gpu_fractions({name: vllm.gpu_memory_utilization for name in policies})
         self.vllm_config, self.seed = vllm, seed
@@ -205,6 +208,9 @@ class MultiAgentRL(L.LightningModule):
             return
         from drmas.modules.sharding import shard_model
 
+        lora = [name for name, p in self.policies.items() if p.adapter is not None]
+        if lora:
+            raise ValueError(f"LoRA policies ({', '.join(lora)}) cannot be sharded yet: run them on one device")
         mesh = self.device_mesh["data_parallel"]
         mixed = getattr(strategy, "mixed_precision", None)
         mixed = strategy.root_device.type == "cuda" if mixed is None else mixed
@@ -242,12 +248,20 @@ class MultiAgentRL(L.LightningModule):
         return opts[list(self.policies).index(name)]
 
     def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float,
-                       model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[B, L-1]`` log-probs of each response token from logits / temperature (as the engine
         sampled), and entropies when the loss needs them; 0 at prompt and padding positions.
-        ``model``: another model of the policy's architecture (its reference), default its own."""
-        model = policy.model if model is None else model
-        with_entropy = bool(self.loss_kwargs["entropy_coef"]) and model is policy.model
+        ``reference``: those of the policy's frozen reference (a LoRA policy's: its base)."""
+        policy.activate()
+        model = policy.reference if reference and policy.reference is not None else policy.model
+        with_entropy = bool(self.loss_kwargs["entropy_coef"]) and not reference
+        if reference and policy.adapter is not None:
+            with policy.model.disable_adapter():
+                return self._token_logprobs(policy, model, batch, temperature, False)
+        return self._token_logprobs(policy, model, batch, temperature, with_entropy)
+
+    def _token_logprobs(self, policy: Policy, model: torch.nn.Module, batch: MicroBatch, temperature: float,
+                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if policy.chunk_tokens:
             return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
                                      temperature, with_entropy, policy.chunk_tokens, batch.packed)
@@ -274,9 +288,9 @@ class MultiAgentRL(L.LightningModule):
         if self.is_cap is not None:
             is_weights = truncated_is_weights(old, batch.engine_logprobs, self.is_cap) * mask
         ref = None
-        if policy.reference is not None:
+        if self.kl_coef > 0:
             with torch.no_grad():
-                ref, _ = self.token_logprobs(policy, batch, sampling.temperature, model=policy.reference)
+                ref, _ = self.token_logprobs(policy, batch, sampling.temperature, reference=True)
         loss, metrics = policy_loss(
             logp, old, batch.advantages, mask, entropy=entropy, is_weights=is_weights,
             ref_logprobs=ref, kl_coef=self.kl_coef, norm_len=sampling.max_new_tokens, **self.loss_kwargs,
@@ -303,7 +317,7 @@ class MultiAgentRL(L.LightningModule):
 
     def _step(self, policy: Policy) -> float:
         opt = self._optimizer(policy.name)
-        params = [p for p in policy.model.parameters() if p.grad is not None]
+        params = [p for p in policy.trainable_parameters() if p.grad is not None]
         clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
         # sharded parameters give a DTensor: its full value is the global norm over all shards

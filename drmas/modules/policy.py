@@ -13,9 +13,10 @@ from torch import nn
 
 from drmas.engines.base import SamplingParams
 from drmas.models import load_causal_lm
+from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
 from drmas.modules.logprobs import chunked_logprobs_match, packed_logprobs_match
 
-__all__ = ["Policy", "PolicyConfig"]
+__all__ = ["Policy", "PolicyConfig", "make_policies"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -57,6 +58,11 @@ class PolicyConfig:
     """Sampling during training rollouts."""
     eval_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
     """Sampling during validation."""
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter instead of every weight (None = full fine-tuning)."""
+    share_base: bool = False
+    """With ``lora``: keep the base model once for every ``share_base`` policy (they must name
+    the same model and dtype); each trains its own adapter with its own optimiser."""
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in LR_SCHEDULES:
@@ -65,24 +71,37 @@ class PolicyConfig:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
+        if self.share_base and self.lora is None:
+            raise ValueError("share_base needs a lora section: only adapters can share a base model")
 
 
 class Policy(nn.Module):
     """A policy's model and tokenizer; the tokenizer is left out of the state dict."""
 
-    def __init__(self, name: str, config: PolicyConfig, reference: bool = False, prefix_sharing: bool = False) -> None:
-        """``reference``: also keep a frozen bf16 copy of the initial model (for a KL penalty).
-        ``prefix_sharing``: pack shared prompt prefixes in training, where the model allows it."""
+    def __init__(self, name: str, config: PolicyConfig, reference: bool = False, prefix_sharing: bool = False,
+                 shared: Policy | None = None) -> None:
+        """``reference``: also keep a frozen bf16 copy of the initial model (for a KL penalty;
+        a LoRA policy's reference is its base, with the adapter switched off: no copy).
+        ``prefix_sharing``: pack shared prompt prefixes in training, where the model allows it.
+        ``shared``: a LoRA policy whose base (and tokenizer) this one shares."""
         super().__init__()
         self.name, self.config = name, config
-        self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
+        self.adapter: str | None = name if config.lora is not None else None
+        if shared is not None:
+            self.model, self.tokenizer = add_lora(shared.model, name, config.lora), shared.tokenizer
+        else:
+            self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
+            if config.lora is not None:
+                self.model = add_lora(self.model, name, config.lora)
         self.reference: nn.Module | None = None
-        if reference:
+        if reference and self.adapter is None:
             # bf16 halves its memory; it only ever runs without gradients
             self.reference = copy.deepcopy(self.model).to(torch.bfloat16).eval().requires_grad_(False)
         self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.adapter is not None:  # the frozen embeddings' output must carry a gradient
+                self.model.enable_input_require_grads()
         self.version = 0  # optimiser steps taken; engines compare it to know when to re-sync
         self.chunk_tokens = config.logprob_chunk_tokens
         if self.chunk_tokens and not chunked_logprobs_match(self.model):
@@ -94,6 +113,17 @@ class Policy(nn.Module):
             log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
                         "chunked log-probs); every sample runs its whole prompt", name, type(self.model).__name__)
 
+    def activate(self) -> None:
+        """Select this policy's adapter on a (possibly shared) LoRA base; nothing otherwise."""
+        if self.adapter is not None:
+            activate(self.model, self.adapter)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What this policy's optimiser steps: its adapter, or every weight of its model."""
+        if self.adapter is not None:
+            return adapter_parameters(self.model, self.adapter)
+        return list(self.model.parameters())
+
     def train(self, mode: bool = True) -> "Policy":
         super().train(mode)
         if self.reference is not None:
@@ -104,10 +134,28 @@ class Policy(nn.Module):
         c = self.config
         # On GPUs the fused kernel: the default (foreach) step allocates temporaries as large as
         # all parameters together (another 4 bytes/parameter, 32 GB for 8B in fp32).
-        fused = True if all(p.is_cuda for p in self.model.parameters()) else None
-        opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay,
+        params = self.trainable_parameters()
+        fused = True if all(p.is_cuda for p in params) else None
+        opt = torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay,
                                 fused=fused)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_factor(c, it, total_iterations))
+
+
+def make_policies(configs: dict[str, PolicyConfig], reference: bool = False,
+                  prefix_sharing: bool = False) -> dict[str, Policy]:
+    """The policies by name; those marked ``share_base`` hold their adapters on one base model,
+    loaded once (they must name the same model and dtype)."""
+    sharing = {name: c for name, c in configs.items() if c.share_base}
+    if len({(c.model, c.dtype) for c in sharing.values()}) > 1:
+        named = ", ".join(f"{name}: {c.model} ({c.dtype})" for name, c in sharing.items())
+        raise ValueError(f"policies marked share_base must name the same base model and dtype, got {named}")
+    policies: dict[str, Policy] = {}
+    first: Policy | None = None
+    for name, cfg in configs.items():
+        policies[name] = Policy(name, cfg, reference, prefix_sharing, shared=first if cfg.share_base else None)
+        if cfg.share_base and first is None:
+            first = policies[name]
+    return policies
 
 
 def lr_factor(c: PolicyConfig, iteration: int, total: int) -> float:
