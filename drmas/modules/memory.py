@@ -38,13 +38,13 @@ def policy_memory(policy, kl: bool, max_len: int) -> PolicyMemory:
                         policy.model.config.vocab_size, policy.chunk_tokens, c.micro_batch_size * max_len, kl)
 
 
-def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fraction: float,
+def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
                 offload: bool = False) -> tuple[str, bool]:
     """The plan as a table (GiB per device) and whether it fits.
 
     Engines sleep during the update and the policies' gradients are freed after each step, so the
     two peaks are the update (weights + grads + optimiser + logits of every policy) and the rollout
-    (weights + optimiser + every engine's ``engine_fraction`` of the device).
+    (weights + optimiser + each engine's fraction of the device, ``engine_fractions``).
     """
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
@@ -56,13 +56,13 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
         update += weights + grads + optim + ref + logits
         resident += weights + optim + ref
         rows.append((p.name, weights, grads, optim, ref, logits))
-    engines = engine_fraction * len(policies) * device_bytes
+    engines = sum(engine_fractions) * device_bytes
     rollout = resident + engines
     lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; activations not counted)",
              f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} {'logits':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
     lines.append(f"update peak {update / GIB:.2f} GiB; rollout peak {rollout / GIB:.2f} GiB "
-                 f"(engines {engines / GIB:.2f} GiB = {len(policies)} x {engine_fraction:g})")
+                 f"(engines {engines / GIB:.2f} GiB = {' + '.join(f'{f:g}' for f in engine_fractions) or '0'})")
     fits = max(update, rollout) <= device_bytes
     if not fits:
         lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks (--trainer.devices), "

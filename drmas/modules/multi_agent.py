@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
-from drmas.modules.generation import VLLMConfig, check_gpu_fractions, encode_prompt, make_engine
+from drmas.modules.generation import VLLMConfig, check_gpu_fractions, check_kv_caches, encode_prompt, make_engine
 from drmas.modules.logprobs import full_logprobs, response_logprobs
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
@@ -102,8 +102,12 @@ class MultiAgentRL(L.LightningModule):
         if lora and self.engine_name != "hf":
             raise ValueError(f"LoRA policies ({', '.join(lora)}) generate with --model.engine hf for now "
                              f"(got {self.engine_name!r})")
+        self.engine_fractions = {name: c.gpu_memory_utilization or vllm.gpu_memory_utilization
+                                 for name, c in policies.items()}
         if self.engine_name == "vllm" and torch.cuda.is_available():
-            check_gpu_fractions({name: vllm.gpu_memory_utilization for name in policies})
+            check_gpu_fractions(self.engine_fractions)
+        elif self.engine_name == "vllm":
+            check_kv_caches({name: c.kv_cache_gib or vllm.kv_cache_gib for name, c in policies.items()})
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
         self.is_cap, self.kl_coef = is_cap, kl_coef
@@ -224,7 +228,7 @@ class MultiAgentRL(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
-        engines = self.vllm_config.gpu_memory_utilization if self.engine_name == "vllm" else 0.0
+        engines = list(self.engine_fractions.values()) if self.engine_name == "vllm" else []
         entries = [policy_memory(p, self.kl_coef > 0, self.vllm_config.max_model_len) for p in self.policies.values()]
         plan, fits = memory_plan(entries, self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
                                  engines, getattr(self.trainer.strategy, "cpu_offload", False))

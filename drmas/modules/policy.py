@@ -58,6 +58,11 @@ class PolicyConfig:
     """Sampling during training rollouts."""
     eval_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
     """Sampling during validation."""
+    gpu_memory_utilization: float | None = None
+    """This policy's vLLM engine's fraction of the GPU (default: ``--model.vllm.gpu_memory_utilization``);
+    the fractions of all policies must add up to at most 1."""
+    kv_cache_gib: float | None = None
+    """This policy's vLLM engine's KV cache on CPU, GiB (default: ``--model.vllm.kv_cache_gib``)."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter instead of every weight (None = full fine-tuning)."""
     share_base: bool = False
@@ -71,6 +76,10 @@ class PolicyConfig:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.share_base and self.lora is None:
             raise ValueError("share_base needs a lora section: only adapters can share a base model")
 

@@ -10,7 +10,7 @@ ONE_B = PolicyMemory("shared", parameters=10**9, vocab_size=100_000, chunk_token
 
 
 def test_plan_counts_sharded_state_logits_and_engines():
-    text, fits = memory_plan([ONE_B], ranks=8, device_bytes=80 * GIB, engine_fraction=0.3)
+    text, fits = memory_plan([ONE_B], ranks=8, device_bytes=80 * GIB, engine_fractions=[0.3])
     assert fits
     # 1e9 / 8 params per rank: 4 B weights + 4 B grads + 8 B Adam; logits 3 x 4 B x 1024 x 1e5
     state, logits = 10**9 / 8, 12 * 1024 * 100_000
@@ -23,11 +23,11 @@ def test_plan_counts_sharded_state_logits_and_engines():
 def test_plan_refuses_what_cannot_fit_and_offloading_fits_it():
     big = PolicyMemory("big", parameters=8 * 10**9, vocab_size=151_936, chunk_tokens=0, tokens_per_micro_batch=8192,
                        reference=True)
-    text, fits = memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fraction=0.3)
+    text, fits = memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fractions=[0.3])
     assert not fits and "does not fit in 80.0 GiB" in text and "fsdp_offload" in text
     # 8 ranks: 8e9 x (16 + 2 reference) / 8 = 18e9 B of state plus 8192-token logits
-    assert memory_plan([big], ranks=8, device_bytes=80 * GIB, engine_fraction=0.3)[1]
-    assert memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fraction=0.3, offload=True)[1]
+    assert memory_plan([big], ranks=8, device_bytes=80 * GIB, engine_fractions=[0.3])[1]
+    assert memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fractions=[0.3], offload=True)[1]
 
 
 def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):

@@ -121,6 +121,19 @@ def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
         check_gpu_fractions({"a": 0.5, "b": 0.5, "c": 0.5})
     with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
         MultiAgentRL(policies={"a": tiny()}, engine="hf", vllm=VLLMConfig(gpu_memory_utilization=1.5))
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 0"):
+        PolicyConfig(model="tiny-random", gpu_memory_utilization=0)
+
+
+def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
+    from drmas.modules.generation import check_kv_caches
+
+    check_kv_caches({"a": 4.0, "b": 2.0}, machine_bytes=8 * 2**30)  # 6 of the 6 GiB allowed
+    with pytest.raises(ValueError, match=r"KV caches take 7 GiB \(a 4, b 3\) of this machine's 8.0 GiB, "
+                                         r"more than the 6.0 GiB they may use"):
+        check_kv_caches({"a": 4.0, "b": 3.0}, machine_bytes=8 * 2**30)
+    with pytest.raises(ValueError, match="KV caches take"):  # this machine, through the module's own check
+        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", kv_cache_gib=4096.0)}, engine="vllm")
 
 
 def test_engines_sleep_for_the_update_and_sync_wakes_them():
@@ -165,3 +178,25 @@ def test_a_checkpoint_of_another_rank_count_is_refused_before_anything_changes()
                                          r"--trainer.devices x --trainer.num_nodes \(2\)"):
         module.on_load_checkpoint(state)
     assert module.iteration == 0
+
+
+def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():
+    """Two model families in one team: the same chat prompt becomes each family's own tokens."""
+    from drmas.records import ChatPrompt
+
+    short = SamplingParams(temperature=1.0, max_new_tokens=3)
+    m = MultiAgentRL(policies={"llama": PolicyConfig(model="tiny-random", train_sampling=short),
+                               "qwen": PolicyConfig(model="tiny-random-qwen3", train_sampling=short,
+                                                    chat_template_kwargs={"enable_thinking": False})},
+                     agents={"a": "llama", "b": "qwen"}, engine="hf")
+    m.bind_agents(["a", "b"])
+    generate = m.generate_fn(train=True)
+    prompt = ChatPrompt((("user", "2+2?"),), "Answer:", ())
+    ((llama,),), ((qwen,),) = generate("a", [prompt], 1), generate("b", [prompt], 1)
+    ltok, qtok = m.policies["llama"].tokenizer, m.policies["qwen"].tokenizer
+    assert qtok.decode(qwen.prompt_ids) == (
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:")
+    assert ltok.decode(llama.prompt_ids).endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nAnswer:")
+    assert qwen.prompt_ids[0] == qtok.convert_tokens_to_ids("<|im_start|>") != llama.prompt_ids[0]
+    assert max(qwen.response_ids) < len(qtok) and len(qtok) > 3 * len(ltok)
+    assert (m.batch_spec("qwen").pad_id, m.batch_spec("llama").pad_id) == (qtok.pad_token_id, ltok.pad_token_id)

