@@ -1,4 +1,5 @@
-"""Reading JSONL and parquet record files with errors that name the file and the line or row."""
+"""Reading JSONL and parquet record files with errors that name the file and the line or row, and
+hub data sets through ``datasets`` with errors that say what is missing."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["read_records"]
+__all__ = ["load_hub_dataset", "read_records"]
 
 
 def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -32,3 +33,19 @@ def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             if not isinstance(record, dict):
                 raise ValueError(f"{path}: line {lineno} is not a JSON object")
             yield f"line {lineno}", record
+
+
+def load_hub_dataset(name: str, hub_id: str, config: str | None, split: str) -> Any:
+    """``datasets.load_dataset(hub_id, config, split=split)`` (from the hub or the local cache);
+    ``name`` is what the user asked for, for the messages."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError(f"loading {name!r} needs the datasets library: pip install datasets") from err
+    try:
+        return datasets.load_dataset(hub_id, config, split=split)
+    except Exception as err:  # noqa: BLE001 - offline errors come in many types
+        raise RuntimeError(
+            f"could not load {name!r} ({hub_id}{', config ' + config if config else ''}, split {split!r}): it "
+            f"needs network access to the Hugging Face hub or a copy in the local datasets cache ({err})"
+        ) from err

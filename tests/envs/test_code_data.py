@@ -125,3 +125,27 @@ def test_parse_tests_rejects_what_it_cannot_read():
         parse_tests([])
     with pytest.raises(ValueError, match="must be a list or an object"):
         parse_tests(3)
+
+
+def test_a_benchmark_by_name_through_the_real_datasets_library(monkeypatch, tmp_path):
+    """APPS rows in their own format, read by ``datasets`` from a local file standing in for the hub."""
+    datasets = pytest.importorskip("datasets")
+    from drmas.envs.code import load_code_dataset
+
+    path = tmp_path / "apps.jsonl"
+    path.write_text(json.dumps({"question": "Add two numbers.", "solutions": json.dumps(["print(sum(map(int, input().split())))"]),
+                                "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})}) + "\n")
+    real, calls = datasets.load_dataset, []
+
+    def local(path_or_id, name=None, split=None):
+        calls.append((path_or_id, name, split))
+        if path_or_id != "codeparrot/apps":
+            raise ConnectionError(f"Couldn't reach {path_or_id!r} on the Hub")
+        return real("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+
+    monkeypatch.setattr(datasets, "load_dataset", local)
+    (task,) = load_code_dataset("APPS")
+    assert calls == [("codeparrot/apps", "all", "test")] and task.tests == (TestCase("1 2\n", "3\n"),)
+    with pytest.raises(RuntimeError, match=r"could not load 'codecontests' \(deepmind/code_contests, split "
+                                           r"'test'\): it needs network access"):
+        load_code_dataset("codecontests")

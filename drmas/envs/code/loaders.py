@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from drmas.envs.code.task import CodeTask, TestCase
-from drmas.envs.files import read_records
+from drmas.envs.files import load_hub_dataset, read_records
 
 __all__ = ["CODE_DATASETS", "EMBEDDED", "embedded_problems", "load_code_dataset", "load_code_file",
            "load_code_source", "parse_tests", "tasks_from_rows"]
@@ -175,17 +175,8 @@ def load_code_dataset(name: str, split: str | None = None) -> list[CodeTask]:
     if key is None:
         raise ValueError(f"unknown code data set {name!r}; known: {', '.join(CODE_DATASETS)}")
     spec = CODE_DATASETS[key]
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(f"loading {key!r} needs the datasets library: pip install datasets") from err
     split = split or spec.split
-    try:
-        rows = datasets.load_dataset(spec.hub_id, spec.config, split=split)
-    except Exception as err:  # noqa: BLE001 - offline errors come in many types
-        raise RuntimeError(
-            f"could not load {key!r} ({spec.hub_id}, split {split!r}): it needs network access to the "
-            f"Hugging Face hub or a copy in the local datasets cache ({err})") from err
+    rows = load_hub_dataset(key, spec.hub_id, spec.config, split)
     return tasks_from_rows(rows, key, split)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drmas.envs.files import read_records
+from drmas.envs.files import load_hub_dataset, read_records
 from drmas.envs.math.task import MathTask
 
 __all__ = ["MATH_DATASETS", "MathDatasetSpec", "gsm8k_final_answer", "load_math_dataset", "load_math_file", "math_dataset_spec"]
@@ -161,17 +161,6 @@ def load_math_dataset(name: str, split: str | None = None) -> list[MathTask]:
     ``split`` defaults to the benchmark's usual evaluation split ("train" for DAPO-Math-17k).
     """
     key, spec = math_dataset_spec(name)
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(f"loading {key!r} needs the datasets library: pip install datasets") from err
     split = split or spec.split
-    try:
-        rows = datasets.load_dataset(spec.hub_id, spec.config, split=split)
-    except Exception as err:  # noqa: BLE001 - offline errors come in many types
-        raise RuntimeError(
-            f"could not load {key!r} ({spec.hub_id}"
-            f"{', config ' + spec.config if spec.config else ''}, split {split!r}): it needs network "
-            f"access to the Hugging Face hub or a copy in the local datasets cache ({err})"
-        ) from err
+    rows = load_hub_dataset(key, spec.hub_id, spec.config, split)
     return _tasks_from_rows(rows, spec, key, split)
