@@ -149,3 +149,11 @@ def test_a_benchmark_by_name_through_the_real_datasets_library(monkeypatch, tmp_
     with pytest.raises(RuntimeError, match=r"could not load 'codecontests' \(deepmind/code_contests, split "
                                            r"'test'\): it needs network access"):
         load_code_dataset("codecontests")
+
+
+def test_many_noisy_tests_still_fit_the_report(judge):
+    """64 tests whose output and error are long control characters: the report is shortened
+    to the sandbox's output cap, the verdicts stay."""
+    noisy = "print('\\x01' * 300)\nraise ValueError('\\x02' * 300)"
+    (run,) = judge.run([(noisy, [TestCase(f"{i}\n", "x") for i in range(64)])])
+    assert len(run) == 64 and {v.status for v in run} == {"error"} and run[0].error.startswith("ValueError")
