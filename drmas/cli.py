@@ -42,6 +42,7 @@ import drmas.envs.games  # noqa: F401
 import drmas.envs.math  # noqa: F401
 import drmas.envs.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
+from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
 from drmas.modules.multi_agent import MultiAgentRL
@@ -152,7 +153,7 @@ class DrmasCLI(LightningCLI):
                 RolloutDataModule,
                 trainer_defaults=trainer_defaults(name),
                 save_config_kwargs={"overwrite": True},
-                parser_kwargs={"parser_mode": PARSER_MODE, "fit": fit},
+                parser_kwargs={"parser_mode": PARSER_MODE, "fit": fit, "validate": fit, "test": fit},
                 args=args,
                 **kwargs,
             )
@@ -173,6 +174,29 @@ class DrmasCLI(LightningCLI):
 
     def before_fit(self) -> None:
         check_resume(self._get(self.config_init, "ckpt_path"), self.trainer.strategy)
+
+    # ``validate`` and ``test`` play episodes (drmas.evaluation) instead of Lightning's loops
+    def validate(self, model: MultiAgentRL, datamodule: RolloutDataModule, ckpt_path: str | None = None,
+                 **_: Any) -> dict[str, float]:
+        return self._evaluate("val", model, datamodule, ckpt_path)
+
+    def test(self, model: MultiAgentRL, datamodule: RolloutDataModule, ckpt_path: str | None = None,
+             **_: Any) -> dict[str, float]:
+        return self._evaluate("test", model, datamodule, ckpt_path)
+
+    def _evaluate(self, split: str, model: MultiAgentRL, datamodule: RolloutDataModule,
+                  ckpt_path: str | None) -> dict[str, float]:
+        if not datamodule.rollouts.val_tasks:
+            raise ValueError("--data.val_tasks is 0: there is nothing to evaluate")
+        out_dir = self.trainer.log_dir or self.trainer.default_root_dir
+        try:
+            scalars = evaluate(model, datamodule, split, ckpt_path, out_dir)
+        finally:
+            model.teardown(split)
+            datamodule.rollouts.workflow.close()
+        print(format_table(scalars, datamodule.rollouts.val_k), flush=True)
+        print(f"\nwritten: {os.path.join(out_dir, f'eval_{split}.json')} and eval_{split}.md", flush=True)
+        return scalars
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         # drmas's strategy names (``fsdp``) before Lightning reads the string as one of its own

@@ -173,11 +173,11 @@ class Rollouts:
 
     # ---- validation -------------------------------------------------------------------------
 
-    def val_task_list(self) -> list[Any]:
-        """The first ``val_tasks`` tasks of each source of the val split (tasks without a
-        ``source`` attribute form one source)."""
+    def val_task_list(self, split: str = "val") -> list[Any]:
+        """The first ``val_tasks`` tasks of each source of the split (tasks without a ``source``
+        attribute form one source)."""
         per_source: dict[Any, list[Any]] = defaultdict(list)
-        for t in self.workflow.tasks("val"):
+        for t in self.workflow.tasks(split):
             group = per_source[getattr(t, "source", None)]
             if len(group) < self.val_tasks:
                 group.append(t)
@@ -193,15 +193,17 @@ class Rollouts:
         return {a: agents[(i + 1) % len(agents)] for i, a in enumerate(agents)}
 
     @torch.no_grad()
-    def validate(self, backend: RolloutBackend, swap: bool = False) -> dict[str, float]:
+    def validate(self, backend: RolloutBackend, swap: bool = False, split: str = "val") -> dict[str, float]:
         """``val/avg@k`` and ``val/pass@k`` over the val tasks, plus ``val/<source>/avg@k`` and
-        ``val/<source>/pass@k`` per source when the tasks name one ({} with ``val_tasks=0``).
-        ``swap``: the policy-swap probe (:meth:`swapped_agents`), logged under ``val_swapped/``."""
+        ``val/<source>/pass@k`` per source when the tasks name one, ``val/success_rate``,
+        ``val/turns_mean`` and per agent ``val/<agent>/reward_mean`` and ``valid_ratio`` ({} with
+        ``val_tasks=0``). ``swap``: the policy-swap probe (:meth:`swapped_agents`), under
+        ``val_swapped/``. ``split``: another split (``test``: under ``test/``)."""
         if not self.val_tasks:
             return {}
         if not self.agent_map:
             self.bind(backend)
-        tasks = self.val_task_list()
+        tasks = self.val_task_list(split)
         backend.sync_weights()
         mine = tasks[backend.rank :: backend.world_size]
         local = RolloutResult([], [])
@@ -217,7 +219,7 @@ class Rollouts:
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
-        top = "val_swapped" if swap else "val"
+        top = f"{split}_swapped" if swap else split
         groups: dict[str, list[Any]] = {top: tasks}
         for t in tasks:
             if getattr(t, "source", None) is not None:
@@ -231,6 +233,15 @@ class Rollouts:
             pas.update(c, n)
             scalars[f"{prefix}/avg@{self.val_k}"] = float(avg.compute())
             scalars[f"{prefix}/pass@{self.val_k}"] = float(pas.compute())
+        episodes = result.episodes
+        scalars[f"{top}/success_rate"] = sum(e.success for e in episodes) / max(1, len(episodes))
+        scalars[f"{top}/turns_mean"] = sum(e.turns for e in episodes) / max(1, len(episodes))
+        per_agent: dict[str, list[Experience]] = defaultdict(list)
+        for s in result.experiences:
+            per_agent[s.agent].append(s)
+        for agent, samples in per_agent.items():
+            scalars[f"{top}/{agent}/reward_mean"] = sum(s.reward for s in samples) / len(samples)
+            scalars[f"{top}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
         return scalars
 
 

@@ -135,7 +135,10 @@ def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
     backend.generate_fn = lambda train: generate
     scalars = rollouts.validate(backend)
     source = tasks[0].source
-    assert scalars == {"val/avg@2": 0.5, "val/pass@2": 1.0, f"val/{source}/avg@2": 0.5, f"val/{source}/pass@2": 1.0}
+    assert scalars == {"val/avg@2": 0.5, "val/pass@2": 1.0, f"val/{source}/avg@2": 0.5, f"val/{source}/pass@2": 1.0,
+                       # one loop: only the solver acts, right in half of the episodes
+                       "val/success_rate": 0.5, "val/turns_mean": 1.0,
+                       "val/solver/reward_mean": 0.5, "val/solver/valid_ratio": 1.0}
     assert calls == [2] and backend.syncs == 1
 
 
@@ -159,9 +162,10 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     normal = rollouts.validate(backend)
     swapped = rollouts.validate(backend, swap=True)
     source = tasks[0].source
-    assert normal["val/avg@2"] == 1.0 and swapped == {
+    assert normal["val/avg@2"] == 1.0 and {k: v for k, v in swapped.items() if "@" in k} == {
         "val_swapped/avg@2": 0.0, "val_swapped/pass@2": 0.0,
         f"val_swapped/{source}/avg@2": 0.0, f"val_swapped/{source}/pass@2": 0.0}
+    assert swapped["val_swapped/solver/valid_ratio"] == 0.0 and normal["val/solver/valid_ratio"] == 1.0
     assert rollouts.swapped_agents() == {"solver": "verifier", "verifier": "solver"}
     # the solver's prompts went to p_check (called under the verifier's name), which never boxes an answer
     assert routed[:3] == [("solver", "p_solve"), ("verifier", "p_check"), ("verifier", "p_check")]

@@ -1,0 +1,31 @@
+"""drmas.evaluation.load_weights: a fit checkpoint's policies come back exactly."""
+
+import lightning as L
+import pytest
+import torch
+from test_training_step import Fixed
+
+from drmas.engines import SamplingParams
+from drmas.evaluation import load_weights
+from drmas.modules import MultiAgentRL, PolicyConfig
+
+
+def test_load_weights_restores_the_trained_policies(tmp_path):
+    def module():
+        torch.manual_seed(0)
+        cfg = PolicyConfig(model="tiny-random", lr=1e-2, train_sampling=SamplingParams(temperature=1.0, max_new_tokens=8))
+        return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", is_cap=None)
+
+    trained = module()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(trained, datamodule=Fixed(trained, 4))
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    fresh = module()
+    assert load_weights(fresh, str(tmp_path / "last.ckpt")) == trained.iteration
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values()))
+    assert fresh.policies["p"].version == trained.policies["p"].version == 1
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_weights(fresh, str(tmp_path / "missing.ckpt"))
+    with pytest.raises(ValueError, match="sharded"):
+        load_weights(fresh, str(tmp_path))

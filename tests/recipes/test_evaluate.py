@@ -1,0 +1,38 @@
+"""``validate`` and ``test`` as users run them: on a fit checkpoint (greedy sampling reproduces
+the run's final validation) and on a run's HF export; the JSON and markdown written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from recipe_runs import ROOT, TINY, run_dir, run_recipe, scalars
+
+GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_sampling.temperature", "0", "--data.val_tasks", "2"]
+
+
+def evaluate(tmp, subcommand, *args):
+    cmd = [sys.executable, str(ROOT / "recipes" / "math.py"), subcommand, *TINY,
+           "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *GREEDY, *args]
+    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_validate_a_checkpoint_and_test_an_hf_export(tmp_path):
+    run_recipe("math", tmp_path, *GREEDY, "--model.entropy_coef", "0.01", "--trainer.max_epochs", "1")
+    fit_dir = run_dir(tmp_path)
+    final = {tag: points[1] for tag, points in scalars(fit_dir).items() if tag.startswith("val/")}
+    proc = evaluate(tmp_path, "validate", "--ckpt_path", os.path.join(fit_dir, "checkpoints", "last.ckpt"))
+    out = run_dir(tmp_path)
+    record = json.loads(open(os.path.join(out, "eval_val.json")).read())
+    assert record["iteration"] == 1 and record["split"] == "val" and record["tasks"] == 2
+    assert record["scalars"] == pytest.approx(final)  # every val/ scalar of the fit's last validation
+    assert "| arithmetic |" in open(os.path.join(out, "eval_val.md")).read() and "| solver |" in proc.stdout
+
+    export = os.path.join(fit_dir, "hf", "iter_1", "shared")
+    evaluate(tmp_path, "test", "--model.policies.shared.model", export)
+    record = json.loads(open(os.path.join(run_dir(tmp_path), "eval_test.json")).read())
+    assert record["split"] == "test" and record["ckpt_path"] is None
+    assert {"test/avg@2", "test/pass@2", "test/success_rate", "test/turns_mean", "test/solver/valid_ratio"} <= set(record["scalars"])
