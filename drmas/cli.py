@@ -217,7 +217,8 @@ def trainer_defaults(name: str) -> dict[str, Any]:
         "limit_val_batches": 0,
         "enable_progress_bar": False,
         "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                   "init_args": {"save_dir": "runs", "name": name}},
+                   # no `hp_metric = -1` placeholder as the first card a user sees
+                   "init_args": {"save_dir": "runs", "name": name, "default_hp_metric": False}},
         "callbacks": [RolloutStats(), GradNormSpikeMonitor()],
     }
 

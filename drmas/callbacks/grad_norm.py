@@ -13,15 +13,17 @@ skipped a non-finite step); ``pl_module.iteration`` is the RL iteration counter 
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import statistics
-import tempfile
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+
+from drmas.atomic import write_bytes
 
 __all__ = ["GradNormSpikeMonitor"]
 
@@ -129,6 +131,12 @@ class GradNormSpikeMonitor(Callback):
         if trainer.is_global_zero and any(self.history.values()):
             self.plot_path = self.write_plot(os.path.join(log_dir, "grad_norms.png"))
             rank_zero_info(f"GradNormSpikeMonitor: wrote {self.plot_path}")
+            image = None
+            for lg in trainer.loggers:  # the same picture under TensorBoard's Images
+                writer = getattr(lg, "experiment", None)
+                if hasattr(writer, "add_image"):
+                    image = self._figure_pixels() if image is None else image
+                    writer.add_image("grad_norms", image, global_step=int(pl_module.iteration), dataformats="HWC")
 
     # ------------------------------------------------------------------ plot
 
@@ -152,6 +160,21 @@ class GradNormSpikeMonitor(Callback):
 
     def write_plot(self, path: str) -> str:
         """Write the norm plot as a PNG to ``path`` (atomically) and return the path."""
+        buf = io.BytesIO()
+        self._figure().savefig(buf, format="png")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_bytes(path, buf.getvalue())
+        return path
+
+    def _figure_pixels(self) -> Any:
+        """The plot as an ``[H, W, 3]`` uint8 array (for TensorBoard's Images)."""
+        import numpy as np
+
+        canvas = self._figure().canvas
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+    def _figure(self) -> Any:
         # The Agg canvas is used directly, without pyplot, so the user's global matplotlib
         # backend and pyplot's figure registry are left alone (and no display is needed).
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -189,19 +212,7 @@ class GradNormSpikeMonitor(Callback):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="best", fontsize="small")
         fig.tight_layout()
-
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".grad_norms.", suffix=".png", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                fig.savefig(f, format="png")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        return path
+        return fig
 
     # ------------------------------------------------------------------ resume
 

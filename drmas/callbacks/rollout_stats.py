@@ -37,6 +37,20 @@ class RolloutStats(L.Callback):
     the plan's iteration, and one completion per agent as text every ``log_completions_every``
     iterations."""
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """TensorBoard's Custom Scalars tab: per agent, its reward, valid ratio and its policy's
+        grad norm side by side."""
+        agents: dict[str, str] = getattr(pl_module, "agent_map", {}) or {}
+        if not agents or not trainer.is_global_zero:
+            return
+        layout = {"agents": {agent: ["Multiline", [f"rollout/{agent}/reward_mean", f"rollout/{agent}/valid_ratio",
+                                                   f"train/{policy}/grad_norm"]]
+                             for agent, policy in agents.items()}}
+        for lg in trainer.loggers:
+            writer = getattr(lg, "experiment", None)
+            if hasattr(writer, "add_custom_scalars"):
+                writer.add_custom_scalars(layout)
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dm = trainer.datamodule
         plan: IterationPlan | None = getattr(dm, "plan", None)

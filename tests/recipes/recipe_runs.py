@@ -33,12 +33,13 @@ def run_dir(tmp: Path) -> str:
 
 
 def scalars(run: str) -> dict[str, dict[int, float]]:
-    """Every scalar tag as {step: value}; ``_text`` holds the text tags."""
+    """Every scalar tag as {step: value}; ``_text`` holds the text (tensor) tags, ``_images`` the images."""
     files = glob.glob(os.path.join(run, "events.out.tfevents.*"))
-    ea = EventAccumulator(files[0], size_guidance={"scalars": 0, "tensors": 0})
+    ea = EventAccumulator(files[0], size_guidance={"scalars": 0, "tensors": 0, "images": 0})
     ea.Reload()
     out = {t: {e.step: e.value for e in ea.Scalars(t)} for t in ea.Tags()["scalars"]}
     out["_text"] = {t: 0 for t in ea.Tags()["tensors"]}
+    out["_images"] = {t: 0 for t in ea.Tags()["images"]}
     return out
 
 
@@ -57,6 +58,10 @@ def check_run(tmp: Path, agents: tuple[str, ...], iterations: int = 2, policy: s
     assert sorted(s["val/avg@2"]) == [0, iterations]  # before training and at the end
     assert {f"completions/{a}/text_summary" for a in agents} <= set(s["_text"])
     assert os.path.getsize(os.path.join(d, "grad_norms.png")) > 0
+    # what a user sees first in TensorBoard: no hp_metric placeholder, the grad-norm picture
+    # under Images, a per-agent layout under Custom Scalars
+    assert "hp_metric" not in s and "grad_norms" in s["_images"]
+    assert "custom_scalars__config__" in s["_text"]
 
     saved = AutoModelForCausalLM.from_pretrained(os.path.join(d, "hf", f"iter_{iterations}", policy))
     start = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-random"))
