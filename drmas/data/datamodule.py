@@ -48,6 +48,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_every: int = 0,
         log_completions_every: int = 1,
         policy_swap_probe: bool = False,
+        progress: bool | None = None,
         seed: int = 0,
     ) -> None:
         """
@@ -71,13 +72,15 @@ class RolloutDataModule(L.LightningDataModule):
                 agent's prompts answered by the next agent's policy; two agents trade) and logs
                 it under ``val_swapped/``: how much each policy specialised in its role. Needs
                 one policy per agent; doubles the cost of validation.
+            progress: a progress bar over the episodes of each rollout and validation (done /
+                total, success rate so far); None: on in a terminal, off in logs.
             seed: seed of the task sampling (iteration k always draws the same tasks).
         """
         super().__init__()
         if val_every < 0:
             raise ValueError(f"val_every must be >= 0, got {val_every}")
         self.rollouts = Rollouts(workflow, sampling, estimator, scale, group_size, tasks_per_iteration,
-                                 val_tasks, val_k, seed)
+                                 val_tasks, val_k, seed, progress)
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.policy_swap_probe = policy_swap_probe
         self.plan: IterationPlan | None = None

@@ -24,6 +24,7 @@ import torch
 
 from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
 from drmas.data.batching import make_micro_batches
+from drmas.data.progress import EpisodeBar, show_progress
 from drmas.envs.base import ESTIMATORS_BY_MODE, MODES, Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
@@ -81,6 +82,7 @@ class Rollouts:
         val_tasks: int = 32,
         val_k: int = 4,
         seed: int = 0,
+        progress: bool | None = None,
     ) -> None:
         """Arguments as :class:`~drmas.data.datamodule.RolloutDataModule`'s; the workflow's declared
         modes and estimators are checked here, before anything runs."""
@@ -108,6 +110,7 @@ class Rollouts:
         self.sampling, self.estimator, self.scale = sampling, estimator, scale
         self.group_size, self.tasks_per_iteration = group_size, tasks_per_iteration
         self.val_tasks, self.val_k, self.seed = val_tasks, val_k, seed
+        self.progress = progress
         self.agent_map: dict[str, str] = {}
 
     def bind(self, backend: RolloutBackend) -> None:
@@ -141,8 +144,8 @@ class Rollouts:
         local = RolloutResult([], [])
         backend.engine_cache_stats()  # from here on: this rollout's requests only
         if mine:
-            local = self.workflow.rollout(mine, backend.generate_fn(train=True), n=self.group_size,
-                                          mode=self.sampling, seed=self.seed + iteration + 1_000_003 * backend.rank)
+            local = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True), self.group_size,
+                               self.sampling, self.seed + iteration + 1_000_003 * backend.rank)
         result, (prompt, cached) = _gather(backend, local, backend.engine_cache_stats())
         t2 = time.perf_counter()
         for s in result.experiences:
@@ -154,6 +157,16 @@ class Rollouts:
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
         engine = {"rollout/prefix_cache_hit_rate": cached / prompt} if prompt else {}
         return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, engine)
+
+    def _play(self, backend: RolloutBackend, desc: str, tasks: Sequence[Any], generate: GenerateFn, n: int,
+              mode: str, seed: int) -> RolloutResult:
+        """The workflow's rollout, with a progress bar over its episodes where one is shown."""
+        bar = EpisodeBar(len(tasks) * (n if mode == "parallel" else 1), desc, show_progress(self.progress, backend.rank))
+        try:
+            extra = {"progress": bar} if bar.active else {}
+            return self.workflow.rollout(tasks, generate, n=n, mode=mode, seed=seed, **extra)
+        finally:
+            bar.close()
 
     def route(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
         """This rank's micro-batches of each policy, PPO epoch by PPO epoch; a policy only ever sees
@@ -207,6 +220,7 @@ class Rollouts:
         backend.sync_weights()
         mine = tasks[backend.rank :: backend.world_size]
         local = RolloutResult([], [])
+        top = f"{split}_swapped" if swap else split
         generate = backend.generate_fn(train=False)
         if swap:
             partner, own = self.swapped_agents(), generate
@@ -214,12 +228,11 @@ class Rollouts:
             def generate(agent: str, prompts: Sequence[Any], n: int) -> Any:
                 return own(partner[agent], prompts, n)  # routed to the partner's policy
         if mine:
-            local = self.workflow.rollout(mine, generate, n=self.val_k, mode="parallel")
+            local = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k, "parallel", 0)
         result, _ = _gather(backend, local)
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
-        top = f"{split}_swapped" if swap else split
         groups: dict[str, list[Any]] = {top: tasks}
         for t in tasks:
             if getattr(t, "source", None) is not None:

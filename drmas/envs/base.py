@@ -94,7 +94,9 @@ class Workflow(ABC):
         self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
     ) -> RolloutResult:
         """Play the tasks. ``parallel``: ``n`` independent trajectories per task. ``tree``: one
-        executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt."""
+        executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt.
+        A workflow may also accept ``progress``, a function called with each episode's success
+        as it finishes (progress bars use it; it is only passed when a bar is shown)."""
 
     def estimators(self, mode: str) -> tuple[str, ...]:
         """The built-in estimators that make sense for this workflow in ``mode`` (estimators a

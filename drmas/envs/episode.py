@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from drmas.algorithms import mix_rewards
 from drmas.envs.base import MODES, PromptTemplate, Workflow, pick_best, sample_groups
@@ -131,7 +131,8 @@ class TurnWorkflow(Workflow):
     # ---- the loop ---------------------------------------------------------------------------
 
     def rollout(
-        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
+        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0,
+        progress: Callable[[bool], None] | None = None,
     ) -> RolloutResult:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -144,11 +145,17 @@ class TurnWorkflow(Workflow):
             eps = [_Episode(self.initial_state(t), f"{t.uid}#{j}") for t in tasks for j in range(n)]
         rng = random.Random(seed) if tree else None
         order = self.step_order or self.agents
+        reported: set[int] = set()
         while any(not ep.state.done for ep in eps):
             for agent in order:
                 group = [ep for ep in eps if not ep.state.done and ep.state.agent == agent]
                 if group:
                     self._step(agent, group, generate, n if tree else 1, rng)
+            if progress is not None:
+                for i, ep in enumerate(eps):
+                    if ep.state.done and i not in reported:
+                        reported.add(i)
+                        progress(self.success(ep.state))
         episodes = []
         for ep in eps:
             team = self.team_reward(ep.state)

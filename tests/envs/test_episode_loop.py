@@ -109,3 +109,20 @@ def test_identical_prompts_are_one_request_and_modes_are_checked():
         Count(tie_break="best")
     with pytest.raises(ValueError, match=r"templates for unknown agents \['judge'\]"):
         Count(templates={"judge": PromptTemplate("x")})
+
+
+def test_progress_is_told_each_episode_once_as_it_finishes(capsys):
+    from drmas.data.progress import EpisodeBar
+
+    # both play two turns (1, go; 1, stop): a's total 2 hits its target, b's misses 3
+    script = Script(lambda a, p, i: "1" if a == "proposer" else ("stop" if p.messages[-1][1] == "closer 1" else "go"))
+    seen = []
+    res = Count().rollout([Task("a", 2), Task("b", 3)], script, n=1, progress=seen.append)
+    assert seen == [e.success for e in res.episodes] == [True, False]
+
+    bar = EpisodeBar(total=2, desc="val", enabled=True)
+    Count().rollout([Task("a", 2), Task("b", 3)], script, n=1, progress=bar)
+    assert (bar.done, bar.solved) == (2, 1)
+    bar.close()
+    assert "val" in capsys.readouterr().err  # tqdm draws on stderr
+    assert not EpisodeBar(total=2, desc="off", enabled=False).active
