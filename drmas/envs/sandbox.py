@@ -265,7 +265,7 @@ def _confine_userns(cfg: dict[str, Any]) -> None:
         except OSError as e:
             if e.errno not in (2, 13):  # ENOENT, EACCES: a mount this user cannot reach anyway
                 raise OSError(e.errno, f"cannot make {point} read-only: {e.strerror}") from None
-    covered = _private_tmp_dirs(cfg["tmpfs_mb"], ())
+    covered = _private_tmp_dirs(cfg["tmpfs_mb"], cfg["keep"])  # never over the interpreter
     if any(workdir.startswith(d + "/") for d in covered):
         os.makedirs(workdir, 0o700)  # its host copy is hidden now
     else:
@@ -273,7 +273,8 @@ def _confine_userns(cfg: dict[str, Any]) -> None:
     with open(script, "wb") as f:
         f.write(code)
     for i, (blocked, targets) in enumerate(cfg["expose"]):
-        _cover(blocked, targets, workdir, i)
+        if os.path.isdir(blocked):  # else it was below a private tmp dir: hidden already
+            _cover(blocked, targets, workdir, i)
 
 
 def _proc_ids(pid: int) -> tuple[int, int] | None:
@@ -785,7 +786,7 @@ def _run(code: str, stdin: str, timeout_s: float, memory_mb: int, feats: _Featur
             cfg = {
                 "python": _python(), "script": script, "workdir": workdir, "uid": uid, "gid": uid,
                 "unshare": feats.unshare, "userns": feats.userns, "mount": feats.mount,
-                "expose": feats.expose, "rlimits": rlimits, "tmpfs_mb": TMPFS_MB,
+                "expose": feats.expose, "rlimits": rlimits, "tmpfs_mb": TMPFS_MB, "keep": _interpreter_dirs(),
                 "status_fd": status_w, "parent_pid": os.getpid(),
             }
             deadline = time.monotonic() + timeout_s
