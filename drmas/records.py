@@ -156,6 +156,8 @@ class MicroBatch:
     padding: bool = False
     """A zero-weight stand-in that keeps this rank's passes in step with the other ranks'
     (sharded training needs every rank to run the same number of forward/backward passes)."""
+    agent: str | None = None
+    """The one agent whose samples this micro-batch holds (batches split by agent), else None."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,8 @@ class BatchSpec:
     """The loss aggregation (sets each micro-batch's ``loss_scale``)."""
     prefix_sharing: bool = False
     """Order samples so shared prompt prefixes sit together and pack them (:class:`PackedRows`)."""
+    by_agent: bool = False
+    """Never put two agents' samples in one micro-batch (for per-agent gradient norms)."""
 
 
 @dataclass

@@ -39,6 +39,7 @@ def make_micro_batches(
     rank: int = 0,
     world_size: int = 1,
     prefix_sharing: bool = False,
+    by_agent: bool = False,
 ) -> list[MicroBatch]:
     """Split one policy's samples into length-sorted micro-batches with loss scales; with
     several ranks, this rank's share of them (:func:`shard_samples`).
@@ -53,11 +54,16 @@ def make_micro_batches(
     ``prefix_sharing``: samples are ordered by their tokens instead of their length, so that those
     sharing a prompt prefix fall into the same micro-batch, and each micro-batch carries them
     packed (:func:`~drmas.packing.pack_shared_prefixes`).
+
+    ``by_agent``: micro-batches hold one agent's samples each (``MicroBatch.agent`` set), so the
+    trainer can measure each agent's gradient contribution; the loss scales are unchanged.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if by_agent and world_size > 1:
+        raise ValueError("micro-batches split by agent (per-agent gradient norms) need one rank")
     real = [i for i, s in enumerate(samples) if not s.is_pad and s.response_ids]
     if not real:
         return []
@@ -67,18 +73,25 @@ def make_micro_batches(
         order = prefix_order(samples, shares[rank])
     else:
         order = sorted(shares[rank], key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i))
+    groups = [order]
+    if by_agent:
+        agents = list(dict.fromkeys(samples[i].agent for i in order))
+        groups = [[i for i in order if samples[i].agent == a] for a in agents]
     out: list[MicroBatch] = []
-    for start in range(0, len(order), micro_batch_size):
-        idx = order[start : start + micro_batch_size]
-        chunk = [samples[i] for i in idx]
-        if agg == "token-mean":
-            scale = sum(len(s.response_ids) for s in chunk) / total_tokens
-        else:
-            scale = len(chunk) / len(real)
-        out.append(_micro_batch(chunk, idx, policy, pad_id, scale * world_size, ppo_epoch))
-        if prefix_sharing:
-            out[-1].packed = pack_shared_prefixes(chunk, pad_id)
-    passes = max(math.ceil(len(share) / micro_batch_size) for share in shares)
+    for group in groups:
+        for start in range(0, len(group), micro_batch_size):
+            idx = group[start : start + micro_batch_size]
+            chunk = [samples[i] for i in idx]
+            if agg == "token-mean":
+                scale = sum(len(s.response_ids) for s in chunk) / total_tokens
+            else:
+                scale = len(chunk) / len(real)
+            out.append(_micro_batch(chunk, idx, policy, pad_id, scale * world_size, ppo_epoch))
+            if by_agent:
+                out[-1].agent = chunk[0].agent
+            if prefix_sharing:
+                out[-1].packed = pack_shared_prefixes(chunk, pad_id)
+    passes = len(out) if world_size == 1 else max(math.ceil(len(share) / micro_batch_size) for share in shares)
     while len(out) < passes:
         # index -1: never a real sample's slot among the kept old log-probs
         out.append(_micro_batch([samples[real[0]]], [-1], policy, pad_id, 0.0, ppo_epoch, padding=True))

@@ -181,7 +181,7 @@ class Rollouts:
                 if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
                     batches += make_micro_batches(per_policy[name], name, spec.micro_batch_size, spec.pad_id,
                                                   spec.agg, ppo_epoch, backend.rank, backend.world_size,
-                                                  spec.prefix_sharing)
+                                                  spec.prefix_sharing, spec.by_agent)
         return batches
 
     # ---- validation -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
+from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import VLLMConfig, check_gpu_fractions, check_kv_caches, encode_prompt, make_engine
 from drmas.modules.logprobs import full_logprobs, response_logprobs
 from drmas.modules.memory import memory_plan, policy_memory
@@ -54,6 +55,7 @@ class MultiAgentRL(L.LightningModule):
         kl_coef: float = 0.0,
         is_cap: float | None = 2.0,
         prefix_sharing: bool = True,
+        agent_grad_norms: bool = False,
         seed: int = 0,
     ) -> None:
         """
@@ -77,6 +79,10 @@ class MultiAgentRL(L.LightningModule):
             prefix_sharing: run prompt prefixes shared by several samples once in the update
                 (same log-probs and gradients; see ``drmas.packing``). Off for a model whose
                 attention cannot take the block mask (one warning) or without chunked log-probs.
+            agent_grad_norms: also log ``train/<policy>/<agent>/grad_norm``, the norm of each
+                agent's own contribution to its policy's gradient (before clipping): micro-batches
+                then hold one agent each, and a gradient-sized buffer per agent is kept. One
+                device only; a diagnostic for the stability study (docs/stability.md).
             seed: seed of the engines' samplers.
         """
         super().__init__()
@@ -109,6 +115,8 @@ class MultiAgentRL(L.LightningModule):
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
         self.is_cap, self.kl_coef = is_cap, kl_coef
+        self.agent_grad_norms = agent_grad_norms
+        self._agent_grads = AgentGradients()
         self.iteration = 0
         self._bad_loss = False
         self._sharded = False
@@ -213,6 +221,8 @@ class MultiAgentRL(L.LightningModule):
             return
         from drmas.modules.sharding import shard_model
 
+        if self.agent_grad_norms:
+            raise ValueError("agent_grad_norms runs on one device: it is not supported with a sharded strategy")
         lora = [name for name, p in self.policies.items() if p.adapter is not None]
         if lora:
             raise ValueError(f"LoRA policies ({', '.join(lora)}) cannot be sharded yet: run them on one device")
@@ -301,7 +311,10 @@ class MultiAgentRL(L.LightningModule):
             ref_logprobs=ref, kl_coef=self.kl_coef, norm_len=sampling.max_new_tokens, **self.loss_kwargs,
         )
         finite = bool(torch.isfinite(loss))
-        if finite:
+        if finite and self.agent_grad_norms and batch.agent is not None:
+            self._agent_grads.backward(policy.name, batch.agent, policy.trainable_parameters(),
+                                       lambda: self.manual_backward(loss * batch.loss_scale))
+        elif finite:
             self.manual_backward(loss * batch.loss_scale)
         else:
             self._bad_loss = True
@@ -342,13 +355,15 @@ class MultiAgentRL(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         self._bad_loss = False
         bucket["grad_norm"].append((norm, 1.0))
+        for agent, agent_norm in self._agent_grads.take_norms(policy.name).items():
+            bucket[f"{agent}/grad_norm"].append((agent_norm, 1.0))
         return norm
 
     def batch_spec(self, policy: str) -> BatchSpec:
         """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
         p = self.policies[policy]
         return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
-                         self.loss_kwargs["agg"], p.prefix_sharing)
+                         self.loss_kwargs["agg"], p.prefix_sharing, self.agent_grad_norms)
 
     def begin_iteration(self) -> int:
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,

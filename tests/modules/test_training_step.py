@@ -132,3 +132,52 @@ def test_a_kl_penalty_keeps_a_frozen_reference_and_grows_as_the_policy_moves():
     assert module().policies["p"].reference is None  # no reference without a KL penalty
     with pytest.raises(ValueError, match="kl_coef must be >= 0"):
         module(kl_coef=-1.0)
+
+
+class ByAgent(L.LightningDataModule):
+    """Samples of two agents (a: 0 and 2, b: 1 and 3) on policy p, split by agent; ``only``
+    keeps one agent's micro-batches (its last one carrying the step)."""
+
+    def __init__(self, module, only=None):
+        super().__init__()
+        self.module, self.only = module, only
+
+    def train_dataloader(self):
+        s = samples()
+        for i, x in enumerate(s):
+            x.agent = "a" if i % 2 == 0 else "b"
+        spec = self.module.batch_spec("p")
+        batches = make_micro_batches(s, "p", 1, spec.pad_id, spec.agg, by_agent=spec.by_agent)
+        if self.only is not None:
+            batches = [b for b in batches if b.agent == self.only]
+            for b in batches:
+                b.step_after = False
+            batches[-1].step_after = True
+        return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda x: x)
+
+
+def test_per_agent_grad_norms_are_each_agents_own_gradient():
+    def run(only=None):
+        m = module(micro_batch_size=1)
+        m.agent_grad_norms = True
+        grads = Grads()
+        trainer = L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[grads])
+        trainer.fit(m, datamodule=ByAgent(m, only))
+        return m, grads.steps[0]
+
+    def norm(grad):
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grad.values()])))
+
+    both, total = run()
+    logged = both.history[-1]
+    # a direct computation: the gradient of agent a's micro-batches alone (same scales), and of b's
+    _, only_a = run("a")
+    _, only_b = run("b")
+    assert logged["train/p/a/grad_norm"] == pytest.approx(norm(only_a), rel=1e-5)
+    assert logged["train/p/b/grad_norm"] == pytest.approx(norm(only_b), rel=1e-5)
+    # the two contributions add up to the policy's gradient, whose norm is logged as before
+    assert all(torch.allclose(total[n], only_a[n] + only_b[n], atol=1e-6) for n in total)
+    assert logged["train/p/grad_norm"] == pytest.approx(norm(total), rel=1e-5)
+    assert logged["train/p/a/grad_norm"] != pytest.approx(logged["train/p/b/grad_norm"])

@@ -15,8 +15,13 @@ def run(tmp, *args):
 
 
 def test_plan_path_with_the_hf_engine_in_tree_mode(tmp_path):
-    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo")
+    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo",
+        "--model.agent_grad_norms", "true")
     s = check_run(tmp_path, AGENTS)
+    # each agent's own share of the shared policy's gradient, per iteration
+    for agent in AGENTS:
+        assert sorted(s[f"train/shared/{agent}/grad_norm"]) == [1, 2]
+        assert all(v > 0 for v in s[f"train/shared/{agent}/grad_norm"].values())
     # a random model's programs never print a plan: the tool user's local reward is -1 throughout
     assert set(s["rollout/tool_user/reward_mean"].values()) == {-1.0}
     assert sorted(s["val/plan_path-4/avg@2"]) == [0, 2]
