@@ -1,0 +1,167 @@
+"""The baselines matrix: train and evaluate the rows the papers compare, on the same data,
+budget and seeds, and write ``baselines.md`` (mean and spread over seeds) and PNG curves.
+
+    python bench/baselines.py --recipe math                       # embedded model, CPU defaults
+    python bench/baselines.py --recipe search --config configs/qwen3_8b.yaml --iterations 200
+    python bench/baselines.py --recipe math --rows prompt_only drmas --seeds 0 --iterations 1
+
+Rows (each with the recipe's config; ``*_per_agent``: one policy per agent):
+
+- ``single``: one agent does the whole task (math: the solver alone, ``max_loops 1``; a recipe
+  without a single-agent form skips it);
+- ``prompt_only``: the multi-agent team, untrained (``validate`` on the initial policies);
+- ``grpo``: the team with one baseline per task across agents (``grpo_step``);
+- ``drmas``: agent-wise normalisation (Dr. MAS);
+- ``at_grpo``: tree sampling with agent- and turn-wise groups (AT-GRPO).
+
+Each training row runs ``recipes/<recipe>.py fit`` once per seed (``--seed_everything``,
+``--data.seed``, ``--model.seed``) for ``--iterations`` iterations with validation every
+``--val_every``; the table reports the final ``val/avg@k`` and the last rollout success rate,
+mean and standard deviation over the seeds, and the curves plot their means per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SINGLE = {"math": ["--data.workflow.init_args.max_loops", "1"]}
+TRAINED = {
+    "grpo": ["--data.estimator", "grpo_step"],
+    "drmas": ["--data.estimator", "drmas"],
+    "at_grpo": ["--data.sampling", "tree", "--data.estimator", "at_grpo"],
+}
+AGENTS = {"math": ("solver", "verifier"), "search": ("verifier", "searcher", "answerer"),
+          "games": ("tool_user", "planner"), "code": ("coder", "tester")}
+
+
+def rows(recipe: str, model: str) -> dict[str, list[str] | None]:
+    """Row name -> extra flags (None: evaluate the untrained team)."""
+    out: dict[str, list[str] | None] = {}
+    if recipe in SINGLE:
+        out["single"] = SINGLE[recipe] + ["--data.estimator", "grpo"]
+    out["prompt_only"] = None
+    per_agent = ["--model.policies", "{" + ", ".join(f"{a}: {{model: {model}}}" for a in AGENTS[recipe]) + "}"]
+    for name, flags in TRAINED.items():
+        out[name] = flags
+        out[f"{name}_per_agent"] = flags + per_agent
+    return out
+
+
+def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, seed: int, iterations: int,
+            val_every: int, out: str) -> dict[str, list[tuple[int, float]]]:
+    from drmas.plots import read_scalars
+
+    logs = os.path.join(out, "runs", f"{name}-seed{seed}")
+    seeds = ["--seed_everything", str(seed), "--data.seed", str(seed), "--model.seed", str(seed)]
+    if flags is None:
+        cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "validate", *base, *seeds,
+               "--trainer.logger.init_args.save_dir", logs]
+    else:
+        cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "fit", *base, *flags, *seeds,
+               "--trainer.max_epochs", str(iterations), "--data.val_every", str(val_every),
+               "--checkpoint.save_last", "false", "--trainer.logger.init_args.save_dir", logs]
+    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"row {name} (seed {seed}) failed:\n{proc.stderr[-4000:]}")
+    run_dir = os.path.join(logs, recipe, "version_0")
+    if flags is None:  # the untrained team: one evaluation, drawn flat over the iterations
+        scalars = json.loads(open(os.path.join(run_dir, "eval_val.json")).read())["scalars"]
+        return {tag: [(0, v), (iterations, v)] for tag, v in scalars.items()}
+    return read_scalars(run_dir)
+
+
+def summarise(results: dict[str, list[dict]], k: int) -> tuple[str, dict[str, dict[str, list]]]:
+    """The markdown table and, per row, the mean curves of val avg@k and the success rate."""
+    val_tag = f"val/avg@{k}"
+    lines = [f"| row | val avg@{k} (final) | rollout success (last) | seeds |", "|---|---|---|---|"]
+    curves: dict[str, dict[str, list]] = {}
+    for name, runs in results.items():
+        finals = [r[val_tag][-1][1] for r in runs if val_tag in r]
+        success = [r["rollout/success_rate"][-1][1] for r in runs if "rollout/success_rate" in r]
+        spread = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.pstdev(xs):.3f}" if xs else "-"  # noqa: E731
+        lines.append(f"| {name} | {spread(finals)} | {spread(success)} | {len(runs)} |")
+        curves[name] = {tag: _mean_curve([r[tag] for r in runs if tag in r])
+                        for tag in (val_tag, "rollout/success_rate")}
+    return "\n".join(lines), curves
+
+
+def _mean_curve(series: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    steps = sorted({s for points in series for s, _ in points})
+    out = []
+    for step in steps:
+        values = [v for points in series for s, v in points if s == step]
+        out.append((step, statistics.mean(values)))
+    return out
+
+
+def plot(curves: dict[str, dict[str, list]], tag: str, path: str, title: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for n, (name, row) in enumerate(curves.items()):
+        if row.get(tag):
+            xs, ys = zip(*row[tag])
+            ax.plot(xs, ys, marker="o", color=f"C{n % 10}", linestyle="--" if name == "prompt_only" else "-", label=name)
+    ax.set_xlabel("RL iteration")
+    ax.set_ylabel(tag)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default="math", choices=sorted(AGENTS))
+    p.add_argument("--config", default=None, help="config file (default: the recipe's own default)")
+    p.add_argument("--rows", nargs="+", default=None, help="a subset of the rows (default: all)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--iterations", type=int, default=6)
+    p.add_argument("--val_every", type=int, default=2)
+    p.add_argument("--model", default="embedded:smollm2-135m-instruct", help="model of the per-agent rows' policies")
+    p.add_argument("--val_k", type=int, default=2)
+    p.add_argument("--out", default="baselines")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every run")
+    args = p.parse_args(argv)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    base = (["--config", os.path.abspath(args.config)] if args.config else []) + ["--data.val_k", str(args.val_k)]
+    base += [a for a in args.extra if a != "--"]
+    table_rows = rows(args.recipe, args.model)
+    unknown = set(args.rows or ()) - set(table_rows)
+    if unknown:
+        raise SystemExit(f"unknown rows {sorted(unknown)}; rows of {args.recipe}: {', '.join(table_rows)}")
+    chosen = {n: f for n, f in table_rows.items() if args.rows is None or n in args.rows}
+    results: dict[str, list[dict]] = {}
+    total = len(chosen) * len(args.seeds)
+    for name, flags in chosen.items():
+        for seed in args.seeds:
+            done = sum(len(r) for r in results.values())
+            print(f"[{done + 1}/{total}] {name}, seed {seed}", flush=True)
+            results.setdefault(name, []).append(
+                run_row(args.recipe, base, name, flags, seed, args.iterations, args.val_every, out))
+    table, curves = summarise(results, args.val_k)
+    header = (f"# Baselines: {args.recipe}\n\n{args.iterations} iterations, seeds {args.seeds}, "
+              f"val every {args.val_every}, config {args.config or 'the recipe default'}\n\n")
+    with open(os.path.join(out, "baselines.md"), "w") as f:
+        f.write(header + table + "\n")
+    plot(curves, f"val/avg@{args.val_k}", os.path.join(out, "val.png"), f"{args.recipe}: val avg@{args.val_k}")
+    plot(curves, "rollout/success_rate", os.path.join(out, "success.png"), f"{args.recipe}: rollout success rate")
+    print(table)
+    print(f"\nwritten: {os.path.join(out, 'baselines.md')}, val.png, success.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""bench/baselines.py end to end on the tiny random model: two rows, one iteration, one seed."""
+
+import subprocess
+import sys
+
+from recipe_runs import ROOT
+
+
+def test_two_rows_of_the_baselines_matrix(tmp_path):
+    cmd = [sys.executable, str(ROOT / "bench" / "baselines.py"), "--recipe", "math",
+           "--config", str(ROOT / "configs" / "tiny_random.yaml"), "--rows", "prompt_only", "drmas",
+           "--seeds", "0", "--iterations", "1", "--val_every", "1", "--model", "tiny-random",
+           "--out", str(tmp_path / "bl"), "--", "--model.engine", "hf"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "bl" / "baselines.md").read_text()
+    assert "| prompt_only | 0.000 ± 0.000 | - | 1 |" in table and "| drmas | 0.000 ± 0.000 | 0.000 ± 0.000 | 1 |" in table
+    for png in ("val.png", "success.png"):
+        assert (tmp_path / "bl" / png).read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run(cmd[:2] + ["--recipe", "search", "--rows", "single"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown rows ['single']; rows of search: prompt_only, grpo" in bad.stderr
