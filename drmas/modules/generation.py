@@ -13,7 +13,7 @@ from drmas.engines import ENGINES, Engine
 from drmas.models import load_causal_lm, resolve_model_path
 from drmas.records import ChatPrompt
 
-__all__ = ["VLLMConfig", "check_gpu_fractions", "check_kv_caches", "encode_prompt", "make_engine"]
+__all__ = ["VLLMConfig", "check_gpu_fractions", "check_kv_caches", "encode_prompt", "engine_key", "make_engine"]
 
 
 @dataclass
@@ -29,6 +29,11 @@ class VLLMConfig:
     policy's own ``gpu_memory_utilization`` overrides it)."""
     kv_cache_gib: float = 2.0
     """KV-cache size on CPU per engine, in GiB (a policy's own ``kv_cache_gib`` overrides it)."""
+
+
+def engine_key(name: str, config: Any) -> str:
+    """Which engine a policy generates with: its own, or its shared LoRA base's."""
+    return f"base:{config.model}" if config.share_base else name
 
 
 def check_gpu_fractions(fractions: dict[str, float]) -> None:
@@ -77,7 +82,7 @@ def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: tor
         from drmas.engines.vllm import VLLMAdapter
 
         pool = {} if pool is None else pool
-        key = f"base:{policy.config.model}" if policy.config.share_base else f"policy:{policy.name}"
+        key = engine_key(policy.name, policy.config)
         if key not in pool:
             rank = max(lora_rank, policy.config.lora.rank)
             rank = max(8, 1 << (rank - 1).bit_length())  # vLLM takes powers of two

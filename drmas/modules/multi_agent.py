@@ -28,7 +28,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
 from drmas.modules.agent_grads import AgentGradients
-from drmas.modules.generation import VLLMConfig, check_gpu_fractions, check_kv_caches, encode_prompt, make_engine
+from drmas.modules.generation import (VLLMConfig, check_gpu_fractions, check_kv_caches, encode_prompt, engine_key,
+                                     make_engine)
 from drmas.modules.logprobs import full_logprobs, response_logprobs
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
@@ -105,12 +106,12 @@ class MultiAgentRL(L.LightningModule):
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
         # one entry per engine: the policies that share a LoRA base share its engine
-        self.engine_fractions = {(f"base:{c.model}" if c.share_base else name): c.gpu_memory_utilization
-                                 or vllm.gpu_memory_utilization for name, c in reversed(list(policies.items()))}
+        self.engine_fractions = {engine_key(name, c): c.gpu_memory_utilization or vllm.gpu_memory_utilization
+                                 for name, c in reversed(list(policies.items()))}
         if self.engine_name == "vllm" and torch.cuda.is_available():
             check_gpu_fractions(self.engine_fractions)
         elif self.engine_name == "vllm":
-            check_kv_caches({(f"base:{c.model}" if c.share_base else name): c.kv_cache_gib or vllm.kv_cache_gib
+            check_kv_caches({engine_key(name, c): c.kv_cache_gib or vllm.kv_cache_gib
                              for name, c in reversed(list(policies.items()))})
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
