@@ -29,10 +29,12 @@ def aggregate(values: Tensor, mask: Tensor, agg: str = "token-mean", norm_len: i
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
     m = mask.to(values.dtype)
+    # where, not a product with the mask: inf or NaN at a masked position must not leak (inf * 0 is NaN)
+    values = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
     if agg == "token-mean":
-        return (values * m).sum() / m.sum().clamp(min=1)
+        return values.sum() / m.sum().clamp(min=1)
     tokens = m.sum(-1)
-    seq_sum = (values * m).sum(-1)
+    seq_sum = values.sum(-1)
     has_tokens = tokens > 0
     n_seq = has_tokens.sum().clamp(min=1)
     if agg == "seq-mean-token-mean":
@@ -99,6 +101,16 @@ def policy_loss(
         adv = adv.unsqueeze(-1)
     adv = adv.expand_as(logprobs)
     valid = mask.bool()
+    # Masked positions are set to 0 before any arithmetic, so that inf or NaN there (a padded
+    # position's log-prob) poisons neither the loss nor, through the backward pass, the gradient.
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    logprobs, old_logprobs, adv = (torch.where(valid, t, zero) for t in (logprobs, old_logprobs, adv))
+    if entropy is not None:
+        entropy = torch.where(valid, entropy, zero)
+    if ref_logprobs is not None:
+        ref_logprobs = torch.where(valid, ref_logprobs, zero)
+    if is_weights is not None:
+        is_weights = torch.where(valid, is_weights, zero)
 
     log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)

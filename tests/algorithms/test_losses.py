@@ -143,3 +143,26 @@ def test_truncated_importance_weights_scale_the_policy_gradient():
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="same shape"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 2), ADV, MASK)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("poison", [float("inf"), float("-inf"), float("nan")])
+def test_inf_or_nan_at_masked_positions_poison_neither_loss_nor_gradient(agg, poison):
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    clean = torch.randn(2, 4) - 1.0
+    old = clean.detach() + 0.05 * torch.randn(2, 4)
+    adv = torch.tensor([1.0, -0.5])
+
+    def run(values, old_values, extra):
+        lp = values.clone().requires_grad_(True)
+        loss, _ = policy_loss(lp, old_values, adv, mask, agg=agg, entropy=extra, entropy_coef=0.01,
+                              ref_logprobs=extra, kl_coef=0.1, is_weights=extra.abs())
+        loss.backward()
+        return loss, lp.grad
+
+    want, want_grad = run(clean, old, clean.detach())
+    dirty = torch.where(mask, clean, torch.full_like(clean, poison))
+    got, got_grad = run(dirty, torch.where(mask, old, torch.full_like(old, poison)), dirty.detach())
+    assert torch.isfinite(got) and torch.isfinite(got_grad).all()
+    assert torch.allclose(got, want) and torch.allclose(got_grad, want_grad)
