@@ -36,9 +36,17 @@ from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
-__all__ = ["MultiAgentRL", "VLLMConfig", "check_gpu_fractions"]
+__all__ = ["MultiAgentRL", "VLLMConfig", "check_gpu_fractions", "check_precision"]
 
 log = logging.getLogger(__name__)
+
+
+def check_precision(precision: str) -> None:
+    """Refuse fp16 mixed precision: the module steps its optimisers itself, so gradients would be
+    clipped (and their norms logged) while still multiplied by the fp16 loss scale."""
+    if precision.startswith("16"):
+        raise ValueError(f"precision {precision!r} is not supported: the optimisers are stepped by drmas, which "
+                         "would clip gradients still scaled by fp16's loss scaler; use bf16-mixed or 32-true")
 
 
 class MultiAgentRL(L.LightningModule):
@@ -238,6 +246,7 @@ class MultiAgentRL(L.LightningModule):
         self._sharded = True
 
     def on_fit_start(self) -> None:
+        check_precision(str(self.trainer.precision))
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
         engines = list(self.engine_fractions.values()) if self.engine_name == "vllm" else []

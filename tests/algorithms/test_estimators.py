@@ -200,3 +200,22 @@ def test_drmas_zero_mean_per_task_agent_group(rows):
     assert torch.allclose(adv, ref)
     for k in set(keys):
         assert abs(adv[[i for i, kk in enumerate(keys) if kk == k]].sum().item()) < 1e-4
+
+
+def _edge_batch(rewards):
+    from drmas.records import Experience
+
+    agents = ["a", "b"]
+    return [Experience(f"t{i // 4}", f"t{i // 4}#{i % 2}", f"t{i // 4}#{i % 2}", agents[i % 2], (i // 2) % 2, "p",
+                       [1], [2], [0.0], reward=r) for i, r in enumerate(rewards)]
+
+
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("scale", ["std", "none"])
+@pytest.mark.parametrize("rewards", [[0.7] * 8, [1.0], [1e6, -1e6, 3e6, 2.5e6, -7e5, 1e6, 0.0, 4e6]],
+                         ids=["all-equal", "single-sample", "1e6-scale"])
+def test_every_estimator_is_finite_at_the_edges(estimator, scale, rewards):
+    adv = compute_advantages(_edge_batch(rewards), estimator, scale)
+    assert adv.shape == (len(rewards),) and torch.isfinite(adv).all()
+    if len(set(rewards)) == 1:
+        assert torch.equal(adv, torch.zeros_like(adv))  # nothing to prefer: no signal, no noise

@@ -200,3 +200,12 @@ def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():
     assert qwen.prompt_ids[0] == qtok.convert_tokens_to_ids("<|im_start|>") != llama.prompt_ids[0]
     assert max(qwen.response_ids) < len(qtok) and len(qtok) > 3 * len(ltok)
     assert (m.batch_spec("qwen").pad_id, m.batch_spec("llama").pad_id) == (qtok.pad_token_id, ltok.pad_token_id)
+
+
+def test_fp16_mixed_precision_is_refused_with_the_reason():
+    from drmas.modules.multi_agent import check_precision
+
+    for ok in ("bf16-mixed", "32-true", "32", "bf16-true"):
+        check_precision(ok)
+    with pytest.raises(ValueError, match="precision '16-mixed' is not supported.*loss scaler; use bf16-mixed"):
+        check_precision("16-mixed")
