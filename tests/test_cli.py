@@ -104,9 +104,10 @@ def test_a_users_registered_workflow_works_by_name(tmp_path):
 
 @pytest.mark.parametrize("config", ["hetero_cpu.yaml", "llama3b_qwen7b.yaml"])
 @pytest.mark.parametrize("recipe", ["search", "math"])
-def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys):
+def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, monkeypatch):
     from drmas.cli import DrmasCLI
 
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # the args below are the whole command line
     workflow = {"search": "search", "math": "math_solver_verifier"}[recipe]
     with pytest.raises(SystemExit) as done:
         DrmasCLI(workflow, recipe, None, args=["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
