@@ -13,7 +13,8 @@ from drmas.engines import ENGINES, Engine
 from drmas.models import load_causal_lm, resolve_model_path
 from drmas.records import ChatPrompt
 
-__all__ = ["VLLMConfig", "check_gpu_fractions", "check_kv_caches", "encode_prompt", "engine_key", "make_engine"]
+__all__ = ["VLLMConfig", "check_engine_memory", "check_gpu_fractions", "check_kv_caches", "encode_prompt",
+           "engine_fractions", "engine_key", "make_engine"]
 
 
 @dataclass
@@ -34,6 +35,28 @@ class VLLMConfig:
 def engine_key(name: str, config: Any) -> str:
     """Which engine a policy generates with: its own, or its shared LoRA base's."""
     return f"base:{config.model}" if config.share_base else name
+
+
+def _per_engine(policies: dict[str, Any], value: Any) -> dict[str, Any]:
+    """``value(config)`` once per engine: policies sharing a LoRA base count once, with the first one's setting."""
+    out: dict[str, Any] = {}
+    for name, config in policies.items():
+        out.setdefault(engine_key(name, config), value(config))
+    return out
+
+
+def engine_fractions(policies: dict[str, Any], vllm: VLLMConfig) -> dict[str, float]:
+    """Each vLLM engine's share of the GPU (a policy's own setting, else the global one)."""
+    return _per_engine(policies, lambda c: c.gpu_memory_utilization or vllm.gpu_memory_utilization)
+
+
+def check_engine_memory(policies: dict[str, Any], vllm: VLLMConfig, on_gpu: bool) -> None:
+    """The vLLM engines fit: their GPU fractions add up to at most 1, or on CPU their KV caches
+    fit the machine (:func:`check_gpu_fractions`, :func:`check_kv_caches`)."""
+    if on_gpu:
+        check_gpu_fractions(engine_fractions(policies, vllm))
+    else:
+        check_kv_caches(_per_engine(policies, lambda c: c.kv_cache_gib or vllm.kv_cache_gib))
 
 
 def check_gpu_fractions(fractions: dict[str, float]) -> None:

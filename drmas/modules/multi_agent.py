@@ -28,25 +28,17 @@ from lightning.pytorch.utilities import rank_zero_info
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
 from drmas.modules.agent_grads import AgentGradients
-from drmas.modules.generation import (VLLMConfig, check_gpu_fractions, check_kv_caches, encode_prompt, engine_key,
-                                     make_engine)
-from drmas.modules.logprobs import full_logprobs, response_logprobs
+from drmas.modules.generation import (VLLMConfig, check_engine_memory, check_gpu_fractions, encode_prompt,
+                                     engine_fractions, make_engine)
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
+from drmas.modules.sharding import check_precision
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
 __all__ = ["MultiAgentRL", "VLLMConfig", "check_gpu_fractions", "check_precision"]
 
 log = logging.getLogger(__name__)
-
-
-def check_precision(precision: str) -> None:
-    """Refuse fp16 mixed precision: the module steps its optimisers itself, so gradients would be
-    clipped (and their norms logged) while still multiplied by the fp16 loss scale."""
-    if precision.startswith("16"):
-        raise ValueError(f"precision {precision!r} is not supported: the optimisers are stepped by drmas, which "
-                         "would clip gradients still scaled by fp16's loss scaler; use bf16-mixed or 32-true")
 
 
 class MultiAgentRL(L.LightningModule):
@@ -113,14 +105,9 @@ class MultiAgentRL(L.LightningModule):
         self.policies = torch.nn.ModuleDict(make_policies(policies, kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
-        # one entry per engine: the policies that share a LoRA base share its engine
-        self.engine_fractions = {engine_key(name, c): c.gpu_memory_utilization or vllm.gpu_memory_utilization
-                                 for name, c in reversed(list(policies.items()))}
-        if self.engine_name == "vllm" and torch.cuda.is_available():
-            check_gpu_fractions(self.engine_fractions)
-        elif self.engine_name == "vllm":
-            check_kv_caches({engine_key(name, c): c.kv_cache_gib or vllm.kv_cache_gib
-                             for name, c in reversed(list(policies.items()))})
+        self.engine_fractions = engine_fractions(policies, vllm)
+        if self.engine_name == "vllm":
+            check_engine_memory(policies, vllm, on_gpu=torch.cuda.is_available())
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
         self.is_cap, self.kl_coef = is_cap, kl_coef
@@ -274,26 +261,9 @@ class MultiAgentRL(L.LightningModule):
 
     def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float,
                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[B, L-1]`` log-probs of each response token from logits / temperature (as the engine
-        sampled), and entropies when the loss needs them; 0 at prompt and padding positions.
-        ``reference``: those of the policy's frozen reference (a LoRA policy's: its base)."""
-        policy.activate()
-        model = policy.reference if reference and policy.reference is not None else policy.model
+        """:meth:`Policy.token_logprobs`, with entropies when the loss needs them."""
         with_entropy = bool(self.loss_kwargs["entropy_coef"]) and not reference
-        if reference and policy.adapter is not None:
-            with policy.model.disable_adapter():
-                return self._token_logprobs(policy, model, batch, temperature, False)
-        return self._token_logprobs(policy, model, batch, temperature, with_entropy)
-
-    def _token_logprobs(self, policy: Policy, model: torch.nn.Module, batch: MicroBatch, temperature: float,
-                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if policy.chunk_tokens:
-            return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                     temperature, with_entropy, policy.chunk_tokens, batch.packed)
-        logp, entropy = full_logprobs(model, batch.input_ids, batch.attention_mask, temperature, with_entropy)
-        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-        mask = batch.response_mask
-        return torch.where(mask, logp, zero), None if entropy is None else torch.where(mask, entropy, zero)
+        return policy.token_logprobs(batch, temperature, with_entropy, reference)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
         policy = self.policies[batch.policy]

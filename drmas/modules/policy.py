@@ -14,7 +14,8 @@ from torch import nn
 from drmas.engines.base import SamplingParams
 from drmas.models import load_causal_lm
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
-from drmas.modules.logprobs import chunked_logprobs_match, packed_logprobs_match
+from drmas.modules.logprobs import chunked_logprobs_match, full_logprobs, packed_logprobs_match, response_logprobs
+from drmas.records import MicroBatch
 
 __all__ = ["Policy", "PolicyConfig", "make_policies"]
 
@@ -121,6 +122,28 @@ class Policy(nn.Module):
         if prefix_sharing and not self.prefix_sharing:
             log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
                         "chunked log-probs); every sample runs its whole prompt", name, type(self.model).__name__)
+
+    def token_logprobs(self, batch: MicroBatch, temperature: float, with_entropy: bool = False,
+                       reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, L-1]`` log-probs of each response token from logits / temperature (as the engine
+        sampled), and entropies if asked; 0 at prompt and padding positions. ``reference``: those
+        of the frozen reference (a LoRA policy's: its base, the adapter switched off)."""
+        self.activate()
+        if reference and self.adapter is not None:
+            with self.model.disable_adapter():
+                return self._token_logprobs(self.model, batch, temperature, False)
+        model = self.reference if reference and self.reference is not None else self.model
+        return self._token_logprobs(model, batch, temperature, with_entropy and not reference)
+
+    def _token_logprobs(self, model: nn.Module, batch: MicroBatch, temperature: float,
+                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.chunk_tokens:
+            return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                     temperature, with_entropy, self.chunk_tokens, batch.packed)
+        logp, entropy = full_logprobs(model, batch.input_ids, batch.attention_mask, temperature, with_entropy)
+        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        mask = batch.response_mask
+        return torch.where(mask, logp, zero), None if entropy is None else torch.where(mask, entropy, zero)
 
     def activate(self) -> None:
         """Select this policy's adapter on a (possibly shared) LoRA base; nothing otherwise."""

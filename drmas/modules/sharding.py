@@ -19,7 +19,7 @@ from torch import nn
 
 from drmas.atomic import replace_dir
 
-__all__ = ["FSDP", "STRATEGIES", "check_resume", "decoder_layers", "resolve_strategy", "shard_model"]
+__all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "resolve_strategy", "shard_model"]
 
 
 class FSDP(ModelParallelStrategy):
@@ -105,6 +105,14 @@ def resolve_strategy(strategy: Any) -> Any:
     if strategy == "auto":
         return strategy
     return FSDP(cpu_offload=strategy == "fsdp_offload")
+
+
+def check_precision(precision: str) -> None:
+    """Refuse fp16 mixed precision: drmas steps the optimisers itself, so gradients would be
+    clipped (and their norms logged) while still multiplied by the fp16 loss scale."""
+    if precision.startswith("16"):
+        raise ValueError(f"precision {precision!r} is not supported: the optimisers are stepped by drmas, which "
+                         "would clip gradients still scaled by fp16's loss scaler; use bf16-mixed or 32-true")
 
 
 def check_resume(ckpt_path: Any, strategy: Any) -> None:
