@@ -21,6 +21,7 @@ same way), by class name, or by import path.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from typing import Any
@@ -36,6 +37,7 @@ import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import drmas.envs.code  # noqa: F401  (registers the built-in workflows)
 import drmas.envs.games  # noqa: F401
@@ -173,7 +175,29 @@ class DrmasCLI(LightningCLI):
 
 
     def before_fit(self) -> None:
-        check_resume(self._get(self.config_init, "ckpt_path"), self.trainer.strategy)
+        ckpt_path = self._get(self.config_init, "ckpt_path")
+        if ckpt_path == "last":
+            ckpt_path = self.config_init.get(str(self.subcommand), self.config_init)["ckpt_path"] = self._find_last()
+        check_resume(ckpt_path, self.trainer.strategy)
+
+    def _find_last(self) -> str | None:
+        """``--ckpt_path last``: the newest ``last.ckpt`` of this run's checkpoint directory, or of
+        any earlier version of this run's logs (each resumed run logs to a new version); None
+        (a fresh start, said so) when there is none. The same command thus starts a job and
+        resumes it after a preemption."""
+        cb = self.trainer.checkpoint_callback
+        logger = self.trainer.logger
+        if cb is not None and cb.dirpath is not None:
+            pattern = os.path.join(cb.dirpath, "last.ckpt")
+        elif logger is not None and getattr(logger, "root_dir", None):
+            pattern = os.path.join(logger.root_dir, "version_*", "checkpoints", "last.ckpt")
+        else:
+            pattern = os.path.join(self.trainer.default_root_dir, "checkpoints", "last.ckpt")
+        found = sorted(glob.glob(pattern), key=os.path.getmtime)
+        if self.trainer.is_global_zero:
+            print(f"--ckpt_path last: resuming from {found[-1]}" if found
+                  else f"--ckpt_path last: no checkpoint matches {pattern}; starting from the beginning", flush=True)
+        return found[-1] if found else None
 
     # ``validate`` and ``test`` play episodes (drmas.evaluation) instead of Lightning's loops
     def validate(self, model: MultiAgentRL, datamodule: RolloutDataModule, ckpt_path: str | None = None,
@@ -257,7 +281,10 @@ def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
 def run_recipe(workflow: str, name: str, default_config: str | None = None, args: Any = None) -> DrmasCLI:
     """Run a recipe's CLI (``workflow``: a registered name or an import path); after ``fit``,
     print where the logs are and the summary table."""
-    cli = DrmasCLI(workflow, name, default_config, args=args)
+    try:
+        cli = DrmasCLI(workflow, name, default_config, args=args)
+    except SIGTERMException:
+        sys.exit(143)  # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
     if getattr(cli, "subcommand", None) == "fit":
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
         if cli.trainer.is_global_zero:

@@ -188,9 +188,9 @@ class IterationPlan:
     order (every micro-batch when there is one rank)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent: ``time/sync_s``, ``time/rollout_s``, ``time/advantage_s``."""
-    engine: dict[str, float] = field(default_factory=dict)
-    """What the engines report of the rollout, over all ranks: ``rollout/prefix_cache_hit_rate``
-    (prompt tokens served from a prefix cache) when they keep one."""
+    scalars: dict[str, float] = field(default_factory=dict)
+    """Rollout-wide counts over all ranks: ``rollout/failed_actions``, ``rollout/nonfinite_rewards``
+    and, when the engines keep a prefix cache, ``rollout/prefix_cache_hit_rate``."""
 
     @property
     def experiences(self) -> list[Experience]:

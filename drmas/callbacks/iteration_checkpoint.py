@@ -1,11 +1,18 @@
-"""A resumable checkpoint (``last.ckpt``) after every iteration, whatever ``save_top_k`` says."""
+"""A resumable checkpoint (``last.ckpt``) after every iteration, whatever ``save_top_k`` says,
+written so that a kill at any moment leaves a loadable one; and what to resume from when a run
+stops early (preemption, an outage, an engine failure)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from drmas.atomic import replace_dir
 
 __all__ = ["IterationCheckpoint"]
 
@@ -16,13 +23,21 @@ class IterationCheckpoint(ModelCheckpoint):
 
     Lightning 2.6 writes ``last`` at an epoch end only when a top-k checkpoint was saved in the
     same step, so with ``save_top_k=0`` (no metric to rank RL iterations by) it appeared only when
-    the run ended, and a killed run lost all its progress. The file is written through a temporary
-    file and renamed (Lightning's atomic save), so a kill during the write leaves the previous one.
+    the run ended, and a killed run lost all its progress.
+
+    Every checkpoint is written beside its target under a hidden name and renamed into place, so
+    a kill during the write leaves the previous one whole. (Lightning's own save moves a file from
+    the system temp directory, which is a copy, not a rename, when that directory is on another
+    file system than the checkpoints, as a node-local ``/tmp`` usually is.)
+
+    When the run stops on an exception (SIGTERM included, see :class:`~drmas.modules.multi_agent.
+    MultiAgentRL`), rank 0 prints the checkpoint to resume from and the iteration it holds.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._last_written_epoch: int | None = None
+        self._saved_iteration: int | None = None  # the RL iteration in the last checkpoint this run wrote
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)  # top-k files, when asked for
@@ -37,3 +52,34 @@ class IterationCheckpoint(ModelCheckpoint):
         super()._save_last_checkpoint(trainer, monitor_candidates)
         if self.save_last:
             self._last_written_epoch = trainer.current_epoch
+            self._saved_iteration = getattr(trainer.lightning_module, "iteration", None)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        # a fixed hidden name (the same on every rank, which all write into it when sharded); a
+        # partial one left by a kill is simply overwritten next time
+        partial = os.path.join(os.path.dirname(filepath), f".{os.path.basename(filepath)}.partial")
+        super()._save_checkpoint(trainer, partial)
+        if trainer.is_global_zero:
+            if os.path.isdir(partial):
+                replace_dir(partial, filepath)  # a sharded checkpoint is a directory
+            else:
+                os.replace(partial, filepath)
+        trainer.strategy.barrier("IterationCheckpoint.rename")
+        self._last_checkpoint_saved = filepath
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not trainer.is_global_zero:
+            return
+        iteration = getattr(pl_module, "iteration", trainer.current_epoch)
+        why = ("preempted (SIGTERM)" if isinstance(exception, SIGTERMException)
+               else f"stopped by {type(exception).__name__}")
+        path = self.last_model_path
+        if path and os.path.exists(path):
+            saved = self._saved_iteration
+            held = "" if saved is None else f" (iteration {saved})"
+            replay = ("" if saved is not None and saved >= iteration
+                      else "; the unfinished iteration is played again from its start")
+            resume = f"the last checkpoint is {path}{held}; resume with --ckpt_path {path} (or --ckpt_path last){replay}"
+        else:
+            resume = "no checkpoint was written yet: a new run starts from the beginning"
+        print(f"drmas: {why} during iteration {iteration}; {resume}", file=sys.stderr, flush=True)

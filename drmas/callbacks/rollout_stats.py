@@ -56,7 +56,7 @@ class RolloutStats(L.Callback):
         plan: IterationPlan | None = getattr(dm, "plan", None)
         if plan is None:
             return
-        pl_module.log_scalars({**rollout_scalars(plan.rollout), **plan.timings, **plan.engine}, step=plan.iteration)
+        pl_module.log_scalars({**rollout_scalars(plan.rollout), **plan.timings, **plan.scalars}, step=plan.iteration)
         every = getattr(dm, "log_completions_every", 0)
         if every and plan.iteration % every == 0 and trainer.is_global_zero:
             self._log_text(trainer, plan)

@@ -49,6 +49,7 @@ class RolloutDataModule(L.LightningDataModule):
         log_completions_every: int = 1,
         policy_swap_probe: bool = False,
         progress: bool | None = None,
+        max_failed_share: float = 0.5,
         seed: int = 0,
     ) -> None:
         """
@@ -74,13 +75,17 @@ class RolloutDataModule(L.LightningDataModule):
                 one policy per agent; doubles the cost of validation.
             progress: a progress bar over the episodes of each rollout and validation (done /
                 total, success rate so far); None: on in a terminal, off in logs.
+            max_failed_share: stop the run (before training on it) when more than this share of
+                one agent's actions in an iteration or a validation failed in the environment (a
+                retrieval server down after its retries); fewer are counted and trained on as
+                failed actions (``rollout/failed_actions``).
             seed: seed of the task sampling (iteration k always draws the same tasks).
         """
         super().__init__()
         if val_every < 0:
             raise ValueError(f"val_every must be >= 0, got {val_every}")
         self.rollouts = Rollouts(workflow, sampling, estimator, scale, group_size, tasks_per_iteration,
-                                 val_tasks, val_k, seed, progress)
+                                 val_tasks, val_k, seed, progress, max_failed_share)
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.policy_swap_probe = policy_swap_probe
         self.plan: IterationPlan | None = None

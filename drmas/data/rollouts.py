@@ -11,10 +11,20 @@ With several data-parallel ranks each rank plays whole tasks (an advantage group
 ranks), then every rank gathers all ranks' samples and computes the same advantages from them,
 so agent-wise statistics are those of the whole iteration, exactly as with one process; each
 rank then trains on its token-balanced share (:func:`~drmas.data.batching.make_micro_batches`).
+
+Faults of the environment and of reward functions never become silent wrong advantages: a
+sample whose reward is NaN or infinite is dropped before the advantages are computed (counted
+in ``rollout/nonfinite_rewards``, with a warning); actions the environment failed to carry out
+(a retrieval server down after its retries) are counted in ``rollout/failed_actions``, and when
+more than ``max_failed_share`` of one agent's actions in an iteration failed the run stops with
+:class:`OutageError` before training on the outage (the previous iteration's checkpoint stays
+the one to resume from).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -29,7 +39,13 @@ from drmas.envs.base import ESTIMATORS_BY_MODE, MODES, Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
 
-__all__ = ["RolloutBackend", "Rollouts"]
+__all__ = ["OutageError", "RolloutBackend", "Rollouts"]
+
+log = logging.getLogger(__name__)
+
+
+class OutageError(RuntimeError):
+    """Too many of an iteration's actions failed in the environment to train on it."""
 
 
 class RolloutBackend(Protocol):
@@ -83,6 +99,7 @@ class Rollouts:
         val_k: int = 4,
         seed: int = 0,
         progress: bool | None = None,
+        max_failed_share: float = 0.5,
     ) -> None:
         """Arguments as :class:`~drmas.data.datamodule.RolloutDataModule`'s; the workflow's declared
         modes and estimators are checked here, before anything runs."""
@@ -103,6 +120,8 @@ class Rollouts:
             raise ValueError("group_size and tasks_per_iteration must be >= 1")
         if val_tasks < 0 or val_k < 1:
             raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {val_tasks}, {val_k}")
+        if not 0.0 <= max_failed_share <= 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1], got {max_failed_share}")
         if val_tasks and "parallel" not in workflow.modes:
             raise ValueError(f"validation plays val_k independent trajectories per task (parallel mode), "
                              f"which {name} does not support: set val_tasks 0")
@@ -110,7 +129,7 @@ class Rollouts:
         self.sampling, self.estimator, self.scale = sampling, estimator, scale
         self.group_size, self.tasks_per_iteration = group_size, tasks_per_iteration
         self.val_tasks, self.val_k, self.seed = val_tasks, val_k, seed
-        self.progress = progress
+        self.progress, self.max_failed_share = progress, max_failed_share
         self.agent_map: dict[str, str] = {}
 
     def bind(self, backend: RolloutBackend) -> None:
@@ -147,6 +166,8 @@ class Rollouts:
             local = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True), self.group_size,
                                self.sampling, self.seed + iteration + 1_000_003 * backend.rank)
         result, (prompt, cached) = _gather(backend, local, backend.engine_cache_stats())
+        scalars = self.check_failures(result, f"iteration {iteration}")
+        result, scalars["rollout/nonfinite_rewards"] = _drop_nonfinite(result, iteration)
         t2 = time.perf_counter()
         for s in result.experiences:
             s.policy = self.agent_map[s.agent]
@@ -155,8 +176,28 @@ class Rollouts:
             s.advantage = a
         t3 = time.perf_counter()
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
-        engine = {"rollout/prefix_cache_hit_rate": cached / prompt} if prompt else {}
-        return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, engine)
+        if prompt:
+            scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
+        return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, scalars)
+
+    def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
+        """``<prefix>/failed_actions`` (and per agent, where any failed); :class:`OutageError` when
+        more than ``max_failed_share`` of one agent's actions failed."""
+        total: dict[str, int] = defaultdict(int)
+        failed: dict[str, list[str]] = defaultdict(list)
+        for s in result.experiences:
+            total[s.agent] += 1
+            if "failure" in s.info:
+                failed[s.agent].append(s.info["failure"])
+        scalars = {f"{prefix}/failed_actions": float(sum(map(len, failed.values())))}
+        for agent, why in failed.items():
+            scalars[f"{prefix}/{agent}/failed_actions"] = float(len(why))
+            if len(why) > self.max_failed_share * total[agent]:
+                raise OutageError(
+                    f"{where}: {len(why)} of {total[agent]} {agent} actions failed in the environment, more than "
+                    f"max_failed_share={self.max_failed_share} allows; stopping rather than training on an outage. "
+                    f"Last failure: {why[-1]}")
+        return scalars
 
     def _play(self, backend: RolloutBackend, desc: str, tasks: Sequence[Any], generate: GenerateFn, n: int,
               mode: str, seed: int) -> RolloutResult:
@@ -230,6 +271,7 @@ class Rollouts:
         if mine:
             local = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k, "parallel", 0)
         result, _ = _gather(backend, local)
+        failures = {k: v for k, v in self.check_failures(result, top, top).items() if v}  # only when some failed
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
@@ -237,7 +279,7 @@ class Rollouts:
         for t in tasks:
             if getattr(t, "source", None) is not None:
                 groups.setdefault(f"{top}/{t.source}", []).append(t)
-        scalars = {}
+        scalars = failures
         for prefix, group in groups.items():
             c = torch.tensor([correct[t.uid] for t in group])
             n = torch.full_like(c, self.val_k)
@@ -253,9 +295,23 @@ class Rollouts:
         for s in result.experiences:
             per_agent[s.agent].append(s)
         for agent, samples in per_agent.items():
-            scalars[f"{top}/{agent}/reward_mean"] = sum(s.reward for s in samples) / len(samples)
+            rewards = [s.reward for s in samples if math.isfinite(s.reward)]
+            scalars[f"{top}/{agent}/reward_mean"] = sum(rewards) / max(1, len(rewards))
             scalars[f"{top}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
         return scalars
+
+
+def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResult, float]:
+    """``result`` without the samples whose reward is NaN or infinite (a broken reward function
+    would otherwise poison every advantage of their group), and how many were dropped."""
+    kept = [s for s in result.experiences if math.isfinite(s.reward)]
+    dropped = len(result.experiences) - len(kept)
+    if dropped:
+        agents = sorted({s.agent for s in result.experiences if not math.isfinite(s.reward)})
+        log.warning("iteration %d: %d sample(s) of %s with a NaN or infinite reward dropped (not trained on)",
+                    iteration, dropped, ", ".join(agents))
+        result = RolloutResult(kept, result.episodes)
+    return result, float(dropped)
 
 
 def _gather(backend: RolloutBackend, local: RolloutResult,

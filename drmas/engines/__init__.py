@@ -4,11 +4,11 @@
 without it; :func:`vllm_available` says whether it is installed.
 """
 
-from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.engines.base import Engine, EngineError, Generation, SamplingParams
 from drmas.engines.hf import HFEngine
 from drmas.engines.vllm import VLLMEngine, vllm_available
 
 ENGINES: dict[str, type[Engine]] = {"hf": HFEngine, "vllm": VLLMEngine}
 """Engine classes by config name."""
 
-__all__ = ["ENGINES", "Engine", "Generation", "HFEngine", "SamplingParams", "VLLMEngine", "vllm_available"]
+__all__ = ["ENGINES", "Engine", "EngineError", "Generation", "HFEngine", "SamplingParams", "VLLMEngine", "vllm_available"]

@@ -8,7 +8,11 @@ from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["Engine", "Generation", "SamplingParams", "check_request", "full_state_items"]
+__all__ = ["Engine", "EngineError", "Generation", "SamplingParams", "check_request", "full_state_items"]
+
+
+class EngineError(RuntimeError):
+    """An engine failed while generating; the message names the policy and the agent."""
 
 
 @dataclass

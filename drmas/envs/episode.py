@@ -64,6 +64,10 @@ class Action:
     """The team reward if it ends the episode (read only when ``ends``)."""
     value: Any = None
     """What :meth:`TurnWorkflow.advance` needs to execute it (a parsed answer, search results...)."""
+    failure: str | None = None
+    """Why the environment could not carry the action out (a retrieval server down after its
+    retries...): not the agent's fault, so no format penalty; the rollout counts these and stops
+    the run when too many of an iteration's actions fail (``max_failed_share``)."""
 
 
 @dataclass
@@ -186,6 +190,8 @@ class TurnWorkflow(Workflow):
             policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
             text=c.text, valid=a.valid, info={"role_reward": a.role_reward},
         )
+        if a.failure is not None:
+            s.info["failure"] = a.failure
         s.team_reward = a.team_reward if a.ends else 0.0
         s.local_reward = a.role_reward + self._format_term(a.valid)
         s.reward = mix_rewards(s.team_reward, s.local_reward, self.alpha)

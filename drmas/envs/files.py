@@ -7,11 +7,17 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["load_hub_dataset", "read_records"]
+__all__ = ["MAX_PROMPT_CHARS", "check_prompt_size", "load_hub_dataset", "read_records"]
+
+#: The longest question or problem text a data file may hold (~25k tokens): a longer one is a
+#: broken row (a whole document pasted into a field), not a prompt any model here could take.
+MAX_PROMPT_CHARS = 100_000
 
 
-def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """("line N" or "row N", record) pairs from JSONL (1-based lines) or parquet (0-based rows)."""
+def read_records(path: Path, columns: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("line N" or "row N", record) pairs from JSONL (1-based lines) or parquet (0-based rows).
+    ``columns``: top-level keys every record needs; a parquet file without one of them is
+    refused before any row is read (its schema names them all)."""
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     if path.suffix == ".parquet":
@@ -19,7 +25,12 @@ def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             import pyarrow.parquet as pq
         except ImportError as err:
             raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
-        for row, record in enumerate(pq.read_table(path).to_pylist()):
+        table = pq.read_table(path)
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise ValueError(f"{path} has no column {', '.join(map(repr, missing))} "
+                             f"(its columns: {', '.join(table.column_names)})")
+        for row, record in enumerate(table.to_pylist()):
             yield f"row {row}", record
         return
     with path.open(encoding="utf-8") as fh:
@@ -33,6 +44,15 @@ def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             if not isinstance(record, dict):
                 raise ValueError(f"{path}: line {lineno} is not a JSON object")
             yield f"line {lineno}", record
+
+
+def check_prompt_size(path: Path, where: str, key: str, text: str) -> str:
+    """``text`` unchanged, or an error naming the file, the row and the field when it is longer
+    than :data:`MAX_PROMPT_CHARS`."""
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"{path}: {where}, field {key!r} holds {len(text):,} characters, more than the "
+                         f"{MAX_PROMPT_CHARS:,} a prompt may have (drmas.envs.files.MAX_PROMPT_CHARS)")
+    return text
 
 
 def load_hub_dataset(name: str, hub_id: str, config: str | None, split: str) -> Any:

@@ -24,9 +24,10 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.algorithms import policy_loss, truncated_is_weights
-from drmas.engines import ENGINES, Engine, vllm_available
+from drmas.engines import ENGINES, Engine, EngineError, vllm_available
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import (VLLMConfig, check_engine_memory, check_gpu_fractions, encode_prompt,
                                      engine_fractions, make_engine)
@@ -194,12 +195,18 @@ class MultiAgentRL(L.LightningModule):
         def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
             if not prompts:
                 return []
+            if self._trainer is not None and self.trainer.received_sigterm:
+                raise SIGTERMException  # preempted: stop before the next request, not after the rollout
             policy = self.policies[self.policy_of(agent)]
             base = policy.config.train_sampling if train else policy.config.eval_sampling
             stops = list(dict.fromkeys([*base.stop, *(s for p in prompts for s in p.stop)]))
             params = dataclasses.replace(base, stop=stops)
             ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
-            outs = self._engine(policy.name).generate(ids, n, params)
+            try:
+                outs = self._engine(policy.name).generate(ids, n, params)
+            except Exception as err:
+                raise EngineError(f"the {self.engine_name} engine of policy {policy.name!r} failed generating for "
+                                  f"agent {agent!r} ({len(ids)} prompts x {n}): {type(err).__name__}: {err}") from err
             return [
                 [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
                 for pid, p, gens in zip(ids, prompts, outs)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from drmas.envs.code.task import CodeTask, TestCase
-from drmas.envs.files import load_hub_dataset, read_records
+from drmas.envs.files import check_prompt_size, load_hub_dataset, read_records
 
 __all__ = ["CODE_DATASETS", "EMBEDDED", "embedded_problems", "load_code_dataset", "load_code_file",
            "load_code_source", "parse_tests", "tasks_from_rows"]
@@ -62,12 +62,13 @@ def load_code_file(path: str | Path, source: str | None = None, split: str | Non
     path = Path(path)
     src = source or path.stem
     tasks = []
-    for index, (where, record) in enumerate(read_records(path)):
+    for index, (where, record) in enumerate(read_records(path, ("question", "tests"))):
         if split is not None and record.get("split", split) != split:
             continue
         question = record.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{path}: {where} has no question text in 'question' (keys: {sorted(record)})")
+        check_prompt_size(path, where, "question", question)
         if "tests" not in record:
             raise ValueError(f"{path}: {where} has no 'tests' (keys: {sorted(record)})")
         try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drmas.envs.files import load_hub_dataset, read_records
+from drmas.envs.files import check_prompt_size, load_hub_dataset, read_records
 from drmas.envs.math.task import MathTask
 
 __all__ = ["MATH_DATASETS", "MathDatasetSpec", "gsm8k_final_answer", "load_math_dataset", "load_math_file", "math_dataset_spec"]
@@ -55,11 +55,13 @@ def load_math_file(
     path = Path(path)
     src = source or path.stem
     tasks = []
-    for index, (where, record) in enumerate(read_records(path)):
+    columns = (problem_key.split(".")[0], answer_key.split(".")[0])
+    for index, (where, record) in enumerate(read_records(path, columns)):
         problem = _lookup(record, problem_key)
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"{path}: {where} has no problem text in {problem_key!r} "
                              f"(keys: {sorted(record)})")
+        check_prompt_size(path, where, problem_key, problem)
         answer = _answer_text(_lookup(record, answer_key))
         if answer is None:
             raise ValueError(f"{path}: {where} has no answer in {answer_key!r} (keys: {sorted(record)})")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drmas.envs.files import read_records
+from drmas.envs.files import check_prompt_size, read_records
 
 __all__ = ["SearchTask", "load_corpus", "load_search_r1", "write_corpus"]
 
@@ -66,10 +66,11 @@ def load_search_r1(path: str | Path, source: str | None = None) -> list[SearchTa
     """
     path = Path(path)
     tasks = []
-    for index, (where, record) in enumerate(read_records(path)):
+    for index, (where, record) in enumerate(read_records(path, ("question",))):
         question = record.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{path}: {where} has no 'question'")
+        check_prompt_size(path, where, "question", question)
         answers = _gold_answers(record)
         if not answers:
             raise ValueError(f"{path}: {where} has no answers "

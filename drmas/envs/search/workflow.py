@@ -13,7 +13,10 @@ punctuation, no articles, single spaces). Role (local) rewards: verifier = routi
 (yes exactly when a gold answer already appears in the gathered information); searcher = its
 passages contain a gold answer; answerer = exact match. A malformed action gets
 ``-format_penalty`` as local reward (a malformed verify counts as no, a malformed search
-retrieves nothing, a malformed answer is wrong).
+retrieves nothing, a malformed answer is wrong). A search whose request still fails after the
+retriever's retries (a server outage) retrieves nothing without a penalty and is counted as a
+failed action (``rollout/searcher/failed_actions``); too many stop the run (see
+:class:`~drmas.data.rollouts.Rollouts`).
 
 - ``parallel`` mode: every sample of a trajectory gets ``alpha * team + local``, where local is
   the format penalty, plus the role reward when ``role_rewards`` is on (off by default, as in
@@ -36,7 +39,7 @@ from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.search.answers import contains_answer, exact_match
 from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1
 from drmas.envs.search.prompts import default_templates, format_information, parse_answer, parse_search, parse_verify
-from drmas.envs.search.retrieval import Retriever, make_retriever
+from drmas.envs.search.retrieval import RetrievalError, Retriever, make_retriever
 from drmas.envs.search.world import synthetic_world
 from drmas.records import Completion
 
@@ -153,15 +156,22 @@ class SearchWorkflow(TurnWorkflow):
                 em = float(answer is not None and exact_match(answer, st.task.answers))
                 out.append(Action(answer is not None, em, ends=True, team_reward=em, value=answer))
             return out
-        # searcher: a malformed query retrieves nothing; role = its passages hold a gold answer
+        # searcher: a malformed query retrieves nothing; role = its passages hold a gold answer.
+        # A request that fails after its retries is a failed action for every query in it: no
+        # passages, no penalty (the searcher did its part), counted by the rollout.
         queries = [parse_search(c.text) for c in completions]
         real = [q for q in queries if q is not None]
-        hits = iter(self.retriever.search(real, self.topk) if real else [])
+        failure = None
+        try:
+            results = self.retriever.search(real, self.topk) if real else []
+        except RetrievalError as err:
+            failure, results = str(err), [[] for _ in real]
+        hits = iter(results)
         out = []
         for st, q in zip(states, queries):
             passages = [h.text for h in next(hits)] if q is not None else []
             found = float(contains_answer(" ".join(passages), st.task.answers))
-            out.append(Action(q is not None, found, value=(q, passages)))
+            out.append(Action(q is not None, found, value=(q, passages), failure=failure if q is not None else None))
         return out
 
     def advance(self, agent: str, state: SearchState, action: Action) -> None:
