@@ -46,13 +46,12 @@ def read_records(path: Path, columns: tuple[str, ...] = ()) -> Iterator[tuple[st
             yield f"line {lineno}", record
 
 
-def check_prompt_size(path: Path, where: str, key: str, text: str) -> str:
-    """``text`` unchanged, or an error naming the file, the row and the field when it is longer
-    than :data:`MAX_PROMPT_CHARS`."""
+def check_prompt_size(path: Path, where: str, key: str, text: str) -> None:
+    """An error naming the file, the row and the field when ``text`` is longer than
+    :data:`MAX_PROMPT_CHARS`."""
     if len(text) > MAX_PROMPT_CHARS:
         raise ValueError(f"{path}: {where}, field {key!r} holds {len(text):,} characters, more than the "
                          f"{MAX_PROMPT_CHARS:,} a prompt may have (drmas.envs.files.MAX_PROMPT_CHARS)")
-    return text
 
 
 def load_hub_dataset(name: str, hub_id: str, config: str | None, split: str) -> Any:

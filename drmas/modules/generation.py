@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from drmas.engines import ENGINES, Engine
+from drmas.engines import ENGINES, Engine, EngineError
 from drmas.models import load_causal_lm, resolve_model_path
 from drmas.records import ChatPrompt
 
-__all__ = ["VLLMConfig", "check_engine_memory", "check_gpu_fractions", "check_kv_caches", "encode_prompt",
+__all__ = ["VLLMConfig", "check_engine_memory", "check_gpu_fractions", "check_kv_caches", "encode_prompt", "run_engine",
            "engine_fractions", "engine_key", "make_engine"]
 
 
@@ -129,3 +129,13 @@ def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: tor
         gpu_memory_utilization=policy.config.gpu_memory_utilization or vllm.gpu_memory_utilization,
         kv_cache_gib=policy.config.kv_cache_gib or vllm.kv_cache_gib,
     ), True
+
+
+def run_engine(engine: Any, kind: str, policy: str, agent: str, ids: list[list[int]], n: int, params: Any) -> Any:
+    """``engine.generate(ids, n, params)``; any failure re-raised as :class:`EngineError` naming
+    the policy and the agent, so a lost device or a bad request says whose rollout it ended."""
+    try:
+        return engine.generate(ids, n, params)
+    except Exception as err:
+        raise EngineError(f"the {kind} engine of policy {policy!r} failed generating for agent {agent!r} "
+                          f"({len(ids)} prompts x {n}): {type(err).__name__}: {err}") from err

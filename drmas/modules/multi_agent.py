@@ -27,10 +27,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.algorithms import policy_loss, truncated_is_weights
-from drmas.engines import ENGINES, Engine, EngineError, vllm_available
+from drmas.engines import ENGINES, Engine, vllm_available
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import (VLLMConfig, check_engine_memory, check_gpu_fractions, encode_prompt,
-                                     engine_fractions, make_engine)
+                                     engine_fractions, make_engine, run_engine)
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
@@ -202,11 +202,7 @@ class MultiAgentRL(L.LightningModule):
             stops = list(dict.fromkeys([*base.stop, *(s for p in prompts for s in p.stop)]))
             params = dataclasses.replace(base, stop=stops)
             ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
-            try:
-                outs = self._engine(policy.name).generate(ids, n, params)
-            except Exception as err:
-                raise EngineError(f"the {self.engine_name} engine of policy {policy.name!r} failed generating for "
-                                  f"agent {agent!r} ({len(ids)} prompts x {n}): {type(err).__name__}: {err}") from err
+            outs = run_engine(self._engine(policy.name), self.engine_name, policy.name, agent, ids, n, params)
             return [
                 [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
                 for pid, p, gens in zip(ids, prompts, outs)
