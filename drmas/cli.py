@@ -33,6 +33,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import torch.distributed as dist
 import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -289,4 +290,14 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
         if cli.trainer.is_global_zero:
             print(summary, flush=True)
+    _leave_process_group()
     return cli
+
+
+def _leave_process_group() -> None:
+    # Every rank leaves together, and the process group goes while the interpreter is whole: left
+    # to the interpreter's exit, gloo's worker threads were seen to abort a finished run
+    # ("terminate called without an active exception", exit -6).
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

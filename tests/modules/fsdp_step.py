@@ -34,6 +34,8 @@ def main(out: str, shard: bool) -> None:
                         reload_dataloaders_every_n_epochs=1, use_distributed_sampler=False, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dm = Fixed(module, micro_batch_size=2)
+    # the weights every run starts from: what the step moved each element by, seen from the test
+    initial = {n: p.detach().clone() for n, p in module.policies["p"].model.named_parameters()}
     trainer.fit(module, datamodule=dm)
     weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                for n, p in module.policies["p"].model.named_parameters()}
@@ -44,7 +46,7 @@ def main(out: str, shard: bool) -> None:
     if trainer.is_global_zero:
         logged = next(h for h in module.history if "train/p/loss" in h)
         torch.save({"loss": logged["train/p/loss"], "grad_norm": logged["train/p/grad_norm"],
-                    "version": module.policies["p"].version, "weights": weights,
+                    "version": module.policies["p"].version, "weights": weights, "initial": initial,
                     "chunk_tokens": module.policies["p"].chunk_tokens,
                     "packed": sum(b.packed is not None for b in dm.batches),
                     "engine_copy": engine.model is not module.policies["p"].model, "engine_diff": engine_diff,

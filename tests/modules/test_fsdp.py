@@ -31,12 +31,18 @@ def test_a_sharded_step_equals_the_unsharded_one(tmp_path):
     assert abs(sharded["loss"] - single["loss"]) <= 1e-6 * max(1.0, abs(single["loss"]))
     assert abs(sharded["grad_norm"] - single["grad_norm"]) <= 1e-5 * single["grad_norm"]
     assert single["grad_norm"] > 0.5  # above grad_clip: clipping by the global norm is exercised
-    # Weights after one AdamW step (lr 1e-2): Adam divides by sqrt(v) + eps, so a gradient element
-    # near eps turns the last-bit difference of the sharded reduction into a visible one. Stated
-    # tolerance: 99.9% of elements within 1e-6, every element within 2e-4 (2% of one step).
-    close = total = 0
+    # Weights after one AdamW step (lr 1e-2, no weight decay): the first step moves an element by
+    # lr * g / (|g| + eps), whose slope at g ~ eps is lr / eps = 1e6, so an element whose gradient
+    # is near zero turns the last-bit difference of the sharded reduction into a visible one. The
+    # elements the step moved by at least 0.99 lr (|g| >= 99 eps) are well-conditioned: those must
+    # agree to 1e-6; they are 18% of all elements (most of the tied 49,152-row embedding gets
+    # tiny gradients), and 99.9% of all elements agree to 1e-6 (a wrong sharded step breaks both).
+    moved = agree = total = 0
     for name, w in single["weights"].items():
+        step = (w - single["initial"][name]).abs()
+        firm = step >= 0.99e-2
         diff = (sharded["weights"][name] - w).abs()
-        assert float(diff.max()) <= 2e-4, name
-        close, total = close + int((diff <= 1e-6).sum()), total + diff.numel()
-    assert close >= 0.999 * total, (close, total)
+        assert float(torch.where(firm, diff, 0.0).max()) <= 1e-6, name
+        assert float(diff.max()) <= 2e-2, name  # never more than one step's width apart
+        moved, agree, total = moved + int(firm.sum()), agree + int((diff <= 1e-6).sum()), total + diff.numel()
+    assert moved >= 0.1 * total and agree >= 0.999 * total, (moved, agree, total)
