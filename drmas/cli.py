@@ -48,6 +48,7 @@ from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpo
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
+from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.sharding import check_resume, resolve_strategy
 
@@ -226,7 +227,24 @@ class DrmasCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         # drmas's strategy names (``fsdp``) before Lightning reads the string as one of its own
         config = {**config, "strategy": resolve_strategy(config.get("strategy", "auto"))}
+        config["precision"] = resolve_precision(config.get("precision"), str(config.get("accelerator") or "auto"))
         return super()._instantiate_trainer(config, callbacks)
+
+
+def resolve_precision(precision: Any, accelerator: str) -> Any:
+    """An unset ``--trainer.precision`` follows the hardware (bf16 autocast where bf16 is native,
+    fp32 elsewhere; see :mod:`drmas.hardware`); an explicit bf16 on a device that emulates it is
+    kept, with a warning."""
+    device = compute_device(accelerator)
+    if precision is None:
+        precision = default_precision(accelerator)
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            why = "natively" if precision.startswith("bf16") else "only by emulation, many times slower than fp32"
+            print(f"precision: {precision} (this {device.upper()} computes bf16 {why}; "
+                  "set --trainer.precision to choose)", flush=True)
+    else:
+        warn_if_slow_bf16("--trainer.precision", str(precision), device)
+    return precision
 
 
 def trainer_defaults(name: str) -> dict[str, Any]:

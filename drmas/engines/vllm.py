@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from drmas.engines.base import Engine, Generation, SamplingParams, check_request, full_state_items
+from drmas.hardware import engine_dtype
 
 if TYPE_CHECKING:
     import vllm
@@ -95,7 +96,7 @@ class VLLMEngine(Engine):
     def __init__(
         self,
         model_path: str,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         max_model_len: int = 4096,
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
@@ -111,7 +112,7 @@ class VLLMEngine(Engine):
         self.on_gpu = torch.cuda.is_available()
         kwargs: dict[str, Any] = dict(
             model=model_path,
-            dtype=dtype,
+            dtype=engine_dtype(dtype),  # "auto": bfloat16 where native, else float32
             max_model_len=max_model_len,
             seed=seed,
             enforce_eager=enforce_eager,

@@ -21,8 +21,10 @@ __all__ = ["VLLMConfig", "check_engine_memory", "check_gpu_fractions", "check_kv
 class VLLMConfig:
     """Settings of the vLLM engines (one per policy)."""
 
-    dtype: str = "bfloat16"
-    """Engine dtype; the truncated importance weights correct its mismatch with the trainer."""
+    dtype: str = "auto"
+    """Engine dtype: ``auto`` is bfloat16 where the device computes bf16 natively (GPUs, CPUs
+    with AVX-512 BF16 or AMX), else float32; the truncated importance weights correct a bf16
+    engine's mismatch with the trainer."""
     max_model_len: int = 4096
     """Longest prompt + response the engine accepts."""
     gpu_memory_utilization: float = 0.5

@@ -75,7 +75,7 @@ class MultiAgentRL(L.LightningModule):
                 (normalised by each policy's ``train_sampling.max_new_tokens``).
             entropy_coef: entropy bonus weight (0 = off; computing entropy costs a full softmax).
             kl_coef: weight of the k3 KL penalty to each policy's initial weights (0 = off; > 0
-                keeps a frozen bf16 reference copy per policy and logs ``train/<policy>/kl``).
+                keeps a frozen reference copy per policy (bf16 where native) and logs ``train/<policy>/kl``).
             is_cap: cap of the truncated importance weights between trainer and engine
                 log-probs (None = no correction).
             prefix_sharing: run prompt prefixes shared by several samples once in the update

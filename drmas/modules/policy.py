@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from drmas.engines.base import SamplingParams
+from drmas.hardware import compute_device, fast_dtype
 from drmas.models import load_causal_lm
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
 from drmas.modules.logprobs import chunked_logprobs_match, full_logprobs, packed_logprobs_match, response_logprobs
@@ -90,8 +91,8 @@ class Policy(nn.Module):
 
     def __init__(self, name: str, config: PolicyConfig, reference: bool = False, prefix_sharing: bool = False,
                  shared: Policy | None = None) -> None:
-        """``reference``: also keep a frozen bf16 copy of the initial model (for a KL penalty;
-        a LoRA policy's reference is its base, with the adapter switched off: no copy).
+        """``reference``: also keep a frozen copy of the initial model, bf16 where native (for a KL
+        penalty; a LoRA policy's reference is its base, with the adapter switched off: no copy).
         ``prefix_sharing``: pack shared prompt prefixes in training, where the model allows it.
         ``shared``: a LoRA policy whose base (and tokenizer) this one shares."""
         super().__init__()
@@ -105,8 +106,10 @@ class Policy(nn.Module):
                 self.model = add_lora(self.model, name, config.lora)
         self.reference: nn.Module | None = None
         if reference and self.adapter is None:
-            # bf16 halves its memory; it only ever runs without gradients
-            self.reference = copy.deepcopy(self.model).to(torch.bfloat16).eval().requires_grad_(False)
+            # bf16 halves its memory where it is native (it only ever runs without gradients);
+            # where bf16 is emulated it would be the slowest forward of the update
+            dtype = fast_dtype(compute_device(), next(self.model.parameters()).dtype)
+            self.reference = copy.deepcopy(self.model).to(dtype).eval().requires_grad_(False)
         self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()

@@ -8,6 +8,7 @@ from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
 from drmas.engines import vllm_available
+from drmas.hardware import default_precision
 
 AGENTS = ("verifier", "searcher", "answerer")
 # The random model never writes a valid action, so every reward is the same penalty and every
@@ -27,6 +28,8 @@ def test_parallel_sampling_with_the_hf_engine(tmp_path):
     assert s["train/shared/samples"][1] == sum(s[f"rollout/{a}/samples"][1] for a in AGENTS)
     # the end-of-run table
     assert "reward@first" in proc.stdout and "val/avg@2" in proc.stdout and "--ckpt_path" in proc.stdout
+    # the config leaves precision to the hardware: bf16 autocast only where bf16 is native
+    assert f"precision: {default_precision('cpu')} (this CPU computes bf16 " in proc.stdout
 
 
 def test_tree_sampling_with_at_grpo(tmp_path):
