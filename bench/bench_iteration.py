@@ -1,11 +1,14 @@
 """Where an iteration of the search main job goes: rollout, weight sync and update, in parallel and
 tree mode, with the tokens the update ran and the share of this machine's matmul peak it reached.
 
-Runs ``recipes/search.py fit`` with the main job's config (SmolLM2-135M, vLLM rollouts, bf16-mixed
-training) for ``--iterations`` iterations per mode (no validation) and reports the last
-iteration's split (the first carries warm-up). The peak is measured here first: square bf16 and
-fp32 matmuls of ``--matmul`` rows. The update's achieved FLOP rate counts 6 x parameters x tokens
-(forward and backward; recomputation under gradient checkpointing is not counted).
+Runs ``recipes/search.py fit`` with the main job's config (SmolLM2-135M, vLLM rollouts, the
+precision the hardware suggests: bf16-mixed where bf16 is native, else fp32) for
+``--iterations`` iterations per mode (no validation) and reports the last iteration's split (the
+first carries warm-up). The peak is measured here first: square matmuls of ``--matmul`` rows
+in fp32, and in bf16 where the update trains in it; the update is compared with the peak of the
+dtype it trained in. The update's
+achieved FLOP rate counts 6 x parameters x tokens (forward and backward; recomputation under
+gradient checkpointing is not counted).
 
     python bench/bench_iteration.py [--iterations 2] [--modes parallel tree] [--matmul 2048]
 """
@@ -61,20 +64,25 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
+    from drmas.hardware import default_precision
     from drmas.models import load_causal_lm
 
     parameters = sum(p.numel() for p in load_causal_lm("embedded:smollm2-135m-instruct")[0].parameters())
-    peak = {"bf16": matmul_peak(args.matmul, torch.bfloat16), "fp32": matmul_peak(args.matmul, torch.float32)}
-    print(f"matmul peak ({args.matmul}^2): bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s, fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s")
+    trained = "bf16" if default_precision("cpu").startswith("bf16") else "fp32"
+    # an emulated bf16 matmul of 2048 rows takes about a minute: measured only where it is used
+    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if trained == "bf16" else {})}
+    peak = {name: matmul_peak(args.matmul, dtype) for name, dtype in dtypes.items()}
+    print(f"matmul peak ({args.matmul}^2): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items())
+          + f"; the update trains in {trained}")
     print(f"{'mode':9s} {'rollout s':>9s} {'sync s':>7s} {'update s':>8s} {'update %':>8s} {'samples':>7s} "
-          f"{'tokens':>7s} {'GFLOP/s':>8s} {'of bf16 peak':>12s}")
+          f"{'tokens':>7s} {'GFLOP/s':>8s} {'of ' + trained + ' peak':>12s}")
     for mode in args.modes:
         with tempfile.TemporaryDirectory() as tmp:
             r = one_mode(mode, args.iterations, tmp)
         total = r["rollout"] + r["sync"] + r["update"]
         rate = 6 * parameters * r["tokens"] / r["update"]
         print(f"{mode:9s} {r['rollout']:9.1f} {r['sync']:7.1f} {r['update']:8.1f} {100 * r['update'] / total:7.0f}% "
-              f"{r['samples']:7.0f} {r['tokens']:7.0f} {rate / 1e9:8.1f} {rate / peak['bf16']:11.0%}")
+              f"{r['samples']:7.0f} {r['tokens']:7.0f} {rate / 1e9:8.1f} {rate / peak[trained]:11.0%}")
 
 
 if __name__ == "__main__":

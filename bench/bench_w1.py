@@ -4,11 +4,12 @@ The same task for both: SmolLM2-135M-Instruct, 8 generated arithmetic word probl
 file written here), 4 problems x 4 samples per step, at most 64 new tokens, temperature 1, one
 optimiser step per step, the drmas solver's prompt, reward 1 for a right boxed answer. drmas runs
 ``recipes/math.py fit`` with one solver loop and ``grpo`` (its defaults: the engine of
-``--model.engine``, bf16-mixed training unless ``--precision 32``); TRL runs ``GRPOTrainer`` on the CPU.
+``--model.engine``, the precision the hardware suggests unless ``--precision`` says: bf16-mixed
+where the CPU computes bf16 natively, else fp32); TRL runs ``GRPOTrainer`` on the CPU in fp32.
 Printed: each side's median seconds per step (the first step, with its warm-up, left out) and
 the ratio. TRL is an optional extra: ``pip install .[bench]``.
 
-    python bench/bench_w1.py [--steps 5] [--engine auto|hf|vllm] [--precision bf16-mixed|32]
+    python bench/bench_w1.py [--steps 5] [--engine auto|hf|vllm] [--precision auto|bf16-mixed|32]
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def write_problems(path: str) -> None:
 def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "math.py"), "fit",
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
-           "--trainer.max_epochs", str(args.steps), "--trainer.precision", args.precision,
+           "--trainer.max_epochs", str(args.steps),
+           *([] if args.precision == "auto" else ["--trainer.precision", args.precision]),
            "--trainer.logger.init_args.save_dir", out, "--checkpoint.save_last", "false",
            "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
            "--model.engine", args.engine, "--model.policies.shared.micro_batch_size", "16",
@@ -105,11 +107,17 @@ def trl_steps(args: argparse.Namespace, data: str, out: str) -> list[float] | No
     return json.loads(line[len("STEPS "):])
 
 
+def resolved_precision(precision: str) -> str:
+    from drmas.hardware import default_precision
+
+    return default_precision("cpu") if precision == "auto" else precision
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm"))
-    p.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "32"))
+    p.add_argument("--precision", default="auto", choices=("auto", "bf16-mixed", "32"))
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "w1.jsonl")
@@ -119,7 +127,7 @@ def main() -> None:
         theirs = trl_steps(args, data, os.path.join(tmp, "trl"))
     med = lambda xs: statistics.median(xs[1:] if len(xs) > 1 else xs)  # noqa: E731
     print(f"W1: SmolLM2-135M, 4 problems x 4 samples, <= 64 new tokens, {args.steps} steps; "
-          f"drmas engine {args.engine}, precision {args.precision}")
+          f"drmas engine {args.engine}, precision {resolved_precision(args.precision)}")
     print(f"drmas  median {med(ours):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in ours)})")
     if theirs:
         print(f"TRL    median {med(theirs):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in theirs)})")
