@@ -6,9 +6,8 @@ precision the hardware suggests: bf16-mixed where bf16 is native, else fp32) for
 ``--iterations`` iterations per mode (no validation) and reports the last iteration's split (the
 first carries warm-up). The peak is measured here first: square matmuls of ``--matmul`` rows
 in fp32, and in bf16 where the update trains in it; the update is compared with the peak of the
-dtype it trained in. The update's
-achieved FLOP rate counts 6 x parameters x tokens (forward and backward; recomputation under
-gradient checkpointing is not counted).
+dtype it trained in. The update's achieved FLOP rate counts 6 x parameters x tokens (forward and
+backward; recomputation under gradient checkpointing is not counted).
 
     python bench/bench_iteration.py [--iterations 2] [--modes parallel tree] [--matmul 2048]
 """
@@ -64,11 +63,11 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from drmas.hardware import default_precision
+    from drmas.hardware import bf16_is_native
     from drmas.models import load_causal_lm
 
     parameters = sum(p.numel() for p in load_causal_lm("embedded:smollm2-135m-instruct")[0].parameters())
-    trained = "bf16" if default_precision("cpu").startswith("bf16") else "fp32"
+    trained = "bf16" if bf16_is_native("cpu") else "fp32"  # what an unset --trainer.precision picks
     # an emulated bf16 matmul of 2048 rows takes about a minute: measured only where it is used
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if trained == "bf16" else {})}
     peak = {name: matmul_peak(args.matmul, dtype) for name, dtype in dtypes.items()}
