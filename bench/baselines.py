@@ -1,8 +1,8 @@
 """The baselines matrix: train and evaluate the rows the papers compare, on the same data,
 budget and seeds, and write ``baselines.md`` (mean and spread over seeds) and PNG curves.
 
-    python bench/baselines.py --recipe math                       # embedded model, CPU defaults
-    python bench/baselines.py --recipe search --config configs/qwen3_8b.yaml --iterations 200
+    python bench/baselines.py --recipe math                       # embedded model, CPU budget
+    python bench/baselines.py --recipe search --config configs/qwen3_8b.yaml --seeds 0 1 2
     python bench/baselines.py --recipe math --rows prompt_only drmas --seeds 0 --iterations 1
 
 Rows (each with the recipe's config; ``*_per_agent``: one policy per agent):
@@ -15,9 +15,15 @@ Rows (each with the recipe's config; ``*_per_agent``: one policy per agent):
 - ``at_grpo``: tree sampling with agent- and turn-wise groups (AT-GRPO).
 
 Each training row runs ``recipes/<recipe>.py fit`` once per seed (``--seed_everything``,
-``--data.seed``, ``--model.seed``) for ``--iterations`` iterations with validation every
-``--val_every``; the table reports the final ``val/avg@k`` and the last rollout success rate,
-mean and standard deviation over the seeds, and the curves plot their means per iteration.
+``--data.seed``, ``--model.seed``), validating every ``--val_every`` iterations and at the end;
+the table reports the final ``val/avg@k`` and the last rollout success rate, mean and standard
+deviation over the seeds, and the curves plot their means per iteration. The team rows start
+from the same weights on the same val tasks, so their iteration-0 point is the ``prompt_only``
+evaluation of that seed (run once, not once per row).
+
+The scale: with ``--config`` the config decides it (iterations: its ``trainer.max_epochs``
+unless ``--iterations``); without, the embedded model's CPU default config runs with the
+budget of :data:`CPU_BUDGET` (two seeds, about an hour on two cores).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,6 +45,9 @@ TRAINED = {
     "drmas": ["--data.estimator", "drmas"],
     "at_grpo": ["--data.sampling", "tree", "--data.estimator", "at_grpo"],
 }
+CPU_BUDGET = {"iterations": 2, "flags": ["--data.tasks_per_iteration", "2", "--data.val_tasks", "16"]}
+"""The matrix on the embedded default config: 2 tasks x 4 trajectories per iteration, 16 val tasks
+per source (the recipes' own defaults are sized for one run, not for 14)."""
 AGENTS = {"math": ("solver", "verifier"), "search": ("verifier", "searcher", "answerer"),
           "games": ("tool_user", "planner"), "code": ("coder", "tester")}
 
@@ -55,8 +65,9 @@ def rows(recipe: str, model: str) -> dict[str, list[str] | None]:
     return out
 
 
-def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, seed: int, iterations: int,
-            val_every: int, out: str) -> dict[str, list[tuple[int, float]]]:
+def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, seed: int, iterations: int | None,
+            val_every: int, out: str, known_before: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """One run; ``known_before``: its iteration-0 evaluation is prompt_only's, not run again."""
     from drmas.plots import read_scalars
 
     logs = os.path.join(out, "runs", f"{name}-seed{seed}")
@@ -65,17 +76,36 @@ def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, se
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "validate", *base, *seeds,
                "--trainer.logger.init_args.save_dir", logs]
     else:
+        budget = [] if iterations is None else ["--trainer.max_epochs", str(iterations)]
+        before = ["--data.val_before_training", "false"] if known_before else []
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "fit", *base, *flags, *seeds,
-               "--trainer.max_epochs", str(iterations), "--data.val_every", str(val_every),
+               *budget, *before, "--data.val_every", str(val_every),
                "--checkpoint.save_last", "false", "--trainer.logger.init_args.save_dir", logs]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"row {name} (seed {seed}) failed:\n{proc.stderr[-4000:]}")
     run_dir = os.path.join(logs, recipe, "version_0")
-    if flags is None:  # the untrained team: one evaluation, drawn flat over the iterations
+    if flags is None:  # the untrained team: one evaluation, at iteration 0
         scalars = json.loads(open(os.path.join(run_dir, "eval_val.json")).read())["scalars"]
-        return {tag: [(0, v), (iterations, v)] for tag, v in scalars.items()}
+        return {tag: [(0, v)] for tag, v in scalars.items()}
     return read_scalars(run_dir)
+
+
+def complete(results: dict[str, list[dict]], seeds: list[int]) -> None:
+    """Give each team row its seed's ``prompt_only`` numbers at iteration 0, and draw
+    ``prompt_only`` flat to the last iteration of the others."""
+    before = dict(zip(seeds, results.get("prompt_only", [])))
+    last = max((s for name, runs in results.items() if name != "prompt_only"
+                for r in runs for points in r.values() for s, _ in points), default=0)
+    for name, runs in results.items():
+        for seed, r in zip(seeds, runs):
+            if name == "prompt_only":
+                for tag, points in r.items():
+                    points.append((last, points[0][1]))
+            elif name != "single" and seed in before:  # same weights, same val tasks
+                for tag, points in before[seed].items():
+                    if tag in r and tag.startswith("val/") and r[tag][0][0] > 0:
+                        r[tag].insert(0, points[0])
 
 
 def summarise(results: dict[str, list[dict]], k: int) -> tuple[str, dict[str, dict[str, list]]]:
@@ -127,9 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--recipe", default="math", choices=sorted(AGENTS))
     p.add_argument("--config", default=None, help="config file (default: the recipe's own default)")
     p.add_argument("--rows", nargs="+", default=None, help="a subset of the rows (default: all)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=6)
-    p.add_argument("--val_every", type=int, default=2)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--iterations", type=int, default=None,
+                   help=f"iterations per run (default: the config's max_epochs; {CPU_BUDGET['iterations']} without --config)")
+    p.add_argument("--val_every", type=int, default=0, help="validate every this many iterations (0: at the end only)")
     p.add_argument("--model", default="embedded:smollm2-135m-instruct", help="model of the per-agent rows' policies")
     p.add_argument("--val_k", type=int, default=2)
     p.add_argument("--out", default="baselines")
@@ -138,6 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     base = (["--config", os.path.abspath(args.config)] if args.config else []) + ["--data.val_k", str(args.val_k)]
+    iterations = args.iterations
+    if args.config is None:  # the embedded CPU default: a budget for the whole matrix, not one run
+        base += CPU_BUDGET["flags"]
+        iterations = iterations or CPU_BUDGET["iterations"]
     base += [a for a in args.extra if a != "--"]
     table_rows = rows(args.recipe, args.model)
     unknown = set(args.rows or ()) - set(table_rows)
@@ -146,21 +181,26 @@ def main(argv: list[str] | None = None) -> None:
     chosen = {n: f for n, f in table_rows.items() if args.rows is None or n in args.rows}
     results: dict[str, list[dict]] = {}
     total = len(chosen) * len(args.seeds)
+    start = time.perf_counter()
     for name, flags in chosen.items():
         for seed in args.seeds:
             done = sum(len(r) for r in results.values())
-            print(f"[{done + 1}/{total}] {name}, seed {seed}", flush=True)
+            print(f"[{done + 1}/{total}] {name}, seed {seed} ({(time.perf_counter() - start) / 60:.1f} min so far)", flush=True)
             results.setdefault(name, []).append(
-                run_row(args.recipe, base, name, flags, seed, args.iterations, args.val_every, out))
+                run_row(args.recipe, base, name, flags, seed, iterations, args.val_every, out,
+                        known_before=name != "single" and "prompt_only" in chosen))
+    complete(results, args.seeds)
     table, curves = summarise(results, args.val_k)
-    header = (f"# Baselines: {args.recipe}\n\n{args.iterations} iterations, seeds {args.seeds}, "
-              f"val every {args.val_every}, config {args.config or 'the recipe default'}\n\n")
+    budget = f"{iterations} iterations" if iterations else "the config's iterations"
+    header = (f"# Baselines: {args.recipe}\n\n{budget}, seeds {args.seeds}, "
+              f"val every {args.val_every or 'run (at the end)'}, config {args.config or 'the recipe default'}, "
+              f"flags {' '.join(base)}\n\n")
     with open(os.path.join(out, "baselines.md"), "w") as f:
         f.write(header + table + "\n")
     plot(curves, f"val/avg@{args.val_k}", os.path.join(out, "val.png"), f"{args.recipe}: val avg@{args.val_k}")
     plot(curves, "rollout/success_rate", os.path.join(out, "success.png"), f"{args.recipe}: rollout success rate")
     print(table)
-    print(f"\nwritten: {os.path.join(out, 'baselines.md')}, val.png, success.png")
+    print(f"\n{total} runs in {(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, val.png, success.png")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_tasks: int = 32,
         val_k: int = 4,
         val_every: int = 0,
+        val_before_training: bool = True,
         log_completions_every: int = 1,
         policy_swap_probe: bool = False,
         progress: bool | None = None,
@@ -67,6 +68,9 @@ class RolloutDataModule(L.LightningDataModule):
                 tasks name their source (0 = no validation).
             val_k: samples per validation task for ``val/avg@k`` and ``val/pass@k``.
             val_every: validate every this many iterations (0 = only before training and at the end).
+            val_before_training: validate the initial policies before the first iteration (the
+                "before" numbers); off saves that evaluation when they are known, e.g. from a
+                ``validate`` run on the same weights and tasks.
             log_completions_every: log one sample completion per agent as text every this many
                 iterations (0 = never).
             policy_swap_probe: every validation also runs with the agents' policies swapped (each
@@ -87,6 +91,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.rollouts = Rollouts(workflow, sampling, estimator, scale, group_size, tasks_per_iteration,
                                  val_tasks, val_k, seed, progress, max_failed_share)
         self.val_every, self.log_completions_every = val_every, log_completions_every
+        self.val_before_training = val_before_training
         self.policy_swap_probe = policy_swap_probe
         self.plan: IterationPlan | None = None
         """The current iteration's plan (None before the first rollout)."""
@@ -126,7 +131,7 @@ class RolloutDataModule(L.LightningDataModule):
         # skip an iteration (and its random draws) that the uninterrupted run played.
         if self.plan is None or self._plan_started:
             backend = self._backend()
-            if backend.iteration == 0:
+            if backend.iteration == 0 and self.val_before_training:
                 self.validate()  # the "before" numbers, at step 0
             iteration = backend.begin_iteration()
             self.plan, self._plan_started = self.rollouts.plan(backend, iteration), False

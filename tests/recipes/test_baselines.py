@@ -15,6 +15,11 @@ def test_two_rows_of_the_baselines_matrix(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "bl" / "baselines.md").read_text()
     assert "| prompt_only | 0.000 ± 0.000 | - | 1 |" in table and "| drmas | 0.000 ± 0.000 | 0.000 ± 0.000 | 1 |" in table
+    # the trained row did not evaluate its initial weights again: its iteration-0 point is prompt_only's
+    from drmas.plots import read_scalars
+
+    trained = read_scalars(str(tmp_path / "bl" / "runs" / "drmas-seed0" / "math" / "version_0"))
+    assert [s for s, _ in trained["val/avg@2"]] == [1] and "rollout/success_rate" in trained
     for png in ("val.png", "success.png"):
         assert (tmp_path / "bl" / png).read_bytes()[:4] == b"\x89PNG"
     bad = subprocess.run(cmd[:2] + ["--recipe", "search", "--rows", "single"], capture_output=True, text=True)
