@@ -167,10 +167,12 @@ class Policy(nn.Module):
 
     def make_optimizer(self, total_iterations: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         c = self.config
-        # On GPUs the fused kernel: the default (foreach) step allocates temporaries as large as
-        # all parameters together (another 4 bytes/parameter, 32 GB for 8B in fp32).
+        # The fused kernel wherever it exists. On GPUs the default (foreach) step allocates
+        # temporaries as large as all parameters together (another 4 bytes/parameter, 32 GB for
+        # 8B in fp32); on CPUs the default is a loop over tensors, 13x slower (135M: 2.1 s
+        # against 0.16 s a step on 2 cores), the same numbers to one rounding.
         params = self.trainable_parameters()
-        fused = True if all(p.is_cuda for p in params) else None
+        fused = True if params and all(p.device.type in ("cuda", "cpu") for p in params) else None
         opt = torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay,
                                 fused=fused)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_factor(c, it, total_iterations))
