@@ -65,12 +65,26 @@ def rows(recipe: str, model: str) -> dict[str, list[str] | None]:
     return out
 
 
+def cache_file(out: str, name: str, seed: int) -> str:
+    return os.path.join(out, "runs", f"{name}-seed{seed}", "scalars.json")
+
+
+class RowFailed(Exception):
+    """A run ended with an error; the message holds the end of its stderr."""
+
+
 def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, seed: int, iterations: int | None,
             val_every: int, out: str, known_before: bool = False) -> dict[str, list[tuple[int, float]]]:
-    """One run; ``known_before``: its iteration-0 evaluation is prompt_only's, not run again."""
+    """One run's curves; ``known_before``: its iteration-0 evaluation is prompt_only's, not run
+    again. A finished run's curves are kept in ``scalars.json`` beside its logs and read back,
+    not run again, when the matrix is run again with the same ``--out``."""
     from drmas.plots import read_scalars
 
     logs = os.path.join(out, "runs", f"{name}-seed{seed}")
+    cached = cache_file(out, name, seed)
+    if os.path.exists(cached):
+        with open(cached) as f:
+            return {tag: [tuple(p) for p in points] for tag, points in json.load(f).items()}
     seeds = ["--seed_everything", str(seed), "--data.seed", str(seed), "--model.seed", str(seed)]
     if flags is None:
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "validate", *base, *seeds,
@@ -83,22 +97,26 @@ def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, se
                "--checkpoint.save_last", "false", "--trainer.logger.init_args.save_dir", logs]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"row {name} (seed {seed}) failed:\n{proc.stderr[-4000:]}")
+        raise RowFailed(proc.stderr[-4000:])
     run_dir = os.path.join(logs, recipe, "version_0")
     if flags is None:  # the untrained team: one evaluation, at iteration 0
         scalars = json.loads(open(os.path.join(run_dir, "eval_val.json")).read())["scalars"]
-        return {tag: [(0, v)] for tag, v in scalars.items()}
-    return read_scalars(run_dir)
+        curves = {tag: [(0, v)] for tag, v in scalars.items()}
+    else:
+        curves = read_scalars(run_dir)
+    with open(cached, "w") as f:
+        json.dump(curves, f)
+    return curves
 
 
-def complete(results: dict[str, list[dict]], seeds: list[int]) -> None:
+def complete(results: dict[str, dict[int, dict]]) -> None:
     """Give each team row its seed's ``prompt_only`` numbers at iteration 0, and draw
     ``prompt_only`` flat to the last iteration of the others."""
-    before = dict(zip(seeds, results.get("prompt_only", [])))
+    before = results.get("prompt_only", {})
     last = max((s for name, runs in results.items() if name != "prompt_only"
-                for r in runs for points in r.values() for s, _ in points), default=0)
+                for r in runs.values() for points in r.values() for s, _ in points), default=0)
     for name, runs in results.items():
-        for seed, r in zip(seeds, runs):
+        for seed, r in runs.items():
             if name == "prompt_only":
                 for tag, points in r.items():
                     points.append((last, points[0][1]))
@@ -108,18 +126,23 @@ def complete(results: dict[str, list[dict]], seeds: list[int]) -> None:
                         r[tag].insert(0, points[0])
 
 
-def summarise(results: dict[str, list[dict]], k: int) -> tuple[str, dict[str, dict[str, list]]]:
-    """The markdown table and, per row, the mean curves of val avg@k and the success rate."""
+def summarise(results: dict[str, dict[int, dict]], k: int,
+              missing: dict[str, str] | None = None) -> tuple[str, dict[str, dict[str, list]]]:
+    """The markdown table and, per row, the mean curves of val avg@k and the success rate;
+    ``missing``: rows without a finished run, and why (a line of the table each)."""
     val_tag = f"val/avg@{k}"
     lines = [f"| row | val avg@{k} (final) | rollout success (last) | seeds |", "|---|---|---|---|"]
     curves: dict[str, dict[str, list]] = {}
-    for name, runs in results.items():
+    for name, by_seed in results.items():
+        runs = list(by_seed.values())
         finals = [r[val_tag][-1][1] for r in runs if val_tag in r]
         success = [r["rollout/success_rate"][-1][1] for r in runs if "rollout/success_rate" in r]
         spread = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.pstdev(xs):.3f}" if xs else "-"  # noqa: E731
         lines.append(f"| {name} | {spread(finals)} | {spread(success)} | {len(runs)} |")
         curves[name] = {tag: _mean_curve([r[tag] for r in runs if tag in r])
                         for tag in (val_tag, "rollout/success_rate")}
+    for name, why in (missing or {}).items():
+        lines.append(f"| {name} | {why} | | 0 |")
     return "\n".join(lines), curves
 
 
@@ -135,6 +158,7 @@ def _mean_curve(series: list[list[tuple[int, float]]]) -> list[tuple[int, float]
 def plot(curves: dict[str, dict[str, list]], tag: str, path: str, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
@@ -143,6 +167,7 @@ def plot(curves: dict[str, dict[str, list]], tag: str, path: str, title: str) ->
         if row.get(tag):
             xs, ys = zip(*row[tag])
             ax.plot(xs, ys, marker="o", color=f"C{n % 10}", linestyle="--" if name == "prompt_only" else "-", label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RL iteration")
     ax.set_ylabel(tag)
     ax.set_title(title)
@@ -179,28 +204,46 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown rows {sorted(unknown)}; rows of {args.recipe}: {', '.join(table_rows)}")
     chosen = {n: f for n, f in table_rows.items() if args.rows is None or n in args.rows}
-    results: dict[str, list[dict]] = {}
+    results: dict[str, dict[int, dict]] = {}
+    missing: dict[str, str] = {}  # rows that do not apply, or failed
     total = len(chosen) * len(args.seeds)
     start = time.perf_counter()
-    for name, flags in chosen.items():
-        for seed in args.seeds:
-            done = sum(len(r) for r in results.values())
-            print(f"[{done + 1}/{total}] {name}, seed {seed} ({(time.perf_counter() - start) / 60:.1f} min so far)", flush=True)
-            results.setdefault(name, []).append(
-                run_row(args.recipe, base, name, flags, seed, iterations, args.val_every, out,
-                        known_before=name != "single" and "prompt_only" in chosen))
-    complete(results, args.seeds)
-    table, curves = summarise(results, args.val_k)
+    reused = 0  # runs finished by an earlier call with this --out
+    plan = [(name, flags, seed) for name, flags in chosen.items() for seed in args.seeds]
+    for n, (name, flags, seed) in enumerate(plan):
+        if name in missing:
+            continue
+        reused += os.path.exists(cache_file(out, name, seed))
+        print(f"[{n + 1}/{total}] {name}, seed {seed} ({(time.perf_counter() - start) / 60:.1f} min so far)", flush=True)
+        try:
+            results.setdefault(name, {})[seed] = run_row(
+                args.recipe, base, name, flags, seed, iterations, args.val_every, out,
+                known_before=name != "single" and "prompt_only" in chosen)
+        except RowFailed as err:
+            results.get(name, {}).pop(seed, None)
+            lines = [line for line in str(err).strip().splitlines() if line.strip()]
+            if "does not support sampling=" in str(err):  # e.g. a workflow without tree sampling
+                missing[name] = "n/a: " + lines[-1].split(": ", 1)[-1]
+            else:
+                missing[name] = f"failed (seed {seed}): " + (lines[-1] if lines else "no message")
+                print(str(err), file=sys.stderr)
+            print(f"    {missing[name]}", flush=True)
+    results = {name: runs for name, runs in results.items() if runs and name not in missing}
+    complete(results)
+    table, curves = summarise(results, args.val_k, missing)
     budget = f"{iterations} iterations" if iterations else "the config's iterations"
     header = (f"# Baselines: {args.recipe}\n\n{budget}, seeds {args.seeds}, "
-              f"val every {args.val_every or 'run (at the end)'}, config {args.config or 'the recipe default'}, "
+              f"validated {f'every {args.val_every} iterations and ' if args.val_every else ''}at the end, "
+              f"config {args.config or 'the recipe default'}, "
               f"flags {' '.join(base)}\n\n")
     with open(os.path.join(out, "baselines.md"), "w") as f:
         f.write(header + table + "\n")
     plot(curves, f"val/avg@{args.val_k}", os.path.join(out, "val.png"), f"{args.recipe}: val avg@{args.val_k}")
     plot(curves, "rollout/success_rate", os.path.join(out, "success.png"), f"{args.recipe}: rollout success rate")
     print(table)
-    print(f"\n{total} runs in {(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, val.png, success.png")
+    if any(why.startswith("failed") for why in missing.values()):
+        raise SystemExit(f"rows failed: {', '.join(n for n, why in missing.items() if why.startswith('failed'))}")
+    print(f"\n{total} runs ({reused} read back from an earlier call) in {(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, val.png, success.png")
 
 
 if __name__ == "__main__":
