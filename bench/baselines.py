@@ -47,7 +47,7 @@ TRAINED = {
 }
 CPU_BUDGET = {"iterations": 2, "flags": ["--data.tasks_per_iteration", "2", "--data.val_tasks", "16"]}
 """The matrix on the embedded default config: 2 tasks x 4 trajectories per iteration, 16 val tasks
-per source (the recipes' own defaults are sized for one run, not for 14)."""
+per source (the recipes' own defaults are sized for one run, not for a matrix of them)."""
 AGENTS = {"math": ("solver", "verifier"), "search": ("verifier", "searcher", "answerer"),
           "games": ("tool_user", "planner"), "code": ("coder", "tester")}
 
@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     if any(why.startswith("failed") for why in missing.values()):
         raise SystemExit(f"rows failed: {', '.join(n for n, why in missing.items() if why.startswith('failed'))}")
-    print(f"\n{total} runs ({reused} read back from an earlier call) in {(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, val.png, success.png")
+    finished = sum(len(runs) for runs in results.values())
+    print(f"\n{finished} runs ({reused} read back from an earlier call) in {(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, val.png, success.png")
 
 
 if __name__ == "__main__":

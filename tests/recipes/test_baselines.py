@@ -26,7 +26,7 @@ def test_two_rows_of_the_baselines_matrix(tmp_path):
     assert "| at_grpo | n/a: SolverVerifierWorkflow does not support sampling='tree'" in table
     # called again with the same --out, finished runs are read back, not run again
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "(2 read back from an earlier call)" in again.stdout
+    assert again.returncode == 0 and "2 runs (2 read back from an earlier call)" in again.stdout
     assert (tmp_path / "bl" / "baselines.md").read_text() == table
     bad = subprocess.run(cmd[:2] + ["--recipe", "search", "--rows", "single"], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown rows ['single']; rows of search: prompt_only, grpo" in bad.stderr
