@@ -65,8 +65,12 @@ def rows(recipe: str, model: str) -> dict[str, list[str] | None]:
     return out
 
 
+def run_logs(out: str, name: str, seed: int) -> str:
+    return os.path.join(out, "runs", f"{name}-seed{seed}")
+
+
 def cache_file(out: str, name: str, seed: int) -> str:
-    return os.path.join(out, "runs", f"{name}-seed{seed}", "scalars.json")
+    return os.path.join(run_logs(out, name, seed), "scalars.json")
 
 
 class RowFailed(Exception):
@@ -80,7 +84,7 @@ def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, se
     not run again, when the matrix is run again with the same ``--out``."""
     from drmas.plots import read_scalars
 
-    logs = os.path.join(out, "runs", f"{name}-seed{seed}")
+    logs = run_logs(out, name, seed)
     cached = cache_file(out, name, seed)
     if os.path.exists(cached):
         with open(cached) as f:
@@ -220,7 +224,6 @@ def main(argv: list[str] | None = None) -> None:
                 args.recipe, base, name, flags, seed, iterations, args.val_every, out,
                 known_before=name != "single" and "prompt_only" in chosen)
         except RowFailed as err:
-            results.get(name, {}).pop(seed, None)
             lines = [line for line in str(err).strip().splitlines() if line.strip()]
             if "does not support sampling=" in str(err):  # e.g. a workflow without tree sampling
                 missing[name] = "n/a: " + lines[-1].split(": ", 1)[-1]
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
                 missing[name] = f"failed (seed {seed}): " + (lines[-1] if lines else "no message")
                 print(str(err), file=sys.stderr)
             print(f"    {missing[name]}", flush=True)
-    results = {name: runs for name, runs in results.items() if runs and name not in missing}
+    results = {name: runs for name, runs in results.items() if name not in missing}
     complete(results)
     table, curves = summarise(results, args.val_k, missing)
     budget = f"{iterations} iterations" if iterations else "the config's iterations"
