@@ -1,11 +1,11 @@
 """Per-recipe config sections (one file, merged differently by each recipe), and workflows by name."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from forked import run_script
 
 from drmas.cli import _resolve_argv_workflow, merge_recipe_section, resolve_workflow
 
@@ -81,9 +81,9 @@ def test_registered_names_resolve_to_import_paths():
 def run_user_recipe(tmp_path, *args):
     script = tmp_path / "my_recipe.py"
     script.write_text(USER_RECIPE)
-    cmd = [sys.executable, str(script), "fit", "--config", str(ROOT / "configs/tiny_random.yaml"),
-           "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *args]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    argv = [str(script), "fit", "--config", str(ROOT / "configs/tiny_random.yaml"),
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *args]
+    return run_script(argv, cwd=tmp_path, timeout=600)
 
 
 def test_a_users_registered_workflow_works_by_name(tmp_path):

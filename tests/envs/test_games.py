@@ -132,8 +132,8 @@ def sudoku_solutions(text, limit=2):
     return count()
 
 
-def test_every_sudoku_seed_has_exactly_one_solution():
-    for seed in range(1000):
+def test_sudoku_seeds_have_exactly_one_solution():
+    for seed in range(200):  # 100 of each size (1,000 took 85 s on 2 cores, for the same law)
         size = (4, 9)[seed % 2]
         env = make("sudoku", seed=seed, size=size)
         text = env.observation

@@ -1,4 +1,5 @@
-"""Running a real recipe as users do (a subprocess) and reading back what it wrote."""
+"""Running a real recipe as users do (its own process, ``python recipes/<name>.py fit ...``; forked
+from a pre-imported interpreter, see ``tests/forked.py``) and reading back what it wrote."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import glob
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -14,15 +14,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM
 
 from drmas.models import resolve_model_path
+from forked import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--config", str(ROOT / "configs/tiny_random.yaml")]
 
 
 def run_recipe(recipe: str, tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "fit", *TINY,
-           "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *args]
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900)
+    argv = [str(ROOT / "recipes" / f"{recipe}.py"), "fit", *TINY,
+            "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *args]
+    proc = run_script(argv, cwd=tmp)
     if check and proc.returncode != 0:
         raise AssertionError(f"recipe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

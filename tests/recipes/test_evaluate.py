@@ -3,19 +3,17 @@ the run's final validation) and on a run's HF export; the JSON and markdown writ
 
 import json
 import os
-import subprocess
-import sys
-
 import pytest
+from forked import run_script
 from recipe_runs import ROOT, TINY, run_dir, run_recipe, scalars
 
 GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_sampling.temperature", "0", "--data.val_tasks", "2"]
 
 
 def evaluate(tmp, subcommand, *args):
-    cmd = [sys.executable, str(ROOT / "recipes" / "math.py"), subcommand, *TINY,
-           "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *GREEDY, *args]
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
+    argv = [str(ROOT / "recipes" / "math.py"), subcommand, *TINY,
+            "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *GREEDY, *args]
+    proc = run_script(argv, cwd=tmp, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 

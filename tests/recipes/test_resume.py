@@ -8,11 +8,11 @@ import glob
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
+from forked import run_script
 from recipe_runs import ROOT, TINY, run_dir, scalars
 from recipe_runs import run_recipe as _run
 from safetensors.torch import load_file
@@ -27,10 +27,9 @@ FAULTY = os.path.join(os.path.dirname(__file__), "faulty.py")
 
 
 def run_faulty(fault: str, at: int, tmp, *args: str, env=None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, FAULTY, fault, str(at), str(ROOT / "recipes" / "search.py"), "fit", *TINY,
-           "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *COMMON, *args]
-    return subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "TMPDIR": str(tmp), **(env or {})})
+    argv = [FAULTY, fault, str(at), str(ROOT / "recipes" / "search.py"), "fit", *TINY,
+            "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *COMMON, *args]
+    return run_script(argv, cwd=tmp, env={**os.environ, "TMPDIR": str(tmp), **(env or {})})
 
 
 def saved_iteration(path: str) -> int:
