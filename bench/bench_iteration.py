@@ -10,6 +10,7 @@ dtype it trained in. The update's achieved FLOP rate counts 6 x parameters x tok
 backward; recomputation under gradient checkpointing is not counted).
 
     python bench/bench_iteration.py [--iterations 2] [--modes parallel tree] [--matmul 2048]
+    python bench/bench_iteration.py --device cuda --model /path/to/hf_folder   # on one GPU, HF engine
 """
 
 from __future__ import annotations
@@ -26,22 +27,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def matmul_peak(n: int, dtype) -> float:
-    """FLOP/s of an n x n matmul in ``dtype`` (best of 5 after a warm-up)."""
+def matmul_peak(n: int, dtype, device: str = "cpu") -> float:
+    """FLOP/s of an n x n matmul in ``dtype`` on ``device`` (best of 5 after a warm-up; on a GPU
+    each timing spans 10 matmuls between synchronisations)."""
     import torch
 
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    reps = 10 if device == "cuda" else 1
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     a @ b
     best = float("inf")
     for _ in range(5):
+        sync()
         t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
+        for _ in range(reps):
+            a @ b
+        sync()
+        best = min(best, (time.perf_counter() - t0) / reps)
     return 2 * n**3 / best
 
 
-def one_mode(mode: str, iterations: int, out: str) -> dict[str, float]:
+def one_mode(mode: str, iterations: int, out: str, model: str, device: str) -> dict[str, float]:
     extra = ["--data.sampling", "tree", "--data.estimator", "at_grpo"] if mode == "tree" else []
+    extra += ["--model.policies.shared.model", model]
+    if device == "cuda":  # vLLM is not assumed there: HF generate
+        extra += ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--model.engine", "hf"]
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "search.py"), "fit", "--trainer.max_epochs", str(iterations),
            "--data.val_tasks", "0", "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
            "--trainer.logger.init_args.save_dir", out, *extra]
@@ -59,25 +69,28 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--modes", nargs="+", default=["parallel", "tree"], choices=("parallel", "tree"))
-    p.add_argument("--matmul", type=int, default=2048)
+    p.add_argument("--matmul", type=int, default=None, help="rows of the square peak matmul (2048; 8192 on a GPU)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--model", default="embedded:smollm2-135m-instruct", help="the shared policy: a name or an HF folder")
     args = p.parse_args()
     import torch
 
     from drmas.hardware import bf16_is_native
     from drmas.models import load_causal_lm
 
-    parameters = sum(p.numel() for p in load_causal_lm("embedded:smollm2-135m-instruct")[0].parameters())
-    trained = "bf16" if bf16_is_native("cpu") else "fp32"  # what an unset --trainer.precision picks
+    n = args.matmul or (8192 if args.device == "cuda" else 2048)
+    parameters = sum(p.numel() for p in load_causal_lm(args.model)[0].parameters())
+    trained = "bf16" if bf16_is_native(args.device) else "fp32"  # what an unset --trainer.precision picks
     # an emulated bf16 matmul of 2048 rows takes about a minute: measured only where it is used
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if trained == "bf16" else {})}
-    peak = {name: matmul_peak(args.matmul, dtype) for name, dtype in dtypes.items()}
-    print(f"matmul peak ({args.matmul}^2): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items())
+    peak = {name: matmul_peak(n, dtype, args.device) for name, dtype in dtypes.items()}
+    print(f"{parameters / 1e6:.0f}M parameters on {args.device}; matmul peak ({n}^2): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items())
           + f"; the update trains in {trained}")
     print(f"{'mode':9s} {'rollout s':>9s} {'sync s':>7s} {'update s':>8s} {'update %':>8s} {'samples':>7s} "
           f"{'tokens':>7s} {'GFLOP/s':>8s} {'of ' + trained + ' peak':>12s}")
     for mode in args.modes:
         with tempfile.TemporaryDirectory() as tmp:
-            r = one_mode(mode, args.iterations, tmp)
+            r = one_mode(mode, args.iterations, tmp, args.model, args.device)
         total = r["rollout"] + r["sync"] + r["update"]
         rate = 6 * parameters * r["tokens"] / r["update"]
         print(f"{mode:9s} {r['rollout']:9.1f} {r['sync']:7.1f} {r['update']:8.1f} {100 * r['update'] / total:7.0f}% "

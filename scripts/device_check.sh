@@ -8,6 +8,9 @@
 #   mkdir -p .devcache/models && cp -r ~/.cache/drmas/models/tiny-random-v1 .devcache/models/
 # and run with carry [".whl", ".devcache"]. It trains the recipes for 2 iterations on the GPU
 # (tiny random model, HF generate, bf16-mixed) and writes logs and a summary to $OUT.
+# `bash scripts/device_check.sh update` instead measures the update's share of the bf16 matmul
+# peak on a SmolLM2-135M-shaped model (bench/bench_iteration.py; random weights, as the 540 MB
+# of real ones cannot be carried).
 set -uo pipefail
 OUT=${OUT:-/tmp/device_check}
 mkdir -p "$OUT"
@@ -45,7 +48,25 @@ run() {
     echo "$name: rc=$? in $((SECONDS - start)) s" >> "$OUT/summary.txt"
 }
 
-if [ "${1:-}" != "8b" ]; then
+if [ "${1:-}" = "update" ]; then
+    python3 - > "$OUT/update_init.log" 2>&1 <<'PY'
+import glob, shutil, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+# SmolLM2-135M's shape (the embedded model), random weights, the SmolLM2 tokenizer of tiny-random
+cfg = AutoConfig.for_model("llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                           num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                           max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True,
+                           bos_token_id=1, eos_token_id=2, pad_token_id=2)
+AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained("/tmp/s135")
+for f in glob.glob(".devcache/models/tiny-random-v1/*token*") + glob.glob(".devcache/models/tiny-random-v1/chat_template*"):
+    shutil.copy(f, "/tmp/s135/")
+PY
+    echo "update init: rc=$?" >> "$OUT/summary.txt"
+    python3 bench/bench_iteration.py --device cuda --model /tmp/s135 >> "$OUT/summary.txt" 2>&1
+    echo "bench_iteration: rc=$?" >> "$OUT/summary.txt"
+fi
+
+if [ "${1:-}" != "8b" ] && [ "${1:-}" != "update" ]; then
     COMMON=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
             --model.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
     run math_solver_verifier recipes/math.py fit "${COMMON[@]}"

@@ -76,7 +76,12 @@ class _Zygote:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             pid = int(self.proc.stdout.readline())
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            try:
+                ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            except BaseException:  # e.g. Ctrl-C: the run dies with the test, as subprocess.run's would
+                os.kill(pid, signal.SIGKILL)
+                self.proc.kill()
+                raise
             if not ready:
                 os.kill(pid, signal.SIGKILL)
                 self.proc.stdout.readline()
