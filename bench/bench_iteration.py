@@ -84,8 +84,8 @@ def main() -> None:
     # an emulated bf16 matmul of 2048 rows takes about a minute: measured only where it is used
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if trained == "bf16" else {})}
     peak = {name: matmul_peak(n, dtype, args.device) for name, dtype in dtypes.items()}
-    print(f"{parameters / 1e6:.0f}M parameters on {args.device}; matmul peak ({n}^2): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items())
-          + f"; the update trains in {trained}")
+    print(f"{parameters / 1e6:.0f}M parameters on {args.device}; matmul peak ({n}^2): "
+          + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items()) + f"; the update trains in {trained}")
     print(f"{'mode':9s} {'rollout s':>9s} {'sync s':>7s} {'update s':>8s} {'update %':>8s} {'samples':>7s} "
           f"{'tokens':>7s} {'GFLOP/s':>8s} {'of ' + trained + ' peak':>12s}")
     for mode in args.modes:

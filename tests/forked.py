@@ -46,12 +46,10 @@ def _serve() -> dict:
 
 def _become(request: dict) -> None:
     """In the child: take the run's folder, environment, streams and argv."""
-    import tempfile as _tempfile
-
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    _tempfile.tempdir = None  # recomputed from the run's TMPDIR
+    tempfile.tempdir = None  # recomputed from the run's TMPDIR
     stdin = os.open(os.devnull, os.O_RDONLY)
     os.dup2(stdin, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -61,12 +59,20 @@ def _become(request: dict) -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
 
 
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 class _Zygote:
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, bufsize=0)  # unbuffered: select sees every line
-        if self.proc.stdout.readline() != b"ready\n":
-            raise RuntimeError(f"the test zygote did not start (exit code {self.proc.wait()})")
+        line = b""
+        while line != b"ready\n":  # past anything its imports printed
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the test zygote did not start (exit code {self.proc.wait()})")
         atexit.register(self.proc.kill)
 
     def run(self, argv: list[str], cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
@@ -85,9 +91,9 @@ class _Zygote:
             if not ready:
                 os.kill(pid, signal.SIGKILL)
                 self.proc.stdout.readline()
-                raise subprocess.TimeoutExpired(argv, timeout, *(open(files[k]).read() for k in files))
+                raise subprocess.TimeoutExpired(argv, timeout, *(_read(files[k]) for k in files))
             code = int(self.proc.stdout.readline())
-            stdout, stderr = (open(files[k], errors="replace").read() for k in ("stdout", "stderr"))
+            stdout, stderr = (_read(files[k]) for k in ("stdout", "stderr"))
         return subprocess.CompletedProcess([sys.executable, *argv], code, stdout, stderr)
 
 
@@ -100,7 +106,7 @@ def run_script(argv: list[str], cwd, env: dict | None = None, timeout: float = 9
     global _zygote
     env = dict(os.environ if env is None else env)
     if os.environ.get("DRMAS_TEST_FORK", "1") == "0":
-        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+        return subprocess.run([sys.executable, *argv], check=False, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)
     if _zygote is None or _zygote.proc.poll() is not None:
         _zygote = _Zygote()
@@ -111,8 +117,9 @@ if __name__ == "__main__":
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout, as recipes do
     import runpy
 
-    import drmas.cli  # noqa: F401  (Lightning, torchmetrics, transformers)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import drmas.cli  # noqa: F401  (Lightning, torchmetrics, transformers)
 
     AutoModelForCausalLM.from_config  # noqa: B018  (transformers resolves its model classes lazily)
     request = _serve()

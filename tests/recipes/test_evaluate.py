@@ -3,6 +3,7 @@ the run's final validation) and on a run's HF export; the JSON and markdown writ
 
 import json
 import os
+
 import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY, run_dir, run_recipe, scalars
