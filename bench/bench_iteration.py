@@ -70,7 +70,8 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--modes", nargs="+", default=["parallel", "tree"], choices=("parallel", "tree"))
     p.add_argument("--matmul", type=int, default=None, help="rows of the square peak matmul (2048; 8192 on a GPU)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the recipe trains; cuda: one GPU, HF engine, bf16 where native")
     p.add_argument("--model", default="embedded:smollm2-135m-instruct", help="the shared policy: a name or an HF folder")
     args = p.parse_args()
     import torch

@@ -15,6 +15,7 @@ other. ``DRMAS_TEST_FORK=0`` runs plain subprocesses instead.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -59,6 +60,11 @@ def _become(request: dict) -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
 
 
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it may have ended in the meantime
+        os.kill(pid, signal.SIGKILL)
+
+
 def _read(path: str) -> str:
     with open(path, errors="replace") as f:
         return f.read()
@@ -85,11 +91,11 @@ class _Zygote:
             try:
                 ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
             except BaseException:  # e.g. Ctrl-C: the run dies with the test, as subprocess.run's would
-                os.kill(pid, signal.SIGKILL)
+                _kill(pid)
                 self.proc.kill()
                 raise
             if not ready:
-                os.kill(pid, signal.SIGKILL)
+                _kill(pid)
                 self.proc.stdout.readline()
                 raise subprocess.TimeoutExpired(argv, timeout, *(_read(files[k]) for k in files))
             code = int(self.proc.stdout.readline())
