@@ -11,6 +11,12 @@ gradient norms of both (they must agree).
 
     python bench/bench_prefix.py [--sampling tree|parallel] [--group-size 4] [--tasks 8]
                                  [--model embedded:smollm2-135m-instruct] [--micro-batch 8] [--repeats 2]
+                                 [--devices 2]
+
+``--devices N`` also deals the same samples to N data-parallel ranks as a sharded run does
+(whole prefix groups, balanced by the tokens run) and reports each rank's tokens and update time,
+run one after another in this process: the ranks' total against the one-rank total (what
+splitting costs in duplicated prefixes) and the busiest rank against it (the speed-up bound).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ def main() -> None:
     p.add_argument("--model", default="embedded:smollm2-135m-instruct")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--devices", type=int, default=1, help="also split the packed layout over this many ranks")
     args = p.parse_args()
 
     import torch
@@ -93,6 +100,22 @@ def main() -> None:
     (t0, s0, n0), (t1, s1, n1) = results["per-sample"], results["packed"]
     print(f"packed / per-sample: tokens {t1 / t0:.2f}x, time {s1 / s0:.2f}x, "
           f"grad norms differ by {abs(n1 - n0) / n0:.1e} (relative)")
+    if args.devices > 1:
+        ranks = []
+        for r in range(args.devices):
+            batches = make_micro_batches(samples, "shared", args.micro_batch, tok.pad_token_id, rank=r,
+                                         world_size=args.devices, prefix_sharing=True)
+            real = [b for b in batches if not b.padding]
+            seconds = statistics.median(update(model, batches)[0] for _ in range(args.repeats))
+            ranks.append((sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in real),
+                          len(batches), seconds))
+        print(f"\npacked, dealt to {args.devices} ranks (whole prefix groups, balanced by tokens run):")
+        print(f"{'rank':6s} {'tokens':>8s} {'passes':>7s} {'seconds':>9s}")
+        for r, (tokens, passes, seconds) in enumerate(ranks):
+            print(f"{r:<6d} {tokens:8d} {passes:7d} {seconds:9.2f}")
+        total, busiest = sum(t for t, _, _ in ranks), max(t for t, _, _ in ranks)
+        print(f"ranks / one rank: tokens {total / t1:.2f}x in all, busiest rank {busiest / t1:.2f}x; "
+              f"busiest rank's time {max(s for _, _, s in ranks) / s1:.2f}x")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import drmas.envs.games  # noqa: F401
 import drmas.envs.math  # noqa: F401
 import drmas.envs.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
+from drmas.callbacks.iteration_checkpoint import partial_path, recover_checkpoint
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
@@ -195,7 +196,12 @@ class DrmasCLI(LightningCLI):
             pattern = os.path.join(logger.root_dir, "version_*", "checkpoints", "last.ckpt")
         else:
             pattern = os.path.join(self.trainer.default_root_dir, "checkpoints", "last.ckpt")
-        found = sorted(glob.glob(pattern), key=os.path.getmtime)
+        # a whole checkpoint that a kill left before its swap is the newest: rank 0 moves it into
+        # place, and every rank counts it (another rank may look before rank 0 has moved it)
+        waiting = [os.path.join(os.path.dirname(p), "last.ckpt") for p in glob.glob(partial_path(pattern))]
+        waiting = [p for p in waiting if recover_checkpoint(p, move=self.trainer.is_global_zero)]
+        found = sorted(set(glob.glob(pattern)) | set(waiting),
+                       key=lambda p: os.path.getmtime(p) if os.path.exists(p) else float("inf"))
         if self.trainer.is_global_zero:
             print(f"--ckpt_path last: resuming from {found[-1]}" if found
                   else f"--ckpt_path last: no checkpoint matches {pattern}; starting from the beginning", flush=True)
@@ -303,6 +309,7 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
     try:
         cli = DrmasCLI(workflow, name, default_config, args=args)
     except SIGTERMException:
+        _leave_process_group()  # every rank stops at the same point (drmas.modules.preemption)
         sys.exit(143)  # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
     if getattr(cli, "subcommand", None) == "fit":
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective

@@ -173,6 +173,9 @@ class BatchSpec:
     """Order samples so shared prompt prefixes sit together and pack them (:class:`PackedRows`)."""
     by_agent: bool = False
     """Never put two agents' samples in one micro-batch (for per-agent gradient norms)."""
+    attention_window: int | None = None
+    """The model's sliding attention window: a micro-batch is packed only when each of its
+    samples fits in it (a packed row's block mask knows no window)."""
 
 
 @dataclass

@@ -205,7 +205,8 @@ class GradNormSpikeMonitor(Callback):
                     linewidths=1.5,
                     zorder=3,
                 )
-        ax.set_yscale("log")
+        if any(math.isfinite(v) and v > 0 for values in self.history.values() for _, v in values):
+            ax.set_yscale("log")  # a log axis without one positive value cannot place its ticks
         ax.set_xlabel("RL iteration")
         ax.set_ylabel("pre-clip grad norm")
         ax.set_title(f"grad norms (spike: > {self.factor:g} x median of previous {self.window})")

@@ -5,6 +5,7 @@ stops early (preemption, an outage, an engine failure)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -12,9 +13,23 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from drmas.atomic import replace_dir
+from drmas.atomic import COMPLETE, publish_dir, recover_dir
 
-__all__ = ["IterationCheckpoint"]
+__all__ = ["IterationCheckpoint", "partial_path", "recover_checkpoint"]
+
+
+def partial_path(filepath: str) -> str:
+    """Where a checkpoint is written before it is renamed to ``filepath``."""
+    return os.path.join(os.path.dirname(filepath), f".{os.path.basename(filepath)}.partial")
+
+
+def recover_checkpoint(filepath: str, move: bool) -> bool:
+    """Whether a whole sharded checkpoint written for ``filepath`` waits under its temporary name
+    (a kill came between its completion and its swap); ``move``: swap it into place (rank 0 only)."""
+    partial = partial_path(filepath)
+    if not move:
+        return os.path.isfile(os.path.join(partial, COMPLETE))
+    return recover_dir(partial, filepath)
 
 
 class IterationCheckpoint(ModelCheckpoint):
@@ -26,7 +41,11 @@ class IterationCheckpoint(ModelCheckpoint):
     the run ended, and a killed run lost all its progress.
 
     Every checkpoint is written beside its target under a hidden name and renamed into place, so
-    a kill during the write leaves the previous one whole. (Lightning's own save moves a file from
+    a kill during the write leaves the previous one whole. A sharded checkpoint (a directory) is
+    synced to disk, marked whole, and exchanged with the previous one in one rename, so
+    ``last.ckpt`` never goes missing; a kill between the mark and the swap leaves the new one
+    complete under its hidden name, and ``--ckpt_path last`` moves it into place
+    (:func:`recover_checkpoint`). (Lightning's own save moves a file from
     the system temp directory, which is a copy, not a rename, when that directory is on another
     file system than the checkpoints, as a node-local ``/tmp`` usually is.)
 
@@ -55,14 +74,18 @@ class IterationCheckpoint(ModelCheckpoint):
             self._saved_iteration = getattr(trainer.lightning_module, "iteration", None)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        # a fixed hidden name (the same on every rank, which all write into it when sharded); a
-        # partial one left by a kill is simply overwritten next time
-        partial = os.path.join(os.path.dirname(filepath), f".{os.path.basename(filepath)}.partial")
-        super()._save_checkpoint(trainer, partial)
+        # a fixed hidden name (the same on every rank, which all write into it when sharded)
+        partial = partial_path(filepath)
+        if trainer.is_global_zero and os.path.lexists(partial):  # left by a kill: start it afresh
+            shutil.rmtree(partial) if os.path.isdir(partial) else os.remove(partial)
+        trainer.strategy.barrier("IterationCheckpoint.begin")
+        super()._save_checkpoint(trainer, partial)  # every rank's shard is written when it returns
         if trainer.is_global_zero:
-            if os.path.isdir(partial):
-                replace_dir(partial, filepath)  # a sharded checkpoint is a directory
+            if os.path.isdir(partial):  # sharded: a directory, marked whole, then swapped in
+                publish_dir(partial, filepath)
             else:
+                with open(partial, "rb") as f:
+                    os.fsync(f.fileno())
                 os.replace(partial, filepath)
         trainer.strategy.barrier("IterationCheckpoint.rename")
         self._last_checkpoint_saved = filepath

@@ -8,16 +8,22 @@ from typing import Sequence
 
 import torch
 
-from drmas.packing import pack_shared_prefixes, pad_samples, prefix_order
+from drmas.packing import group_by_prefix, pack_shared_prefixes, pad_samples, prefix_order
 from drmas.records import Experience, MicroBatch
 
-__all__ = ["make_micro_batches", "shard_samples"]
+__all__ = ["make_micro_batches", "shard_prefix_groups", "shard_samples"]
 
 
-def shard_samples(samples: Sequence[Experience], world_size: int) -> list[list[int]]:
-    """Positions of ``samples`` per rank: counts differ by at most one, and token counts (prompt
-    plus response, what a forward pass costs) are balanced greedily, longest sample first to the
-    least loaded rank. Deterministic, so every rank computes the same split."""
+def shard_samples(samples: Sequence[Experience], world_size: int, prefix_sharing: bool = False,
+                  micro_batch_size: int = 1) -> list[list[int]]:
+    """Positions of ``samples`` per rank. Deterministic, so every rank computes the same split.
+
+    Without prefix sharing: counts differ by at most one, and token counts (prompt plus
+    response, what a forward pass costs) are balanced greedily, longest sample first to the least
+    loaded rank. With it: :func:`shard_prefix_groups` (which needs the micro-batch size).
+    """
+    if prefix_sharing:
+        return shard_prefix_groups(samples, world_size, micro_batch_size)
     cost = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     cap = math.ceil(len(samples) / world_size) if samples else 0
     shares: list[list[int]] = [[] for _ in range(world_size)]
@@ -27,6 +33,47 @@ def shard_samples(samples: Sequence[Experience], world_size: int) -> list[list[i
         shares[rank].append(i)
         load[rank] += cost[i]
     return shares
+
+
+def shard_prefix_groups(samples: Sequence[Experience], world_size: int, micro_batch_size: int) -> list[list[int]]:
+    """Positions of ``samples`` per rank, keeping samples that share a prompt prefix together
+    (a task's tree candidates, its parallel trajectories' turns) and balancing the tokens that run
+    once the ranks' micro-batches are packed.
+
+    The samples, in prefix order (:func:`~drmas.packing.prefix_order`), are cut into
+    ``world_size`` consecutive runs, each packed into micro-batches exactly as
+    :func:`make_micro_batches` will pack it; each cut goes where the busier of the run before it
+    and the average of the ranks after it runs the fewest tokens. A cut thus falls where it
+    duplicates the least prefix for the balance it buys. Dealing samples one by one instead
+    would scatter every group over the ranks and lose most of the sharing.
+    """
+    order = prefix_order(samples, range(len(samples)))
+    n, m = len(order), micro_batch_size
+    ordered = [samples[i] for i in order]
+    chunk = lambda a, b: _packed_tokens(ordered[a:b])  # noqa: E731  (one micro-batch's tokens)
+    full = [chunk(i, i + m) if i + m <= n else 0 for i in range(n)]
+    after = [0] * (n + 1)  # after[k]: tokens of the run from k to the end, in micro-batches from k
+    for k in range(n - 1, -1, -1):
+        after[k] = full[k] + after[k + m] if k + m <= n else chunk(k, n)
+    cuts = [0]
+    for r in range(1, world_size):
+        a, whole, best = cuts[-1], 0, None
+        for k in range(a, n + 1):  # the run [a, k): whole micro-batches, then what is left of one
+            if k - a >= m and (k - a) % m == 0:
+                whole += full[k - m]
+            start = a + (k - a) // m * m
+            mine = whole + (chunk(start, k) if k > start else 0)
+            key = (max(mine, after[k] / (world_size - r)), mine + after[k], k)
+            best = key if best is None or key < best else best
+        cuts.append(best[2])
+    cuts.append(n)
+    return [order[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _packed_tokens(chunk: Sequence[Experience]) -> int:
+    """Tokens one micro-batch of these samples runs with shared prefixes packed."""
+    return sum(length + sum(len(chunk[i].prompt_ids) + len(chunk[i].response_ids) - length for i in members)
+               for length, members in group_by_prefix(chunk))
 
 
 def make_micro_batches(
@@ -40,6 +87,7 @@ def make_micro_batches(
     world_size: int = 1,
     prefix_sharing: bool = False,
     by_agent: bool = False,
+    attention_window: int | None = None,
 ) -> list[MicroBatch]:
     """Split one policy's samples into length-sorted micro-batches with loss scales; with
     several ranks, this rank's share of them (:func:`shard_samples`).
@@ -55,6 +103,9 @@ def make_micro_batches(
     sharing a prompt prefix fall into the same micro-batch, and each micro-batch carries them
     packed (:func:`~drmas.packing.pack_shared_prefixes`).
 
+    ``attention_window``: a micro-batch is packed only when each sample's prompt plus response
+    fits in it (a model attending within a sliding window; otherwise it runs whole samples).
+
     ``by_agent``: micro-batches hold one agent's samples each (``MicroBatch.agent`` set), so the
     trainer can measure each agent's gradient contribution; the loss scales are unchanged.
     """
@@ -68,7 +119,8 @@ def make_micro_batches(
     if not real:
         return []
     total_tokens = sum(len(samples[i].response_ids) for i in real)
-    shares = [[real[j] for j in share] for share in shard_samples([samples[i] for i in real], world_size)]
+    shares = [[real[j] for j in share]
+              for share in shard_samples([samples[i] for i in real], world_size, prefix_sharing, micro_batch_size)]
     if prefix_sharing:
         order = prefix_order(samples, shares[rank])
     else:
@@ -89,7 +141,8 @@ def make_micro_batches(
             out.append(_micro_batch(chunk, idx, policy, pad_id, scale * world_size, ppo_epoch))
             if by_agent:
                 out[-1].agent = chunk[0].agent
-            if prefix_sharing:
+            if prefix_sharing and (attention_window is None or all(
+                    len(s.prompt_ids) + len(s.response_ids) <= attention_window for s in chunk)):
                 out[-1].packed = pack_shared_prefixes(chunk, pad_id)
     passes = len(out) if world_size == 1 else max(math.ceil(len(share) / micro_batch_size) for share in shares)
     while len(out) < passes:

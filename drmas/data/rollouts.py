@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import random
 import time
 from collections import defaultdict
@@ -160,12 +161,10 @@ class Rollouts:
         t1 = time.perf_counter()
         # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed)
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
-        local = RolloutResult([], [])
         backend.engine_cache_stats()  # from here on: this rollout's requests only
-        if mine:
-            local = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True), self.group_size,
-                               self.sampling, self.seed + iteration + 1_000_003 * backend.rank)
-        result, (prompt, cached) = _gather(backend, local, backend.engine_cache_stats())
+        local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
+                                    self.group_size, self.sampling, self.seed + iteration + 1_000_003 * backend.rank)
+        result, (prompt, cached) = _gather(backend, local, failure, backend.engine_cache_stats())
         scalars = self.check_failures(result, f"iteration {iteration}")
         result, scalars["rollout/nonfinite_rewards"] = _drop_nonfinite(result, iteration)
         t2 = time.perf_counter()
@@ -200,12 +199,18 @@ class Rollouts:
         return scalars
 
     def _play(self, backend: RolloutBackend, desc: str, tasks: Sequence[Any], generate: GenerateFn, n: int,
-              mode: str, seed: int) -> RolloutResult:
-        """The workflow's rollout, with a progress bar over its episodes where one is shown."""
+              mode: str, seed: int) -> tuple[RolloutResult, BaseException | None]:
+        """The workflow's rollout of this rank's ``tasks``, with a progress bar over its episodes
+        where one is shown; and what stopped it, if anything did (a SIGTERM, an engine failure):
+        raised only once every rank has heard of it, in :func:`_gather`."""
+        if not tasks:
+            return RolloutResult([], []), None
         bar = EpisodeBar(len(tasks) * (n if mode == "parallel" else 1), desc, show_progress(self.progress, backend.rank))
         try:
             extra = {"progress": bar} if bar.active else {}
-            return self.workflow.rollout(tasks, generate, n=n, mode=mode, seed=seed, **extra)
+            return self.workflow.rollout(tasks, generate, n=n, mode=mode, seed=seed, **extra), None
+        except BaseException as err:  # SIGTERM is a SystemExit
+            return RolloutResult([], []), err
         finally:
             bar.close()
 
@@ -222,7 +227,7 @@ class Rollouts:
                 if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
                     batches += make_micro_batches(per_policy[name], name, spec.micro_batch_size, spec.pad_id,
                                                   spec.agg, ppo_epoch, backend.rank, backend.world_size,
-                                                  spec.prefix_sharing, spec.by_agent)
+                                                  spec.prefix_sharing, spec.by_agent, spec.attention_window)
         return batches
 
     # ---- validation -------------------------------------------------------------------------
@@ -260,7 +265,6 @@ class Rollouts:
         tasks = self.val_task_list(split)
         backend.sync_weights()
         mine = tasks[backend.rank :: backend.world_size]
-        local = RolloutResult([], [])
         top = f"{split}_swapped" if swap else split
         generate = backend.generate_fn(train=False)
         if swap:
@@ -268,9 +272,9 @@ class Rollouts:
 
             def generate(agent: str, prompts: Sequence[Any], n: int) -> Any:
                 return own(partner[agent], prompts, n)  # routed to the partner's policy
-        if mine:
-            local = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k, "parallel", 0)
-        result, _ = _gather(backend, local)
+        local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k,
+                                    "parallel", 0)
+        result, _ = _gather(backend, local, failure)
         failures = {k: v for k, v in self.check_failures(result, top, top).items() if v}  # only when some failed
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
@@ -314,12 +318,38 @@ def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResul
     return result, float(dropped)
 
 
-def _gather(backend: RolloutBackend, local: RolloutResult,
+def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseException | None = None,
             stats: tuple[int, int] = (0, 0)) -> tuple[RolloutResult, tuple[int, int]]:
     """All ranks' samples and episodes in rank order, and their engines' cache counts summed, in
-    one collective (``local`` and ``stats`` themselves with one rank)."""
+    one collective (``local`` and ``stats`` themselves with one rank).
+
+    A rank whose rollout stopped (``failure``: a SIGTERM, an engine or environment error) still
+    joins the collective and hands over what stopped it; then every rank raises: that rank its
+    own exception, the others the first failed rank's (the same type, so a SIGTERM on one rank
+    stops every rank as preempted). A rank that raised before the gather would leave the others
+    waiting in it until the process group's timeout.
+    """
     if backend.world_size == 1:
+        if failure is not None:
+            raise failure
         return local, stats
-    parts = backend.gather_objects((local, stats))
-    return (RolloutResult([s for r, _ in parts for s in r.experiences], [e for r, _ in parts for e in r.episodes]),
-            (sum(n for _, (n, _) in parts), sum(c for _, (_, c) in parts)))
+    parts = backend.gather_objects((local, stats, None if failure is None else _portable(failure)))
+    if failure is not None:
+        raise failure
+    for rank, (_, _, err) in enumerate(parts):
+        if err is not None:
+            log.error("rank %d stopped its rollout with %s: %s; every rank stops", rank, type(err).__name__, err)
+            raise err
+    return (RolloutResult([s for r, _, _ in parts for s in r.experiences], [e for r, _, _ in parts for e in r.episodes]),
+            (sum(n for _, (n, _), _ in parts), sum(c for _, (_, c), _ in parts)))
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` as another process can receive it: itself if it pickles, else a RuntimeError naming it."""
+    try:
+        clone = pickle.loads(pickle.dumps(err))
+    except Exception:
+        clone = RuntimeError(f"{type(err).__name__}: {err}")
+    if hasattr(clone, "add_note"):  # Python 3.11+
+        clone.add_note("(raised on another rank; that rank's log has its traceback)")
+    return clone

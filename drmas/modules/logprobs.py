@@ -136,6 +136,18 @@ def chunked_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
 
 
 @torch.no_grad()
+def attention_window(config) -> int | None:
+    """The sliding window some of the model's layers attend within (Mistral-style
+    ``sliding_window``; Qwen2's only with ``use_sliding_window``; Gemma's local layers), else None."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
 def packed_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
     """Whether packed rows (:class:`~drmas.records.PackedRows`) give the model's unpacked
     log-probs: its attention takes a 4-D mask (SDPA or eager) and position ids (checked on two

@@ -24,7 +24,6 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.algorithms import policy_loss, truncated_is_weights
 from drmas.engines import ENGINES, Engine, vllm_available
@@ -33,6 +32,7 @@ from drmas.modules.generation import (VLLMConfig, check_engine_memory, check_gpu
                                      engine_fractions, make_engine, run_engine)
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
+from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.modules.sharding import check_precision
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
@@ -116,6 +116,7 @@ class MultiAgentRL(L.LightningModule):
         self._agent_grads = AgentGradients()
         self.iteration = 0
         self._bad_loss = False
+        self.stop_signal = StopSignal()
         self._sharded = False
         self.engines: dict[str, Engine] = {}
         self._engine_pool: dict[str, Engine] = {}  # vLLM engines shared by LoRA policies on one base
@@ -195,8 +196,7 @@ class MultiAgentRL(L.LightningModule):
         def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
             if not prompts:
                 return []
-            if self._trainer is not None and self.trainer.received_sigterm:
-                raise SIGTERMException  # preempted: stop before the next request, not after the rollout
+            self.stop_signal.raise_if_requested()  # preempted: stop before the next request, not after the rollout
             policy = self.policies[self.policy_of(agent)]
             base = policy.config.train_sampling if train else policy.config.eval_sampling
             stops = list(dict.fromkeys([*base.stop, *(s for p in prompts for s in p.stop)]))
@@ -237,6 +237,7 @@ class MultiAgentRL(L.LightningModule):
 
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
+        self.stop_signal.install(self.trainer)
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
         engines = list(self.engine_fractions.values()) if self.engine_name == "vllm" else []
@@ -269,6 +270,7 @@ class MultiAgentRL(L.LightningModule):
         return policy.token_logprobs(batch, temperature, with_entropy, reference)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
+        self.stop_signal.raise_if_any(self.world_size, self.device)  # every rank stops at the same micro-batch
         policy = self.policies[batch.policy]
         sampling = policy.config.train_sampling
         logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
@@ -300,7 +302,9 @@ class MultiAgentRL(L.LightningModule):
         elif finite:
             self.manual_backward(loss * batch.loss_scale)
         else:
-            self._bad_loss = True
+            self._bad_loss = True  # every rank skips this step (_step agrees on it)
+            if self.world_size > 1:  # a sharded backward is a collective: run it, with a finite loss
+                self.manual_backward(torch.nan_to_num(loss, 0.0, 0.0, 0.0) * batch.loss_scale)
         if not batch.padding:  # a stand-in pass that keeps ranks in step has no statistics
             bucket = self._metrics[batch.policy]
             for k, v in metrics.items():
@@ -346,7 +350,7 @@ class MultiAgentRL(L.LightningModule):
         """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
         p = self.policies[policy]
         return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
-                         self.loss_kwargs["agg"], p.prefix_sharing, self.agent_grad_norms)
+                         self.loss_kwargs["agg"], p.prefix_sharing, self.agent_grad_norms, p.attention_window)
 
     def begin_iteration(self) -> int:
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,

@@ -15,7 +15,8 @@ from drmas.engines.base import SamplingParams
 from drmas.hardware import compute_device, fast_dtype
 from drmas.models import load_causal_lm
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
-from drmas.modules.logprobs import chunked_logprobs_match, full_logprobs, packed_logprobs_match, response_logprobs
+from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, full_logprobs, packed_logprobs_match,
+                                    response_logprobs)
 from drmas.records import MicroBatch
 
 __all__ = ["Policy", "PolicyConfig", "make_policies"]
@@ -125,6 +126,11 @@ class Policy(nn.Module):
         if prefix_sharing and not self.prefix_sharing:
             log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
                         "chunked log-probs); every sample runs its whole prompt", name, type(self.model).__name__)
+        self.attention_window = attention_window(self.model.config)
+        if self.prefix_sharing and self.attention_window is not None:
+            log.warning("policy %s: %s attends within a sliding window of %d tokens, which packed rows cannot "
+                        "follow: shared prefixes are packed only in micro-batches whose every sample fits in "
+                        "it, the others run whole samples", name, type(self.model).__name__, self.attention_window)
 
     def token_logprobs(self, batch: MicroBatch, temperature: float, with_entropy: bool = False,
                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -2,7 +2,8 @@
 
 ``FSDP`` is Lightning's ``ModelParallelStrategy`` with the mesh drmas needs (every rank in one
 data-parallel dimension, no tensor parallelism) and the sharding options; the LightningModule
-applies :func:`shard_model` to each policy in ``configure_model``. Lightning's own ``fsdp``
+applies :func:`shard_model` to each policy in ``configure_model``. Its checkpoints (a directory
+of per-rank files) are made atomic by ``drmas.callbacks.IterationCheckpoint``. Lightning's own ``fsdp``
 strategy (FSDP1) wraps the whole LightningModule and breaks manual optimisation, so it is not
 used.
 """
@@ -10,14 +11,11 @@ used.
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
-
-from drmas.atomic import replace_dir
 
 __all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "resolve_strategy", "shard_model"]
 
@@ -35,23 +33,6 @@ class FSDP(ModelParallelStrategy):
         kwargs.setdefault("tensor_parallel_size", 1)
         super().__init__(**kwargs)
         self.mixed_precision, self.cpu_offload = mixed_precision, cpu_offload
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Lightning's sharded checkpoint (a directory of per-rank files plus ``meta.pt``), written
-        to a temporary sibling and renamed into place, so a kill while writing leaves the previous
-        checkpoint whole (Lightning writes into the target directory itself)."""
-        if not self._save_distributed_checkpoint:
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
-        target = str(self.broadcast(str(filepath)))
-        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
-        if self.is_global_zero and os.path.lexists(tmp):  # left by an interrupted write
-            shutil.rmtree(tmp)
-        self.barrier("drmas.checkpoint.begin")
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        self.barrier("drmas.checkpoint.written")
-        if self.is_global_zero:
-            replace_dir(tmp, target)
-        self.barrier("drmas.checkpoint.done")
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":  # Lightning's default would be one rank per node

@@ -194,3 +194,11 @@ def test_resume_from_a_lightning_checkpoint_continues_the_count(tmp_path):
 def test_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         GradNormSpikeMonitor(**kwargs)
+
+
+def test_a_run_whose_every_norm_was_skipped_still_plots(tmp_path):
+    # one iteration whose only step was non-finite: a log axis has nothing to place its ticks by
+    monitor = GradNormSpikeMonitor()
+    monitor.record("p", 1, float("nan"))
+    with open(monitor.write_plot(str(tmp_path / "g.png")), "rb") as f:
+        assert f.read().startswith(PNG_MAGIC)

@@ -57,3 +57,59 @@ def test_ranks_get_equal_passes_with_zero_weight_padding():
     assert pad.padding and pad.loss_scale == 0.0 and pad.step_after and not ranks[0][0].step_after
     # token shares of 6 response tokens, times 2 ranks: the averaged gradient is the whole batch's
     assert [m.loss_scale for m in ranks[0][:1] + ranks[1]] == pytest.approx([6 / 6, 2 / 6, 4 / 6])
+
+
+def prefix_plan():
+    """One iteration's samples as the workflows make them: 3 tree tasks of 4 candidates sharing a
+    long prompt, 5 parallel tasks of 4 trajectories whose first turns share a prompt and whose
+    second turns extend it, and 6 samples that share nothing."""
+    g = torch.Generator().manual_seed(1)
+    tok = lambda n: torch.randint(100, 30000, (n,), generator=g).tolist()  # noqa: E731
+    length = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    out = []
+    for t in range(3):
+        prompt = tok(300 + 40 * t)
+        out += [Experience(f"tree{t}", f"c{k}", f"c{k}", "a", 0, "p", prompt, tok(length(10, 40)), [0.0] * 40)
+                for k in range(4)]
+    for t in range(5):
+        first = tok(200 + 30 * t)
+        for j in range(4):
+            r1 = tok(length(8, 30))
+            out.append(Experience(f"par{t}", f"j{j}", f"j{j}", "a", 0, "p", first, r1, [0.0] * 40))
+            out.append(Experience(f"par{t}", f"j{j}", f"j{j}", "a", 1, "p", first + r1 + tok(60), tok(length(8, 30)),
+                                  [0.0] * 40))
+    out += [Experience(f"x{i}", "x", "x", "a", 0, "p", tok(length(50, 150)), tok(20), [0.0] * 40) for i in range(6)]
+    for s in out:
+        s.engine_logprobs = s.engine_logprobs[: len(s.response_ids)]
+    return out
+
+
+def tokens_run(batches):
+    return sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in batches if not b.padding)
+
+
+@pytest.mark.parametrize("micro_batch_size", [4, 8])
+def test_ranks_get_whole_prefix_groups_balanced_by_the_tokens_run(micro_batch_size):
+    samples = prefix_plan()
+    build = lambda rank, world: make_micro_batches(samples, "p", micro_batch_size, 0, rank=rank,  # noqa: E731
+                                                   world_size=world, prefix_sharing=True)
+    one = tokens_run(build(0, 1))
+    ranks = [tokens_run(build(r, 2)) for r in range(2)]
+    assert one < 0.6 * sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)  # sharing is real here
+    assert sum(ranks) <= 1.10 * one and max(ranks) <= 0.55 * one, (ranks, one)
+    # every task's samples on one rank, but for at most the one task the cut goes through
+    shares = shard_samples(samples, 2, prefix_sharing=True, micro_batch_size=micro_batch_size)
+    assert sorted(i for share in shares for i in share) == list(range(len(samples)))
+    split = {samples[i].task_uid for i in shares[0]} & {samples[i].task_uid for i in shares[1]}
+    assert len(split) <= 1, split
+
+
+def test_a_prefix_group_is_cut_only_where_that_shortens_the_busiest_rank():
+    shared = list(range(100, 140))  # a 40-token prefix
+    group = [E(shared, [1] * 5) for _ in range(4)]  # packed: 40 + 4 * 5 = 60 tokens
+    alone = [E([7] * 59, [2]), E([8] * 59, [2])]  # 60 tokens each, sharing nothing
+    # at the boundary each rank runs 60; a cut inside the group runs the prefix twice: the
+    # busier rank would run 105 or more
+    assert [len(s) for s in shard_samples(group + alone[:1], 2, True, 8)] in ([4, 1], [1, 4])
+    # one group alone: cut in half, each rank runs 40 + 2 * 5 = 50 tokens, not one rank all 60
+    assert [len(s) for s in shard_samples(group, 2, True, 8)] == [2, 2]

@@ -3,9 +3,11 @@ FSDP2 over 2 CPU processes (gloo); writes the loss, grad norm and final weights 
 
     python tests/modules/fsdp_step.py OUT [--shard]
 
-Lightning starts the second rank by running this script again. Every rank trains on the same
-micro-batches, so FSDP's averaged gradient equals the single-process gradient. The samples share
-prompt prefixes, so the packed rows run through the sharded model too.
+Lightning starts the second rank by running this script again. Each rank trains its own share
+of the samples, as a real iteration deals them (whole prefix groups, a zero-weight padding pass
+where a rank has fewer micro-batches, loss scales multiplied by the world size), so FSDP's
+averaged gradient equals the single-process gradient only if all of that is right. The samples
+share prompt prefixes, so the packed rows run through the sharded model too.
 """
 
 import sys
@@ -22,7 +24,7 @@ from drmas.modules import MultiAgentRL, PolicyConfig
 
 def main(out: str, shard: bool) -> None:
     torch.manual_seed(0)
-    cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=2,
+    cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=3,
                        train_sampling=SamplingParams(temperature=1.0, max_new_tokens=8))
     module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", is_cap=None, entropy_coef=0.01)
     strategy = "auto"
@@ -33,7 +35,7 @@ def main(out: str, shard: bool) -> None:
     trainer = L.Trainer(accelerator="cpu", devices=2 if shard else 1, strategy=strategy, max_epochs=1,
                         reload_dataloaders_every_n_epochs=1, use_distributed_sampler=False, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    dm = Fixed(module, micro_batch_size=2)
+    dm = Fixed(module, micro_batch_size=3)
     # the weights every run starts from: what the step moved each element by, seen from the test
     initial = {n: p.detach().clone() for n, p in module.policies["p"].model.named_parameters()}
     trainer.fit(module, datamodule=dm)
@@ -43,12 +45,13 @@ def main(out: str, shard: bool) -> None:
     module.sync_weights()
     engine = module.engines["p"]
     engine_diff = max(float((engine.model.state_dict()[n] - w).abs().max()) for n, w in weights.items())
+    shares = module.gather_objects([(b.sample_index.tolist(), b.padding) for b in dm.batches])
     if trainer.is_global_zero:
         logged = next(h for h in module.history if "train/p/loss" in h)
         torch.save({"loss": logged["train/p/loss"], "grad_norm": logged["train/p/grad_norm"],
                     "version": module.policies["p"].version, "weights": weights, "initial": initial,
                     "chunk_tokens": module.policies["p"].chunk_tokens,
-                    "packed": sum(b.packed is not None for b in dm.batches),
+                    "packed": sum(b.packed is not None for b in dm.batches), "shares": shares,
                     "engine_copy": engine.model is not module.policies["p"].model, "engine_diff": engine_diff,
                     "sharded": any(hasattr(p, "full_tensor") for p in module.policies["p"].model.parameters())}, out)
 

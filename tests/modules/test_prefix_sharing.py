@@ -45,7 +45,8 @@ class Fixed(L.LightningDataModule):
 
     def train_dataloader(self):
         spec = self.module.batch_spec("p")
-        batches = make_micro_batches(SAMPLES, "p", self.mbs, spec.pad_id, spec.agg, prefix_sharing=spec.prefix_sharing)
+        batches = make_micro_batches(SAMPLES, "p", self.mbs, spec.pad_id, spec.agg, rank=self.module.rank,
+                                     world_size=self.module.world_size, prefix_sharing=spec.prefix_sharing)
         self.batches = batches
         return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda x: x)
 
@@ -107,3 +108,41 @@ def test_models_whose_attention_cannot_take_the_block_mask_fall_back(caplog):
     assert [r.getMessage() for r in caplog.records].count(
         "policy p: LlamaForCausalLM cannot run packed shared prefixes (needs SDPA or eager attention and the "
         "chunked log-probs); every sample runs its whole prompt") == 1
+
+
+def test_a_sliding_window_model_packs_only_samples_that_fit_its_window(tmp_path, caplog):
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    from drmas.models import resolve_model_path
+    from drmas.modules.logprobs import response_logprobs
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny-random"))
+    torch.manual_seed(0)
+    MistralForCausalLM(MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=2, head_dim=32, sliding_window=32,
+                                     pad_token_id=tok.pad_token_id)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING"):
+        module = MultiAgentRL(policies={"p": PolicyConfig(model=str(tmp_path))}, engine="hf")
+    policy, spec = module.policies["p"], module.batch_spec("p")
+    assert policy.prefix_sharing and spec.prefix_sharing and spec.attention_window == 32
+    assert sum("sliding window of 32 tokens" in r.getMessage() for r in caplog.records) == 1
+    model = policy.model.eval()
+
+    def group(prompt_len):  # three samples sharing a prompt
+        prompt = tokens(prompt_len)
+        return [Experience("t", f"c{k}", "e", "a", 0, "p", prompt, tokens(4 + k), [0.0] * (4 + k)) for k in range(3)]
+
+    def logprobs(batch, packed):
+        return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0,
+                                 packed=batch.packed if packed else None)[0]
+
+    short, long = group(22), group(40)  # 22 + 6 tokens fit the window; 40 + 4 do not
+    (fits,) = make_micro_batches(short, "p", 3, spec.pad_id, prefix_sharing=True, attention_window=spec.attention_window)
+    (whole,) = make_micro_batches(long, "p", 3, spec.pad_id, prefix_sharing=True, attention_window=spec.attention_window)
+    assert fits.packed is not None and whole.packed is None  # the long group runs whole samples
+    torch.testing.assert_close(logprobs(fits, True), logprobs(fits, False), rtol=1e-5, atol=1e-5)
+    # what packing the long group would have done: tokens attend past the window
+    (unsafe,) = make_micro_batches(long, "p", 3, spec.pad_id, prefix_sharing=True)
+    assert (logprobs(unsafe, True) - logprobs(unsafe, False)).abs().max() > 1e-3
+

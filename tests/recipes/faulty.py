@@ -1,12 +1,16 @@
-"""Run a recipe with one fault injected at a chosen iteration (a test tool, never used by drmas):
+"""Run a recipe with faults injected at chosen iterations (a test tool, never used by drmas):
 
-    python faulty.py FAULT ITERATION recipes/search.py fit ...
+    python faulty.py FAULT[,FAULT@ITERATION...] ITERATION recipes/search.py fit ...
 
-FAULT is one of
+Each FAULT happens at ITERATION unless it names its own. $FAULT_RANK limits the faults to one
+rank (default: every rank); the ranks Lightning starts run this script too (it hands them the
+faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. FAULT is one of
   kill_update     SIGKILL after the first micro-batch of ITERATION (in the middle of its update)
   sigterm_update  SIGTERM (what SLURM and Kubernetes send) at the same point; the wall time it
                   was sent is written to the file named by $FAULT_STAMP
+  nan_loss        the first micro-batch of ITERATION gets NaN advantages (a non-finite loss)
   kill_ckpt       SIGKILL halfway through writing the bytes of ITERATION's last.ckpt
+  kill_swap       SIGKILL of every rank once ITERATION's sharded last.ckpt is complete, before its swap
   kill_hf         SIGKILL halfway through writing a weights file of ITERATION's HF export
   sigterm_rollout SIGTERM at the rollout engine's first request of ITERATION
   engine_error    the rollout engine raises at its first request of ITERATION
@@ -14,20 +18,36 @@ FAULT is one of
 
 from __future__ import annotations
 
+import json
 import os
-import runpy
 import signal
 import sys
 import time
 
 from fsspec.implementations.local import LocalFileOpener
 
+import drmas.atomic
 import transformers.modeling_utils as modeling_utils
 from drmas.modules.multi_agent import MultiAgentRL
 
-fault, at, recipe, *args = sys.argv[1:]
-at = int(at)
-state = {"iteration": 0}
+if "FAULTY_SPEC" in os.environ:  # a rank Lightning started: sys.argv holds the recipe's arguments
+    spec = json.loads(os.environ["FAULTY_SPEC"])
+    faults, recipe, args = {k: v for k, v in spec["faults"].items()}, spec["recipe"], sys.argv[1:]
+else:
+    names, at, recipe, *args = sys.argv[1:]
+    faults = {}
+    for item in names.split(","):
+        name, _, when = item.partition("@")
+        faults[name] = int(when or at)
+    os.environ["FAULTY_SPEC"] = json.dumps({"faults": faults, "recipe": recipe})
+only_rank = os.environ.get("FAULT_RANK")
+state = {"iteration": 0, "trainer": None}
+
+
+def due(fault: str, module) -> bool:
+    """``fault`` was asked for, at this iteration, on this rank."""
+    rank_ok = only_rank is None or int(only_rank) == module.global_rank
+    return rank_ok and faults.get(fault) == module.iteration
 
 
 def die() -> None:
@@ -40,25 +60,28 @@ step = MultiAgentRL.training_step
 
 
 def training_step(self, batch, batch_idx):
-    state["iteration"] = self.iteration
+    state["iteration"], state["trainer"] = self.iteration, self.trainer
+    if due("nan_loss", self) and batch_idx == 0:
+        batch.advantages = batch.advantages * float("nan")
     out = step(self, batch, batch_idx)
-    if self.iteration == at and batch_idx == 0:
-        if fault == "kill_update":
+    if batch_idx == 0:
+        if due("kill_update", self):
             die()
-        if fault == "sigterm_update":
-            with open(os.environ["FAULT_STAMP"], "w") as f:
-                f.write(repr(time.time()))
+        if due("sigterm_update", self):
+            if "FAULT_STAMP" in os.environ:
+                with open(os.environ["FAULT_STAMP"], "w") as f:
+                    f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGTERM)
     return out
 
 
 MultiAgentRL.training_step = training_step
 
-if fault == "kill_ckpt":
+if "kill_ckpt" in faults:
     write = LocalFileOpener.write
 
     def half_write(self, data):
-        if state["iteration"] == at and len(data) > 1000:
+        if state["iteration"] == faults["kill_ckpt"] and len(data) > 1000:
             write(self, data[: len(data) // 2])
             self.f.flush()
             die()
@@ -66,11 +89,24 @@ if fault == "kill_ckpt":
 
     LocalFileOpener.write = half_write
 
-if fault == "kill_hf":
+if "kill_swap" in faults:
+    replace_dir = drmas.atomic.replace_dir
+
+    def killing_replace_dir(tmp, target):
+        if state["iteration"] == faults["kill_swap"] and target.endswith("last.ckpt"):
+            for proc in getattr(state["trainer"].strategy.launcher, "procs", []):  # the other ranks
+                proc.kill()
+                proc.wait()
+            die()
+        return replace_dir(tmp, target)
+
+    drmas.atomic.replace_dir = killing_replace_dir
+
+if "kill_hf" in faults:
     save_file = modeling_utils.safe_save_file
 
     def half_save(tensors, filename, metadata=None):
-        if state["iteration"] == at:
+        if state["iteration"] == faults["kill_hf"]:
             save_file(tensors, filename, metadata=metadata)
             with open(filename, "r+b") as f:  # as far as a kill mid-write gets
                 f.truncate(os.path.getsize(filename) // 2)
@@ -79,17 +115,17 @@ if fault == "kill_hf":
 
     modeling_utils.safe_save_file = half_save
 
-if fault in ("engine_error", "sigterm_rollout"):
+if "engine_error" in faults or "sigterm_rollout" in faults:
     generate_fn = MultiAgentRL.generate_fn
 
     def failing_generate_fn(self, train):
         inner = generate_fn(self, train)
 
         def generate(agent, prompts, n):
-            if self.iteration == at and fault == "sigterm_rollout" and not state.get("sent"):
+            if due("sigterm_rollout", self) and not state.get("sent"):
                 state["sent"] = True
                 os.kill(os.getpid(), signal.SIGTERM)
-            elif self.iteration == at and fault == "engine_error":
+            elif due("engine_error", self):
                 engine = self._engine(self.policy_of(agent))
                 engine.generate = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error: device lost"))
             return inner(agent, prompts, n)
@@ -98,5 +134,16 @@ if fault in ("engine_error", "sigterm_rollout"):
 
     MultiAgentRL.generate_fn = failing_generate_fn
 
-sys.argv = [recipe, *args]
-runpy.run_path(recipe, run_name="__main__")
+# the recipe runs as __main__ with its own arguments; argv[0] stays this script (runpy would set
+# it to the recipe's path), which is what Lightning starts again for the other ranks
+sys.argv = [os.path.abspath(__file__), *args]
+with open(recipe) as f:
+    code = compile(f.read(), recipe, "exec")
+try:
+    exec(code, {"__name__": "__main__", "__file__": recipe, "__builtins__": __builtins__})
+except SystemExit as stop:
+    if "FAULT_EXITS" in os.environ:  # how and when each rank ended: $FAULT_EXITS/rank<R>
+        rank = os.environ.get("LOCAL_RANK", "0")
+        with open(os.path.join(os.environ["FAULT_EXITS"], f"rank{rank}"), "w") as f:
+            f.write(f"{stop.code} {time.time()!r}")
+    raise
