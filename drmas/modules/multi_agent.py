@@ -173,7 +173,8 @@ class MultiAgentRL(L.LightningModule):
             sharing = [p.config.lora.rank for p in self.policies.values() if p.config.share_base]
             self.engines[name], fresh = make_engine(self.engine_name, self.policies[name], self.vllm_config,
                                                     self.seed + self.rank, self.device, self._sharded,
-                                                    self._engine_pool, len(sharing), max(sharing, default=0))
+                                                    self._engine_pool, len(sharing), max(sharing, default=0),
+                                                    (self.rank, self.local_rank, self.world_size))
             self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 
@@ -241,7 +242,9 @@ class MultiAgentRL(L.LightningModule):
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
         engines = list(self.engine_fractions.values()) if self.engine_name == "vllm" else []
-        entries = [policy_memory(p, self.kl_coef > 0, self.vllm_config.max_model_len) for p in self.policies.values()]
+        copy = self.engine_name == "hf" and self._sharded  # the HF engine's unsharded copy (make_engine)
+        entries = [policy_memory(p, self.kl_coef > 0, self.vllm_config.max_model_len, copy)
+                   for p in self.policies.values()]
         plan, fits = memory_plan(entries, self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
                                  engines, getattr(self.trainer.strategy, "cpu_offload", False))
         rank_zero_info(plan)

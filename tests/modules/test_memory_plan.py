@@ -30,6 +30,30 @@ def test_plan_refuses_what_cannot_fit_and_offloading_fits_it():
     assert memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fractions=[0.3], offload=True)[1]
 
 
+def test_the_hf_engines_unsharded_copy_is_counted_and_can_refuse_a_plan():
+    # 15B sharded over 8 ranks fits in 80 GiB (30 GB of state); the HF engine's whole fp32 copy
+    # on every rank (60 GB) does not
+    sharded = PolicyMemory("p", parameters=15 * 10**9, vocab_size=151_936, chunk_tokens=1024,
+                           tokens_per_micro_batch=8192)
+    assert memory_plan([sharded], ranks=8, device_bytes=80 * GIB, engine_fractions=[])[1]
+    copy = PolicyMemory("p", 15 * 10**9, 151_936, 1024, 8192, engine_copy_bytes=4 * 15 * 10**9)
+    text, fits = memory_plan([copy], ranks=8, device_bytes=80 * GIB, engine_fractions=[])
+    state, logits = 15 * 10**9 / 8, 12 * 1024 * 151_936
+    assert not fits and f"update peak {(16 * state + logits + 60 * 10**9) / GIB:.2f} GiB" in text
+    assert text.splitlines()[2].endswith(f"{60 * 10**9 / GIB:8.2f}")  # the engine column of the policy's row
+
+
+def test_policy_memory_counts_the_copy_in_the_policys_dtype():
+    from drmas.modules import PolicyConfig
+    from drmas.modules.memory import policy_memory
+    from drmas.modules.policy import Policy
+
+    policy = Policy("p", PolicyConfig(model="tiny-random", dtype="bfloat16"))
+    n = sum(p.numel() for p in policy.model.parameters())
+    assert policy_memory(policy, False, 128).engine_copy_bytes == 0
+    assert policy_memory(policy, False, 128, engine_copy=True).engine_copy_bytes == 2 * n
+
+
 def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):
     assert resolve_strategy("auto") == "auto"
     assert isinstance(resolve_strategy("fsdp"), FSDP) and not resolve_strategy("fsdp").cpu_offload

@@ -63,8 +63,13 @@ def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path
 
 def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
     policies = "{solver: {model: tiny-random, lr: 1.0e-3}, verifier: {model: tiny-random, lr: 1.0e-3}}"
-    run_recipe("math", tmp_path, *FSDP, "--model.engine", "vllm", "--model.policies", policies,
-               "--model.entropy_coef", "0.01", "--data.tasks_per_iteration", "3")
+    proc = run_recipe("math", tmp_path, *FSDP, "--model.engine", "vllm", "--model.policies", policies,
+                      "--model.entropy_coef", "0.01", "--data.tasks_per_iteration", "3")
+    # each rank built its own engines, once, as its LLM was asked for them (on CPU: vLLM's
+    # single-process executor in the rank's own process; on GPUs external_launcher on cuda:<local rank>)
+    built = sorted(line for line in proc.stdout.splitlines() if " vLLM engine of policy " in line)
+    assert built == [f"[rank {r}] vLLM engine of policy {p}: cpu, executor uni"
+                     for r in (0, 1) for p in ("solver", "verifier")], built
     s = scalars(run_dir(tmp_path))
     for agent in ("solver", "verifier"):
         for it in (1, 2):
