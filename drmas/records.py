@@ -36,6 +36,8 @@ class ChatPrompt:
     messages: tuple[tuple[str, str], ...]  # (role, content)
     prefill: str = ""
     stop: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+    """At most this many response tokens (None: the policy's sampling budget, which also caps it)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Per-recipe config sections (one file, merged differently by each recipe), and workflows by name."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -51,8 +52,23 @@ def test_malformed_sections_are_named():
 USER_RECIPE = '''
 import sys
 from drmas.cli import run_recipe
+from drmas.engines import ENGINES, HFEngine
 from drmas.envs.base import WORKFLOWS
 from drmas.envs.math import SolverVerifierWorkflow
+
+
+@ENGINES.register("counting")
+class CountingEngine(HFEngine):
+    """A user's own engine, registered by name: HF generate, counting the prompts it serves."""
+
+    served = 0
+
+    def generate(self, prompts, n, params, stops=None, max_new_tokens=None):
+        type(self).served += len(prompts)
+        return super().generate(prompts, n, params, stops, max_new_tokens)
+
+    def close(self):
+        print(f"counting engine served {type(self).served} prompts", flush=True)
 
 
 @WORKFLOWS.register("toy_math")
@@ -94,12 +110,17 @@ def test_a_users_registered_workflow_works_by_name(tmp_path):
     printed = yaml.safe_load(proc.stdout)
     assert printed["data"]["workflow"] == {"class_path": "__main__.ToyMath", "init_args": {"loops": 5}}
 
-    # by name in a config file too, and it trains: one iteration on the tiny model
+    # by name in a config file too, and it trains: one iteration on the tiny model, with the
+    # user's engine, registered by name too (the trainer builds it through its create)
     (tmp_path / "toy.yaml").write_text("data:\n  workflow: {class_path: toy_math, init_args: {loops: 1}}\n"
-                                       "  val_tasks: 0\ntrainer: {max_epochs: 1}\nmodel: {engine: hf}\n")
+                                       "  val_tasks: 0\ntrainer: {max_epochs: 1}\nmodel: {engine: counting}\n")
     proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "solver" in proc.stdout and "verifier" not in proc.stdout.split("agent", 1)[1]  # one loop: no check
+    served = re.search(r"counting engine served (\d+) prompts", proc.stdout)
+    assert served and int(served.group(1)) > 0, proc.stdout[-2000:]
+    proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"), "--model.engine", "sglang")
+    assert proc.returncode != 0 and "engine must be 'auto' or one of ['counting', 'hf', 'vllm'], got 'sglang'" in proc.stderr
 
 
 @pytest.mark.parametrize("config", ["hetero_cpu.yaml", "llama3b_qwen7b.yaml"])
@@ -121,4 +142,4 @@ def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, 
         lora = [name for name, p in policies.items() if p["lora"]]
         assert lora and all(policies[name]["share_base"] and policies[name]["lora"]["rank"] == 16 for name in lora)
     else:  # the engines' GPU fractions fit one GPU
-        assert sum(p["gpu_memory_utilization"] for p in policies.values()) <= 1
+        assert sum(p["engine"]["gpu_memory_utilization"] for p in policies.values()) <= 1

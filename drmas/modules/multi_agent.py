@@ -26,10 +26,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import policy_loss, truncated_is_weights
-from drmas.engines import ENGINES, Engine, vllm_available
+from drmas.engines import ENGINES, Engine, Placement, VLLMConfig, vllm_available
 from drmas.modules.agent_grads import AgentGradients
-from drmas.modules.generation import (VLLMConfig, check_engine_memory, check_gpu_fractions, encode_prompt,
-                                     engine_fractions, make_engine, run_engine)
+from drmas.modules.generation import encode_prompt, run_engine
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
@@ -37,7 +36,7 @@ from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.modules.sharding import check_precision
 from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
 
-__all__ = ["MultiAgentRL", "VLLMConfig", "check_gpu_fractions", "check_precision"]
+__all__ = ["MultiAgentRL", "VLLMConfig", "check_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +89,8 @@ class MultiAgentRL(L.LightningModule):
         super().__init__()
         if not policies:
             raise ValueError("at least one policy is needed")
-        if engine not in ("auto", *ENGINES):
-            raise ValueError(f"engine must be 'auto' or one of {sorted(ENGINES)}, got {engine!r}")
-        if not 0 < vllm.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {vllm.gpu_memory_utilization}")
+        if engine != "auto" and engine not in ENGINES:
+            raise ValueError(f"engine must be 'auto' or one of {ENGINES.names()}, got {engine!r}")
         # Plain values only: Lightning reads them back with torch.load(weights_only=True) on resume.
         self.save_hyperparameters(ignore=["policies", "vllm"])
         self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
@@ -106,9 +103,10 @@ class MultiAgentRL(L.LightningModule):
         self.policies = torch.nn.ModuleDict(make_policies(policies, kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
-        self.engine_fractions = engine_fractions(policies, vllm)
-        if self.engine_name == "vllm":
-            check_engine_memory(policies, vllm, on_gpu=torch.cuda.is_available())
+        self._engine_class = ENGINES.get(self.engine_name)
+        self._engine_settings = {"vllm": vllm}.get(self.engine_name)  # an engine kind's settings, if it has any
+        self._team = dict(policies)
+        self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available())
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
         self.is_cap, self.kl_coef = is_cap, kl_coef
@@ -170,11 +168,10 @@ class MultiAgentRL(L.LightningModule):
 
     def _engine(self, name: str) -> Engine:
         if name not in self.engines:
-            sharing = [p.config.lora.rank for p in self.policies.values() if p.config.share_base]
-            self.engines[name], fresh = make_engine(self.engine_name, self.policies[name], self.vllm_config,
-                                                    self.seed + self.rank, self.device, self._sharded,
-                                                    self._engine_pool, len(sharing), max(sharing, default=0),
-                                                    (self.rank, self.local_rank, self.world_size))
+            place = Placement(self.rank, self.local_rank, self.world_size, self.device, self.seed + self.rank,
+                              self._sharded)
+            self.engines[name], fresh = self._engine_class.create(self.policies[name], self._engine_settings, place,
+                                                                  self._engine_pool, self._team)
             self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 
@@ -199,11 +196,13 @@ class MultiAgentRL(L.LightningModule):
                 return []
             self.stop_signal.raise_if_requested()  # preempted: stop before the next request, not after the rollout
             policy = self.policies[self.policy_of(agent)]
-            base = policy.config.train_sampling if train else policy.config.eval_sampling
-            stops = list(dict.fromkeys([*base.stop, *(s for p in prompts for s in p.stop)]))
-            params = dataclasses.replace(base, stop=stops)
+            params = policy.config.train_sampling if train else policy.config.eval_sampling
+            # each prompt its own stop strings and length, within the policy's budget
+            stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
+            lengths = [min(p.max_new_tokens or params.max_new_tokens, params.max_new_tokens) for p in prompts]
             ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
-            outs = run_engine(self._engine(policy.name), self.engine_name, policy.name, agent, ids, n, params)
+            outs = run_engine(self._engine(policy.name), self.engine_name, policy.name, agent, ids, n, params,
+                              stops, lengths)
             return [
                 [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
                 for pid, p, gens in zip(ids, prompts, outs)
@@ -241,8 +240,8 @@ class MultiAgentRL(L.LightningModule):
         self.stop_signal.install(self.trainer)
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
-        engines = list(self.engine_fractions.values()) if self.engine_name == "vllm" else []
-        copy = self.engine_name == "hf" and self._sharded  # the HF engine's unsharded copy (make_engine)
+        engines = self._engine_class.device_fractions(self._team, self._engine_settings)
+        copy = self._engine_class.keeps_copy(self._sharded)
         entries = [policy_memory(p, self.kl_coef > 0, self.vllm_config.max_model_len, copy)
                    for p in self.policies.values()]
         plan, fits = memory_plan(entries, self.world_size, torch.cuda.get_device_properties(self.device).total_memory,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,11 +62,13 @@ class PolicyConfig:
     """Sampling during training rollouts."""
     eval_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
     """Sampling during validation."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """This policy's own engine settings over the trainer's (vLLM: any ``--model.vllm`` key, e.g.
+    ``{gpu_memory_utilization: 0.25}``; the fractions of all policies must add up to at most 1)."""
     gpu_memory_utilization: float | None = None
-    """This policy's vLLM engine's fraction of the GPU (default: ``--model.vllm.gpu_memory_utilization``);
-    the fractions of all policies must add up to at most 1."""
+    """Deprecated (one release): ``engine: {gpu_memory_utilization: ...}``."""
     kv_cache_gib: float | None = None
-    """This policy's vLLM engine's KV cache on CPU, GiB (default: ``--model.vllm.kv_cache_gib``)."""
+    """Deprecated (one release): ``engine: {kv_cache_gib: ...}``."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter instead of every weight (None = full fine-tuning)."""
     share_base: bool = False
@@ -79,10 +82,13 @@ class PolicyConfig:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        for key in ("gpu_memory_utilization", "kv_cache_gib"):  # moved into `engine`; read for one release
+            value = getattr(self, key)
+            if value is not None:
+                warnings.warn(f"the policy setting {key} is deprecated and will be removed: use engine: "
+                              f"{{{key}: {value}}} (--model.policies.<name>.engine)", FutureWarning, stacklevel=3)
+                self.engine = {**self.engine, key: value}
+                setattr(self, key, None)
         if self.share_base and self.lora is None:
             raise ValueError("share_base needs a lora section: only adapters can share a base model")
 

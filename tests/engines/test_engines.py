@@ -63,7 +63,9 @@ def assert_consistent(gen: Generation, tok, params: SamplingParams) -> None:
 
 
 def test_registry():
-    assert set(ENGINES) == {"hf", "vllm"}
+    assert ENGINES.names() == ["hf", "vllm"] and ENGINES.get("hf") is HFEngine
+    with pytest.raises(KeyError, match="unknown engine 'sglang'; known: hf, vllm"):
+        ENGINES.get("sglang")
 
 
 def test_hf_n_per_prompt_in_order_and_batch_invariant(tiny, prompts):
@@ -160,6 +162,42 @@ def test_hf_stop_string_cuts_text_and_tokens(tiny, prompts):
         assert stop not in tok.decode(g.token_ids[:-1], skip_special_tokens=True)
         assert len(g.logprobs) == len(g.token_ids)
         assert g.logprobs == pytest.approx(free.logprobs[: len(g.token_ids)], abs=1e-5)
+
+
+def per_prompt_case(engine, tok, prompts):
+    """Each prompt its own stop string (from inside its greedy output) or its own length budget,
+    in one call: what each row would get alone."""
+    free = [g[0] for g in engine.generate(prompts, 1, GREEDY)]
+    stops, lengths, expected = [], [], []
+    for k, gen in enumerate(free):
+        if k % 2 == 0:  # stopped by its own string, within the call's budget
+            stop, text = _stop_case(tok, gen)
+            stops.append([stop]), lengths.append(24), expected.append((text, "stop"))
+        else:  # cut by its own, shorter budget; no stop string of its neighbours applies
+            stops.append([]), lengths.append(3 + k), expected.append((None, "length"))
+    return free, stops, lengths, expected
+
+
+def check_per_prompt(free, outs, lengths, expected):
+    for g, f, length, (text, reason) in zip(outs, free, lengths, expected):
+        assert g.finish_reason == reason
+        assert f.token_ids[: len(g.token_ids)] == g.token_ids  # the same greedy path, cut where due
+        if reason == "length":
+            assert len(g.token_ids) == length
+        else:
+            assert g.text == text and len(g.token_ids) < len(f.token_ids)
+
+
+def test_hf_serves_each_prompt_its_own_stops_and_length_in_one_call(tiny, prompts):
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    free, stops, lengths, expected = per_prompt_case(engine, tok, prompts)
+    outs = [g[0] for g in engine.generate(prompts, 1, GREEDY, stops, lengths)]
+    check_per_prompt(free, outs, lengths, expected)
+    with pytest.raises(ValueError, match="4 prompts but 1 stop lists"):
+        engine.generate(prompts, 1, GREEDY, [[]], lengths)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0 for prompt 1"):
+        engine.generate(prompts, 1, GREEDY, None, [5, 0, 5, 5])
 
 
 def test_hf_eos_in_tokens_not_in_text(tiny, prompts):
@@ -324,6 +362,13 @@ def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
         assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "stop"
 
 
+def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, prompts, vllm_engine):
+    model, tok = tiny
+    free, stops, lengths, expected = per_prompt_case(HFEngine(model, tok), tok, prompts)
+    outs = [g[0] for g in vllm_engine.generate(prompts, 1, GREEDY, stops, lengths)]
+    check_per_prompt(free, outs, lengths, expected)
+
+
 def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
     """One engine per policy: closing one must leave the others working."""
     from drmas.engines import VLLMEngine
@@ -371,7 +416,7 @@ def test_vllm_missing_names_the_install_command(monkeypatch):
 
 
 def test_each_ranks_vllm_engine_takes_its_own_gpu_through_the_external_launcher():
-    from drmas.engines.vllm import launcher_env, launcher_kwargs
+    from drmas.engines.vllm_settings import launcher_env, launcher_kwargs
 
     # several GPU ranks: vLLM's documented executor for torchrun-style launchers, one TP group per rank
     assert launcher_kwargs(8, on_gpu=True) == {"distributed_executor_backend": "external_launcher",
@@ -383,7 +428,8 @@ def test_each_ranks_vllm_engine_takes_its_own_gpu_through_the_external_launcher(
 
 
 def test_a_gpu_list_that_vllm_would_not_follow_is_refused():
-    from drmas.modules.generation import VLLMConfig, make_engine
+    from drmas.engines import Placement, VLLMConfig, VLLMEngine
 
+    place = Placement(rank=1, local_rank=1, world_size=2, device=torch.device("cuda", 5))
     with pytest.raises(ValueError, match=r"rank 1 trains on cuda:5 but its vLLM engine would take cuda:1"):
-        make_engine("vllm", None, VLLMConfig(), 0, torch.device("cuda", 5), True, ranks=(1, 1, 2))
+        VLLMEngine.create(None, VLLMConfig(), place, {}, {})

@@ -14,7 +14,7 @@ from drmas.engines import SamplingParams, vllm_available
 from drmas.engines.hf import HFEngine
 from drmas.models.lora import LoraSettings, save_adapter
 from drmas.modules import MultiAgentRL, PolicyConfig, VLLMConfig
-from drmas.modules.generation import make_engine
+from drmas.engines import Placement, VLLMEngine
 from drmas.records import Experience
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
@@ -116,10 +116,9 @@ def test_the_hf_engine_generates_with_each_policys_adapter(trained):
 def test_one_vllm_engine_serves_both_adapters_and_syncs_only_adapters(trained):
     m, _ = trained
     pool = {}
-    views = {name: make_engine("vllm", m.policies[name], VLLMConfig(dtype="float32", kv_cache_gib=0.25,
-                                                                     max_model_len=512),
-                               0, torch.device("cpu"), False, pool, lora_slots=2, lora_rank=4)[0]
-             for name in ("pa", "pb")}
+    settings = VLLMConfig(dtype="float32", kv_cache_gib=0.25, max_model_len=512)
+    team = {name: p.config for name, p in m.policies.items()}
+    views = {name: VLLMEngine.create(m.policies[name], settings, Placement(), pool, team)[0] for name in ("pa", "pb")}
     try:
         assert len(pool) == 1 and views["pa"].engine is views["pb"].engine  # one engine, one base
         engine = views["pa"].engine

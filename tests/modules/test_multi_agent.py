@@ -135,7 +135,7 @@ def test_the_optimiser_is_the_fused_adamw_and_steps_as_the_reference_loop_does()
 
 
 def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
-    from drmas.modules.multi_agent import check_gpu_fractions
+    from drmas.engines.vllm_settings import check_gpu_fractions
 
     check_gpu_fractions({"solver": 0.45, "verifier": 0.45})
     with pytest.raises(ValueError, match=r"ask for 1.5 of it \(a 0.5, b 0.5, c 0.5\).*at most 0.33"):
@@ -143,18 +143,33 @@ def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
     with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
         MultiAgentRL(policies={"a": tiny()}, engine="hf", vllm=VLLMConfig(gpu_memory_utilization=1.5))
     with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 0"):
-        PolicyConfig(model="tiny-random", gpu_memory_utilization=0)
+        MultiAgentRL(policies={"a": tiny(engine={"gpu_memory_utilization": 0})}, engine="vllm")
+    with pytest.raises(ValueError, match=r"unknown vLLM engine setting\(s\) \['kv_cache'\] in a policy's engine; "
+                                         r"known: \['dtype', 'gpu_memory_utilization', 'kv_cache_gib'"):
+        MultiAgentRL(policies={"a": tiny(engine={"kv_cache": 1.0})}, engine="vllm")
+
+
+def test_the_old_per_policy_engine_keys_still_work_for_one_release_with_a_warning():
+    with pytest.warns(FutureWarning, match=r"the policy setting gpu_memory_utilization is deprecated and will be "
+                                           r"removed: use engine: \{gpu_memory_utilization: 0.25\}"):
+        old = PolicyConfig(model="tiny-random", gpu_memory_utilization=0.25, engine={"dtype": "float32"})
+    assert old.engine == {"dtype": "float32", "gpu_memory_utilization": 0.25} and old.gpu_memory_utilization is None
+    from drmas.engines.vllm_settings import engine_fractions, engine_sizes
+
+    team = {"old": old, "new": PolicyConfig(engine={"kv_cache_gib": 0.5})}
+    assert engine_fractions(team, VLLMConfig()) == {"old": 0.25, "new": 0.5}  # the rest from --model.vllm
+    assert engine_sizes(team, VLLMConfig()) == {"old": 2.0, "new": 0.5}
 
 
 def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
-    from drmas.modules.generation import check_kv_caches
+    from drmas.engines.vllm_settings import check_kv_caches
 
     check_kv_caches({"a": 4.0, "b": 2.0}, machine_bytes=8 * 2**30)  # 6 of the 6 GiB allowed
     with pytest.raises(ValueError, match=r"KV caches take 7 GiB \(a 4, b 3\) of this machine's 8.0 GiB, "
                                          r"more than the 6.0 GiB they may use"):
         check_kv_caches({"a": 4.0, "b": 3.0}, machine_bytes=8 * 2**30)
     with pytest.raises(ValueError, match="KV caches take"):  # this machine, through the module's own check
-        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", kv_cache_gib=4096.0)}, engine="vllm")
+        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", engine={"kv_cache_gib": 4096.0})}, engine="vllm")
 
 
 def test_engines_sleep_for_the_update_and_sync_wakes_them():
@@ -230,3 +245,17 @@ def test_fp16_mixed_precision_is_refused_with_the_reason():
         check_precision(ok)
     with pytest.raises(ValueError, match="precision '16-mixed' is not supported.*loss scaler; use bf16-mixed"):
         check_precision("16-mixed")
+
+
+def test_prompts_of_one_call_keep_their_own_length_within_the_policys_budget():
+    from drmas.records import ChatPrompt
+
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    m = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", train_sampling=greedy)}, engine="hf")
+    m.bind_agents(["a"])
+    generate = m.generate_fn(train=True)
+    ask = lambda limit: ChatPrompt((("user", "Count with me: 1 2 3"),), "", (), limit)  # noqa: E731
+    (free,), (short,), (capped,) = generate("a", [ask(None), ask(2), ask(50)], 1)
+    assert len(free.response_ids) == 6 and free.finish_reason == "length"  # the policy's budget
+    assert short.response_ids == free.response_ids[:2] and short.finish_reason == "length"  # its own, shorter
+    assert capped.response_ids == free.response_ids  # never past the policy's budget
