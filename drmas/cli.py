@@ -51,7 +51,8 @@ from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
 from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
-from drmas.modules.sharding import check_resume, resolve_strategy
+from drmas.modules.policy import deferred_weights
+from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
 
 __all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow", "run_recipe"]
 
@@ -176,6 +177,13 @@ class DrmasCLI(LightningCLI):
         # temporary file, so an interrupted save leaves the old one intact).
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0, "checkpoint.every_n_epochs": 1})
 
+
+    def instantiate_classes(self) -> None:
+        # fit with a sharded strategy: the policies are built on the meta device and each rank
+        # reads only its shards once they are sharded (drmas.modules.policy.deferred_weights)
+        sharded = self.subcommand == "fit" and is_sharded(self._get(self.config, "trainer", {}).get("strategy"))
+        with deferred_weights(sharded):
+            super().instantiate_classes()
 
     def before_fit(self) -> None:
         ckpt_path = self._get(self.config_init, "ckpt_path")

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["EMBEDDED_MODELS", "cache_dir", "load_causal_lm", "resolve_model_path"]
+__all__ = ["EMBEDDED_MODELS", "cache_dir", "load_causal_lm", "load_tokenizer", "resolve_model_path"]
 
 # Bump when the layout of a converted directory changes, so stale caches are not reused.
 _CACHE_VERSION = "v1"
@@ -188,20 +188,34 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype | str = torch.float32):
 
     The tokenizer always has a pad token (the EOS token when the model defines none).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     path = resolve_model_path(name_or_path)
+    tok = load_tokenizer(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as e:
-        known = ", ".join([f"embedded:{k}" for k in EMBEDDED_MODELS] + list(_TINY_BUILDERS))
-        raise ValueError(
-            f"cannot load model {name_or_path!r}: it is not an embedded name ({known}), "
-            f"not a local directory, and loading it as a hub id failed: {e}"
-        ) from e
+        raise _not_found(name_or_path, e) from e
+    return model, tok
+
+
+def load_tokenizer(name_or_path: str):
+    """The tokenizer of ``name_or_path``, with a pad token (the EOS token when the model defines none)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)  # a missing directory is named as such, not as a hub id
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise _not_found(name_or_path, e) from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    return model, tok
+    return tok
+
+
+def _not_found(name_or_path: str, err: OSError) -> ValueError:
+    known = ", ".join([f"embedded:{k}" for k in EMBEDDED_MODELS] + list(_TINY_BUILDERS))
+    return ValueError(f"cannot load model {name_or_path!r}: it is not an embedded name ({known}), "
+                      f"not a local directory, and loading it as a hub id failed: {err}")

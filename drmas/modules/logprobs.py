@@ -135,7 +135,6 @@ def chunked_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
         model.train(training)
 
 
-@torch.no_grad()
 def attention_window(config) -> int | None:
     """The sliding window some of the model's layers attend within (Mistral-style
     ``sliding_window``; Qwen2's only with ``use_sliding_window``; Gemma's local layers), else None."""
@@ -148,6 +147,7 @@ def attention_window(config) -> int | None:
     return int(window)
 
 
+@torch.no_grad()
 def packed_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
     """Whether packed rows (:class:`~drmas.records.PackedRows`) give the model's unpacked
     log-probs: its attention takes a 4-D mask (SDPA or eager) and position ids (checked on two

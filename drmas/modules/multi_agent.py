@@ -64,8 +64,8 @@ class MultiAgentRL(L.LightningModule):
             policies: policy name -> settings. One entry = all agents share one model.
             agents: agent -> policy name. Default: every agent to the only policy, or each
                 agent to the policy of the same name.
-            engine: rollout engine: ``hf`` (transformers generate), ``vllm``, or ``auto``
-                (vLLM when installed, else HF).
+            engine: rollout engine: ``hf`` (transformers generate), ``vllm``, an engine registered
+                in ``drmas.engines.ENGINES``, or ``auto`` (vLLM when installed, else HF).
             vllm: vLLM engine settings.
             clip_low: PPO lower clip (ratio >= 1 - clip_low for negative advantages).
             clip_high: PPO upper clip (ratio <= 1 + clip_high for positive advantages; DAPO: 0.28).
@@ -115,6 +115,7 @@ class MultiAgentRL(L.LightningModule):
         self.iteration = 0
         self._bad_loss = False
         self.stop_signal = StopSignal()
+        self.weights_read: dict[str, str] = {}  # policy -> how its shards were read (sharded loading)
         self._sharded = False
         self.engines: dict[str, Engine] = {}
         self._engine_pool: dict[str, Engine] = {}  # vLLM engines shared by LoRA policies on one base
@@ -217,22 +218,15 @@ class MultiAgentRL(L.LightningModule):
         (and its reference) with FSDP2 over the data-parallel ranks."""
         strategy = self._trainer.strategy if self._trainer is not None else None
         if self._sharded or not isinstance(strategy, ModelParallelStrategy):
+            for policy in self.policies.values():
+                if policy.deferred:  # built for sharding, trained whole after all
+                    policy.load_weights(self.device)
             return
-        from drmas.modules.sharding import shard_model
+        from drmas.modules.sharding import shard_policies
 
         if self.agent_grad_norms:
             raise ValueError("agent_grad_norms runs on one device: it is not supported with a sharded strategy")
-        lora = [name for name, p in self.policies.items() if p.adapter is not None]
-        if lora:
-            raise ValueError(f"LoRA policies ({', '.join(lora)}) cannot be sharded yet: run them on one device")
-        mesh = self.device_mesh["data_parallel"]
-        mixed = getattr(strategy, "mixed_precision", None)
-        mixed = strategy.root_device.type == "cuda" if mixed is None else mixed
-        offload = getattr(strategy, "cpu_offload", False)
-        for policy in self.policies.values():
-            shard_model(policy.model, mesh, mixed, offload)
-            if policy.reference is not None:
-                shard_model(policy.reference, mesh, False, offload)
+        self.weights_read = shard_policies(self.policies, strategy, self.device_mesh["data_parallel"])
         self._sharded = True
 
     def on_fit_start(self) -> None:

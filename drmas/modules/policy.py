@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from drmas.engines.base import SamplingParams
 from drmas.hardware import compute_device, fast_dtype
-from drmas.models import load_causal_lm
+from drmas.models import load_causal_lm, load_tokenizer
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
+from drmas.models.sharded_loading import empty_causal_lm, load_shards
 from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, full_logprobs, packed_logprobs_match,
                                     response_logprobs)
 from drmas.records import MicroBatch
 
-__all__ = ["Policy", "PolicyConfig", "make_policies"]
+__all__ = ["Policy", "PolicyConfig", "deferred_weights", "make_policies"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -105,8 +108,12 @@ class Policy(nn.Module):
         super().__init__()
         self.name, self.config = name, config
         self.adapter: str | None = name if config.lora is not None else None
+        # weights on the meta device until load_weights (FSDP: each rank reads only its shards)
+        self.deferred = _DEFER.get() and shared is None and self.adapter is None
         if shared is not None:
             self.model, self.tokenizer = add_lora(shared.model, name, config.lora), shared.tokenizer
+        elif self.deferred:
+            self.model, self.tokenizer = empty_causal_lm(config.model, config.dtype), load_tokenizer(config.model)
         else:
             self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
             if config.lora is not None:
@@ -116,27 +123,46 @@ class Policy(nn.Module):
             # bf16 halves its memory where it is native (it only ever runs without gradients);
             # where bf16 is emulated it would be the slowest forward of the update
             dtype = fast_dtype(compute_device(), next(self.model.parameters()).dtype)
-            self.reference = copy.deepcopy(self.model).to(dtype).eval().requires_grad_(False)
+            ref = empty_causal_lm(config.model, dtype) if self.deferred else copy.deepcopy(self.model).to(dtype)
+            self.reference = ref.eval().requires_grad_(False)
         self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             if self.adapter is not None:  # the frozen embeddings' output must carry a gradient
                 self.model.enable_input_require_grads()
         self.version = 0  # optimiser steps taken; engines compare it to know when to re-sync
-        self.chunk_tokens = config.logprob_chunk_tokens
-        if self.chunk_tokens and not chunked_logprobs_match(self.model):
-            log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path",
-                        name, type(self.model).__name__)
-            self.chunk_tokens = 0
-        self.prefix_sharing = prefix_sharing and self.chunk_tokens > 0 and packed_logprobs_match(self.model)
-        if prefix_sharing and not self.prefix_sharing:
-            log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
-                        "chunked log-probs); every sample runs its whole prompt", name, type(self.model).__name__)
+        self.chunk_tokens, self.prefix_sharing = config.logprob_chunk_tokens, prefix_sharing
         self.attention_window = attention_window(self.model.config)
+        if not self.deferred:
+            self._check_model()
+
+    def load_weights(self, device: torch.device) -> str:
+        """Give a deferred policy (and its reference) its weights on ``device``, each rank reading
+        only its shards once the model is sharded (:func:`~drmas.models.sharded_loading.load_shards`);
+        then check what the model allows. Returns how the weights were read."""
+        how = load_shards(self.model, self.config.model, device)
+        if self.reference is not None:
+            load_shards(self.reference, self.config.model, device)
+        self.deferred = False
+        self._check_model()
+        return how
+
+    def _check_model(self) -> None:
+        """Fall back where the model cannot take the chunked log-probs or packed rows (each checked
+        on a few tokens), once, with a warning."""
+        name, kind = self.name, type(self.model).__name__
+        if self.chunk_tokens and not chunked_logprobs_match(self.model):
+            log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path", name, kind)
+            self.chunk_tokens = 0
+        wanted = self.prefix_sharing
+        self.prefix_sharing = wanted and self.chunk_tokens > 0 and packed_logprobs_match(self.model)
+        if wanted and not self.prefix_sharing:
+            log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
+                        "chunked log-probs); every sample runs its whole prompt", name, kind)
         if self.prefix_sharing and self.attention_window is not None:
             log.warning("policy %s: %s attends within a sliding window of %d tokens, which packed rows cannot "
                         "follow: shared prefixes are packed only in micro-batches whose every sample fits in "
-                        "it, the others run whole samples", name, type(self.model).__name__, self.attention_window)
+                        "it, the others run whole samples", name, kind, self.attention_window)
 
     def token_logprobs(self, batch: MicroBatch, temperature: float, with_entropy: bool = False,
                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -188,6 +214,21 @@ class Policy(nn.Module):
         opt = torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay,
                                 fused=fused)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_factor(c, it, total_iterations))
+
+
+_DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("drmas_deferred_weights", default=False)
+
+
+@contextlib.contextmanager
+def deferred_weights(enabled: bool = True) -> Iterator[None]:
+    """Policies built inside get their weights later, from ``Policy.load_weights`` (which
+    ``MultiAgentRL.configure_model`` calls after sharding): no rank ever holds a whole model. The
+    CLI builds the model inside it for ``fit`` with ``--trainer.strategy fsdp``."""
+    token = _DEFER.set(enabled)
+    try:
+        yield
+    finally:
+        _DEFER.reset(token)
 
 
 def make_policies(configs: dict[str, PolicyConfig], reference: bool = False,

@@ -17,7 +17,8 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
-__all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "resolve_strategy", "shard_model"]
+__all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded", "resolve_strategy",
+           "shard_model", "shard_policies"]
 
 
 class FSDP(ModelParallelStrategy):
@@ -65,6 +66,26 @@ def shard_model(model: nn.Module, mesh: Any, mixed_precision: bool = False, cpu_
     return model
 
 
+def shard_policies(policies: Any, strategy: Any, mesh: Any) -> dict[str, str]:
+    """FSDP2 on every policy and its frozen reference over ``mesh``; a policy built without its
+    weights (``deferred_weights``) then reads only the rows this rank keeps. Returns how each such
+    policy's weights were read. LoRA policies are refused: their adapters are not sharded yet."""
+    lora = [name for name, p in policies.items() if p.adapter is not None]
+    if lora:
+        raise ValueError(f"LoRA policies ({', '.join(lora)}) cannot be sharded yet: run them on one device")
+    mixed = getattr(strategy, "mixed_precision", None)
+    mixed = strategy.root_device.type == "cuda" if mixed is None else mixed
+    offload = getattr(strategy, "cpu_offload", False)
+    read = {}
+    for policy in policies.values():
+        shard_model(policy.model, mesh, mixed, offload)
+        if policy.reference is not None:
+            shard_model(policy.reference, mesh, False, offload)
+        if policy.deferred:  # offloaded shards live in CPU memory
+            read[policy.name] = policy.load_weights(torch.device("cpu") if offload else strategy.root_device)
+    return read
+
+
 #: The strategy names drmas runs with (``--trainer.strategy NAME``).
 STRATEGIES = {
     "auto": "one device",
@@ -86,6 +107,16 @@ def resolve_strategy(strategy: Any) -> Any:
     if strategy == "auto":
         return strategy
     return FSDP(cpu_offload=strategy == "fsdp_offload")
+
+
+def is_sharded(strategy: Any) -> bool:
+    """Whether ``--trainer.strategy`` (a name, a ``class_path`` section or a Strategy) shards the policies."""
+    if isinstance(strategy, str):
+        return strategy in ("fsdp", "fsdp_offload")
+    if isinstance(strategy, ModelParallelStrategy):
+        return True
+    class_path = strategy.get("class_path", "") if hasattr(strategy, "get") else ""
+    return str(class_path).rsplit(".", 1)[-1] in ("FSDP", "ModelParallelStrategy")
 
 
 def check_precision(precision: str) -> None:

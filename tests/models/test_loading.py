@@ -95,3 +95,35 @@ def test_embedded_smollm2_loads_trains_saves_and_answers(tmp_path):
     tok.save_pretrained(tmp_path)
     again, _ = load_causal_lm(str(tmp_path))
     assert torch.equal(again.model.layers[0].mlp.up_proj.weight, w.detach())
+
+
+def test_a_deferred_policy_gets_the_same_weights_buffers_and_reference(tmp_path, caplog):
+    from drmas.models.sharded_loading import load_shards
+    from drmas.modules import PolicyConfig
+    from drmas.modules.policy import Policy, deferred_weights
+
+    eager = Policy("p", PolicyConfig(model="tiny-random"), reference=True, prefix_sharing=True)
+    with deferred_weights():
+        late = Policy("p", PolicyConfig(model="tiny-random"), reference=True, prefix_sharing=True)
+    assert late.deferred and all(p.is_meta for p in late.model.parameters())  # nothing loaded yet
+    assert late.model.lm_head.weight is late.model.model.embed_tokens.weight  # tied, stored once
+    assert late.load_weights(torch.device("cpu")) == "slices" and not late.deferred
+    for mine, theirs in ((late.model, eager.model), (late.reference, eager.reference)):
+        want = theirs.state_dict()
+        assert all(torch.equal(t, want[n]) for n, t in mine.state_dict().items())  # buffers included
+    ids = torch.tensor([[5, 9, 42, 7]])
+    assert torch.equal(late.model(ids).logits, eager.model(ids).logits)  # the rotary frequencies too
+    # the same checks of what the model allows, made once the weights are there
+    assert (late.chunk_tokens, late.prefix_sharing) == (eager.chunk_tokens, eager.prefix_sharing) == (1024, True)
+    # a checkpoint without safetensors files is read whole (once), with a warning
+    bin_dir = tmp_path / "bin"
+    eager.model.save_pretrained(bin_dir)
+    eager.tokenizer.save_pretrained(bin_dir)
+    (bin_dir / "model.safetensors").unlink()
+    torch.save(eager.model.state_dict(), bin_dir / "pytorch_model.bin")  # the older format
+    with deferred_weights():
+        old = Policy("p", PolicyConfig(model=str(bin_dir)))
+    with caplog.at_level("WARNING"):
+        assert old.load_weights(torch.device("cpu")) == "whole"
+    assert any("each rank reads the whole model once" in r.getMessage() for r in caplog.records)
+    assert all(torch.equal(t, eager.model.state_dict()[n]) for n, t in old.model.state_dict().items())

@@ -20,13 +20,17 @@ from test_prefix_sharing import Fixed
 
 from drmas.engines import SamplingParams
 from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.modules.policy import deferred_weights
 
 
 def main(out: str, shard: bool) -> None:
     torch.manual_seed(0)
     cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=3,
                        train_sampling=SamplingParams(temperature=1.0, max_new_tokens=8))
-    module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", is_cap=None, entropy_coef=0.01)
+    # sharded: built on the meta device, each rank reading only its rows of the weights once
+    # sharded; a wrong row would change the loss and the step
+    with deferred_weights(shard):
+        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", is_cap=None, entropy_coef=0.01)
     strategy = "auto"
     if shard:
         from drmas.modules.sharding import FSDP
@@ -37,7 +41,7 @@ def main(out: str, shard: bool) -> None:
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dm = Fixed(module, micro_batch_size=3)
     # the weights every run starts from: what the step moved each element by, seen from the test
-    initial = {n: p.detach().clone() for n, p in module.policies["p"].model.named_parameters()}
+    initial = {} if shard else {n: p.detach().clone() for n, p in module.policies["p"].model.named_parameters()}
     trainer.fit(module, datamodule=dm)
     weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                for n, p in module.policies["p"].model.named_parameters()}
@@ -52,6 +56,7 @@ def main(out: str, shard: bool) -> None:
                     "version": module.policies["p"].version, "weights": weights, "initial": initial,
                     "chunk_tokens": module.policies["p"].chunk_tokens,
                     "packed": sum(b.packed is not None for b in dm.batches), "shares": shares,
+                    "read": module.weights_read,
                     "engine_copy": engine.model is not module.policies["p"].model, "engine_diff": engine_diff,
                     "sharded": any(hasattr(p, "full_tensor") for p in module.policies["p"].model.parameters())}, out)
 

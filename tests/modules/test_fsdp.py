@@ -22,6 +22,7 @@ def run(tmp_path, *flags):
 def test_a_sharded_step_equals_the_unsharded_one(tmp_path):
     single, sharded = run(tmp_path), run(tmp_path, "--shard")
     assert sharded["sharded"] and not single["sharded"]  # the 2-process run really was sharded
+    assert sharded["read"] == {"p": "slices"} and single["read"] == {}  # each rank read only its rows
     assert sharded["chunk_tokens"] == single["chunk_tokens"] == 1024  # response-only chunked log-probs in both
     assert sharded["packed"] >= 1 and single["packed"] >= 2  # shared prefixes packed in both
     # each rank trained its own share: together every sample once, in equal numbers of passes,

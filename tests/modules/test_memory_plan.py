@@ -55,6 +55,12 @@ def test_policy_memory_counts_the_copy_in_the_policys_dtype():
 
 
 def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):
+    from drmas.modules.sharding import is_sharded
+
+    # which strategies make the CLI build policies on the meta device and load each rank's shards
+    assert is_sharded("fsdp") and is_sharded("fsdp_offload") and is_sharded(FSDP())
+    assert is_sharded({"class_path": "drmas.modules.sharding.FSDP", "init_args": {}})
+    assert not is_sharded("auto") and not is_sharded(None) and not is_sharded({"class_path": "DDPStrategy"})
     assert resolve_strategy("auto") == "auto"
     assert isinstance(resolve_strategy("fsdp"), FSDP) and not resolve_strategy("fsdp").cpu_offload
     assert resolve_strategy("fsdp_offload").cpu_offload
