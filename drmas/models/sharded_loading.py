@@ -127,7 +127,4 @@ def _safetensors_files(path: str) -> dict[str, str]:
     single = os.path.join(path, "model.safetensors")
     if not os.path.isfile(single):
         return {}
-    from safetensors import safe_open
-
-    with safe_open(single, framework="pt") as f:
-        return {name: single for name in f.keys()}
+    return {name: single for name in _header(single)[1] if name != "__metadata__"}
