@@ -48,7 +48,8 @@ def publish_dir(tmp: str, target: str) -> None:
         for name in files:
             _fsync(os.path.join(root, name))
         _fsync(root)
-    write_text(os.path.join(tmp, COMPLETE), str(time.time_ns()))
+    # newer than the checkpoint it replaces even if the clock stepped back
+    write_text(os.path.join(tmp, COMPLETE), str(max(time.time_ns(), (_mark(target) or 0) + 1)))
     replace_dir(tmp, target)
 
 

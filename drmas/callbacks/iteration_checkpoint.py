@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.atomic import COMPLETE, publish_dir, recover_dir
+from drmas.ranks import portable
 
 __all__ = ["IterationCheckpoint", "partial_path", "recover_checkpoint"]
 
@@ -80,14 +81,20 @@ class IterationCheckpoint(ModelCheckpoint):
             shutil.rmtree(partial) if os.path.isdir(partial) else os.remove(partial)
         trainer.strategy.barrier("IterationCheckpoint.begin")
         super()._save_checkpoint(trainer, partial)  # every rank's shard is written when it returns
+        failure = None
         if trainer.is_global_zero:
-            if os.path.isdir(partial):  # sharded: a directory, marked whole, then swapped in
-                publish_dir(partial, filepath)
-            else:
-                with open(partial, "rb") as f:
-                    os.fsync(f.fileno())
-                os.replace(partial, filepath)
-        trainer.strategy.barrier("IterationCheckpoint.rename")
+            try:
+                if os.path.isdir(partial):  # sharded: a directory, marked whole, then swapped in
+                    publish_dir(partial, filepath)
+                else:
+                    with open(partial, "rb") as f:
+                        os.fsync(f.fileno())
+                    os.replace(partial, filepath)
+            except OSError as err:  # a full disk: every rank hears of it, none waits in a barrier
+                failure = err
+        failure = trainer.strategy.broadcast(portable(failure))
+        if failure is not None:
+            raise failure
         self._last_checkpoint_saved = filepath
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

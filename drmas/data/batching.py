@@ -48,6 +48,8 @@ def shard_prefix_groups(samples: Sequence[Experience], world_size: int, micro_ba
     would scatter every group over the ranks and lose most of the sharing.
     """
     order = prefix_order(samples, range(len(samples)))
+    if world_size == 1:
+        return [order]
     n, m = len(order), micro_batch_size
     ordered = [samples[i] for i in order]
     chunk = lambda a, b: _packed_tokens(ordered[a:b])  # noqa: E731  (one micro-batch's tokens)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 import random
 import time
 from collections import defaultdict
@@ -38,6 +37,7 @@ from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
 from drmas.envs.base import ESTIMATORS_BY_MODE, MODES, Workflow
 from drmas.metrics import AvgAtK, PassAtK
+from drmas.ranks import portable, raise_first
 from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
 
 __all__ = ["OutageError", "RolloutBackend", "Rollouts"]
@@ -324,32 +324,21 @@ def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseExceptio
     one collective (``local`` and ``stats`` themselves with one rank).
 
     A rank whose rollout stopped (``failure``: a SIGTERM, an engine or environment error) still
-    joins the collective and hands over what stopped it; then every rank raises: that rank its
-    own exception, the others the first failed rank's (the same type, so a SIGTERM on one rank
-    stops every rank as preempted). A rank that raised before the gather would leave the others
+    joins the collective and hands over what stopped it; then every rank raises the lowest failed
+    rank's exception (the same type everywhere, so a SIGTERM on one rank stops every rank as
+    preempted, and two ranks failing differently still stop alike). A rank that raised before the gather would leave the others
     waiting in it until the process group's timeout.
     """
     if backend.world_size == 1:
         if failure is not None:
             raise failure
         return local, stats
-    parts = backend.gather_objects((local, stats, None if failure is None else _portable(failure)))
-    if failure is not None:
-        raise failure
-    for rank, (_, _, err) in enumerate(parts):
-        if err is not None:
-            log.error("rank %d stopped its rollout with %s: %s; every rank stops", rank, type(err).__name__, err)
-            raise err
+    parts = backend.gather_objects((local, stats, portable(failure)))
+    failures = [err for _, _, err in parts]
+    if any(err is not None for err in failures):
+        first = next(r for r, err in enumerate(failures) if err is not None)
+        log.error("rank %d stopped its rollout with %s: %s; every rank stops", first, type(failures[first]).__name__,
+                  failures[first])
+        raise_first(failures, backend.rank, failure)
     return (RolloutResult([s for r, _, _ in parts for s in r.experiences], [e for r, _, _ in parts for e in r.episodes]),
             (sum(n for _, (n, _), _ in parts), sum(c for _, (_, c), _ in parts)))
-
-
-def _portable(err: BaseException) -> BaseException:
-    """``err`` as another process can receive it: itself if it pickles, else a RuntimeError naming it."""
-    try:
-        clone = pickle.loads(pickle.dumps(err))
-    except Exception:
-        clone = RuntimeError(f"{type(err).__name__}: {err}")
-    if hasattr(clone, "add_note"):  # Python 3.11+
-        clone.add_note("(raised on another rank; that rank's log has its traceback)")
-    return clone

@@ -85,6 +85,11 @@ class Engine(ABC):
         raise NotImplementedError(f"{cls.__name__} does not say how to build itself: implement Engine.create")
 
     @classmethod
+    def check_placement(cls, place: Placement) -> None:
+        """Refuse a placement this engine cannot follow (a one-line ValueError); every rank checks
+        its own before any rank builds an engine."""
+
+    @classmethod
     def check_memory(cls, team: dict[str, Any], settings: Any, on_gpu: bool) -> None:
         """Refuse, before anything is built, engines that cannot fit (a one-line ValueError)."""
 

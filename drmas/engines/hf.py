@@ -55,6 +55,7 @@ class _StepTracker:
         self.temperature = temperature
         self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
         self.stops = [[s for s in stop if s] for stop in stops]  # each row's own
+        self.any_stop = any(self.stops)
         # Enough trailing tokens to contain the longest stop string even if each token is one
         # character, plus slack for tokens that decode to nothing (skipped special tokens).
         self.windows = [max((len(s) for s in stop), default=0) + 4 for stop in self.stops]
@@ -77,12 +78,13 @@ class _StepTracker:
         step = input_ids.shape[1] - self.prompt_len  # tokens generated so far, this one included
         running = self.length < 0
         ended = running & torch.isin(new, self.eos)
-        for row in torch.nonzero(running & ~ended).flatten().tolist():
-            if self.stops[row]:
-                tail = input_ids[row, max(self.prompt_len, input_ids.shape[1] - self.windows[row]) :]
-                text = self.tokenizer.decode(tail, skip_special_tokens=True)
-                if any(s in text for s in self.stops[row]):
-                    ended[row] = True
+        if self.any_stop:
+            for row in torch.nonzero(running & ~ended).flatten().tolist():
+                if self.stops[row]:
+                    tail = input_ids[row, max(self.prompt_len, input_ids.shape[1] - self.windows[row]) :]
+                    text = self.tokenizer.decode(tail, skip_special_tokens=True)
+                    if any(s in text for s in self.stops[row]):
+                        ended[row] = True
         capped = running & ~ended & (step >= self.limits)  # a shorter budget than the call's
         self.capped |= capped
         self.length[ended | capped] = step

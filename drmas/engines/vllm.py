@@ -40,11 +40,11 @@ import torch
 
 from drmas.engines.base import (ENGINES, Engine, Generation, Placement, SamplingParams, check_request, full_state_items,
                                 per_prompt)
-from drmas.engines.vllm_runtime import (guard_kernel_rebind_scan, import_vllm, keep_dist_state, model_path,
-                                       preserved_rng, vllm_available)
+from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm, keep_dist_state, preserved_rng, vllm_available
 from drmas.engines.vllm_settings import (VLLMConfig, check_gpu_fractions, check_kv_caches, engine_fractions, engine_key,
                                         engine_sizes, launcher_env, launcher_kwargs, policy_settings)
 from drmas.hardware import engine_dtype
+from drmas.models import resolve_model_path
 
 if TYPE_CHECKING:
     import vllm
@@ -127,27 +127,31 @@ class VLLMEngine(Engine):
                team: dict[str, Any]) -> tuple[Engine, bool]:
         """An engine of the policy's own; a LoRA policy gets a view of an engine in ``pool``, one
         per shared base (as many adapter slots as policies share it), else one of its own."""
-        device = place.device
-        if device.type == "cuda" and place.world_size > 1 and device.index != place.local_rank:
-            raise ValueError(f"rank {place.rank} trains on {device} but its vLLM engine would take "
-                             f"cuda:{place.local_rank} (vLLM's external launcher places an engine by LOCAL_RANK): "
-                             "give --trainer.devices a count, not a list, and choose GPUs with CUDA_VISIBLE_DEVICES")
+        cls.check_placement(place)
         c, own = policy.config, policy_settings(settings, policy.config)
         kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
                       gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
                       rank=place.rank, local_rank=place.local_rank, world_size=place.world_size)
         if policy.adapter is None:
-            engine = cls(model_path(c.model), **kwargs)
+            engine = cls(resolve_model_path(c.model), **kwargs)
             engine._announce(policy.name, place)
             return engine, True
         key = engine_key(policy.name, c)
         if key not in pool:
             sharing = [t.lora.rank for t in team.values() if t.share_base]
             lora = max(8, 1 << (max([c.lora.rank, *sharing]) - 1).bit_length())  # vLLM takes powers of two
-            pool[key] = cls(model_path(c.model), max_loras=len(sharing) if c.share_base else 1, max_lora_rank=lora,
+            pool[key] = cls(resolve_model_path(c.model), max_loras=len(sharing) if c.share_base else 1, max_lora_rank=lora,
                             **kwargs)
             pool[key]._announce(key, place)
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
+
+    @classmethod
+    def check_placement(cls, place: Placement) -> None:
+        device = place.device
+        if device.type == "cuda" and place.world_size > 1 and device.index != place.local_rank:
+            raise ValueError(f"rank {place.rank} trains on {device} but its vLLM engine would take "
+                             f"cuda:{place.local_rank} (vLLM's external launcher places an engine by LOCAL_RANK): "
+                             "give --trainer.devices a count, not a list, and choose GPUs with CUDA_VISIBLE_DEVICES")
 
     @classmethod
     def check_memory(cls, team: dict[str, Any], settings: VLLMConfig, on_gpu: bool) -> None:

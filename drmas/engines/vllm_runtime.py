@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["import_vllm", "keep_dist_state", "model_path", "preserved_rng", "guard_kernel_rebind_scan",
-           "vllm_available"]
+__all__ = ["guard_kernel_rebind_scan", "import_vllm", "keep_dist_state", "preserved_rng", "vllm_available"]
 
 _INSTALL_HINT = (
     "VLLMEngine needs vLLM: on a GPU machine `pip install vllm`; on a CPU machine "
@@ -44,12 +43,6 @@ def import_vllm() -> Any:
             ) from e
         raise
     return vllm
-
-
-def model_path(name: str) -> str:
-    from drmas.models import resolve_model_path
-
-    return resolve_model_path(name)
 
 
 def guard_kernel_rebind_scan() -> None:

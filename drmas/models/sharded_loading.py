@@ -6,8 +6,8 @@ memory) and buffers real (rotary frequencies and the like are computed, not load
 :func:`load_shards` allocates those pieces and fills each from the model's safetensors files,
 reading only the rows the rank keeps (mapped from the file), so a rank's peak host
 memory is its shards, not the model. Checkpoints that are not safetensors, or whose tensor names
-do not cover the model's parameters, are read whole, one rank at a time: the fallback costs what
-loading did before, and says so.
+do not cover the model's parameters, are read whole on every rank: the fallback costs what loading
+did before, and says so.
 """
 
 from __future__ import annotations
@@ -32,13 +32,18 @@ log = logging.getLogger(__name__)
 def empty_causal_lm(name_or_path: str, dtype: torch.dtype | str) -> nn.Module:
     """The model of ``name_or_path`` in ``dtype``, parameters on the meta device, buffers real."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    path = resolve_model_path(name_or_path)
+    config = AutoConfig.from_pretrained(path)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.tie_weights()  # a tied head is the embedding's parameter, stored once in the checkpoint
+    try:  # EOS ids and sampling defaults, as from_pretrained reads them (the HF export writes them)
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        pass
     return model
 
 
@@ -46,13 +51,15 @@ def load_shards(model: nn.Module, name_or_path: str, device: torch.device) -> st
     """Allocate ``model``'s parameters (sharded or not) on ``device`` and fill each rank's piece
     from the checkpoint; buffers keep their values. Returns how: ``"slices"`` (only this rank's
     rows were read) or ``"whole"`` (the fallback)."""
+    # buffers keep their values and their device (fully_shard put them on the compute device,
+    # also when the parameters are offloaded to CPU memory)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     model.to_empty(device=device)
+    for name, saved in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = saved
     if hasattr(model, "tie_weights"):  # moving off the meta device made new tensors: tie them again
         model.tie_weights()
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
     params = dict(model.named_parameters())
     read, how = _slice_reader(resolve_model_path(name_or_path), params)
     with torch.no_grad():
@@ -87,7 +94,7 @@ def _slice_reader(path: str, params: dict[str, Any]) -> tuple[Callable[[str, int
     log.warning("%s: no safetensors files naming every parameter; each rank reads the whole model once", path)
     from drmas.models.loading import load_causal_lm
 
-    full = load_causal_lm(path)[0].state_dict()
+    full = load_causal_lm(path, dtype=next(iter(params.values())).dtype)[0].state_dict()
     return (lambda name, start, stop: full[name][start:stop]), "whole"
 
 

@@ -1,14 +1,85 @@
-"""What the trainer needs to generate with its policies: the chat prompt's token ids, and the
-engine call that names the policy and the agent when it fails."""
+"""What the trainer needs to generate with its policies: one engine per policy, built by its
+class and agreed on by every rank, the ``generate`` function the workflows call, the chat
+prompt's token ids, and the engine call that names the policy and the agent when it fails."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from drmas.engines import EngineError
-from drmas.records import ChatPrompt
+from drmas.engines import Engine, EngineError, Placement
+from drmas.ranks import portable, raise_first
+from drmas.records import ChatPrompt, Completion, GenerateFn
 
-__all__ = ["encode_prompt", "run_engine"]
+__all__ = ["EngineRouting", "encode_prompt", "run_engine"]
+
+
+class EngineRouting:
+    """The generation side of :class:`~drmas.modules.multi_agent.MultiAgentRL`: its engines, their
+    weight sync, and the ``generate`` function routed by agent to policy. (A mixin: it uses the
+    module's policies, ranks and engine settings.)"""
+
+    def _placement(self) -> Placement:
+        return Placement(self.rank, self.local_rank, self.world_size, self.device, self.seed + self.rank, self._sharded)
+
+    def _agree(self, failure: BaseException | None) -> None:
+        """A collective: raise this rank's ``failure``, or another rank's, on every rank alike."""
+        if self.world_size > 1:
+            raise_first(self.gather_objects(portable(failure)), self.rank, failure)
+        elif failure is not None:
+            raise failure
+
+    def _engine(self, name: str) -> Engine:
+        if name not in self.engines:
+            self.engines[name], fresh = self._engine_class.create(self.policies[name], self._engine_settings,
+                                                                  self._placement(), self._engine_pool, self._team)
+            self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
+        return self.engines[name]
+
+    def sync_weights(self) -> None:
+        """Make every engine serve its policy's current weights (only after they changed, or
+        after the engine slept and discarded them). Engines are built at the first call, and the
+        ranks agree that every rank built its own before any weights are gathered for them."""
+        if any(name not in self.engines for name in self.policies):
+            failure = None
+            try:
+                for name in self.policies:
+                    self._engine(name)
+            except Exception as err:  # an engine that cannot load on this rank (memory, files)
+                failure = err
+            self._agree(failure)
+        for name, policy in self.policies.items():
+            engine = self._engine(name)
+            if self._synced[name] != policy.version or engine.asleep:
+                engine.sync_weights(policy.model)
+                self._synced[name] = policy.version
+
+    def engine_cache_stats(self) -> tuple[int, int]:
+        stats = [e.take_cache_stats() for e in self.engines.values()]
+        return sum(s[0] for s in stats), sum(s[1] for s in stats)
+
+    def generate_fn(self, train: bool) -> GenerateFn:
+        """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
+
+        def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
+            if not prompts:
+                return []
+            self.stop_signal.raise_if_requested()  # preempted: stop before the next request, not after the rollout
+            policy = self.policies[self.policy_of(agent)]
+            params = policy.config.train_sampling if train else policy.config.eval_sampling
+            # each prompt its own stop strings and length, within the policy's budget
+            stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
+            lengths = [params.max_new_tokens if p.max_new_tokens is None else min(p.max_new_tokens, params.max_new_tokens)
+                       for p in prompts]  # a length below 1 is refused by the engine, naming the prompt
+            ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
+            outs = run_engine(self._engine(policy.name), self.engine_name, policy.name, agent, ids, n, params,
+                              stops, lengths)
+            return [
+                [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
+                for pid, p, gens in zip(ids, prompts, outs)
+            ]
+
+        return generate
+
 
 
 def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:

@@ -26,22 +26,22 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import policy_loss, truncated_is_weights
-from drmas.engines import ENGINES, Engine, Placement, VLLMConfig, vllm_available
+from drmas.engines import ENGINES, Engine, VLLMConfig, VLLMEngine, vllm_available
 from drmas.modules.agent_grads import AgentGradients
-from drmas.modules.generation import encode_prompt, run_engine
+from drmas.modules.generation import EngineRouting
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.modules.sharding import check_precision
-from drmas.records import BatchSpec, ChatPrompt, Completion, GenerateFn, MicroBatch
+from drmas.records import BatchSpec, MicroBatch
 
 __all__ = ["MultiAgentRL", "VLLMConfig", "check_precision"]
 
 log = logging.getLogger(__name__)
 
 
-class MultiAgentRL(L.LightningModule):
+class MultiAgentRL(EngineRouting, L.LightningModule):
     def __init__(
         self,
         policies: dict[str, PolicyConfig] = {"shared": PolicyConfig()},  # noqa: B006 (jsonargparse needs a concrete default)
@@ -104,7 +104,8 @@ class MultiAgentRL(L.LightningModule):
         self.agent_map = dict(agents or {})
         self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
         self._engine_class = ENGINES.get(self.engine_name)
-        self._engine_settings = {"vllm": vllm}.get(self.engine_name)  # an engine kind's settings, if it has any
+        # the trainer holds one engine kind's settings: vLLM's (also for a subclass registered by a user)
+        self._engine_settings = vllm if issubclass(self._engine_class, VLLMEngine) else None
         self._team = dict(policies)
         self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available())
         self.vllm_config, self.seed = vllm, seed
@@ -167,50 +168,6 @@ class MultiAgentRL(L.LightningModule):
         torch.distributed.all_gather_object(out, obj)
         return out
 
-    def _engine(self, name: str) -> Engine:
-        if name not in self.engines:
-            place = Placement(self.rank, self.local_rank, self.world_size, self.device, self.seed + self.rank,
-                              self._sharded)
-            self.engines[name], fresh = self._engine_class.create(self.policies[name], self._engine_settings, place,
-                                                                  self._engine_pool, self._team)
-            self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
-        return self.engines[name]
-
-    def sync_weights(self) -> None:
-        """Make every engine serve its policy's current weights (only after they changed, or
-        after the engine slept and discarded them)."""
-        for name, policy in self.policies.items():
-            engine = self._engine(name)
-            if self._synced[name] != policy.version or engine.asleep:
-                engine.sync_weights(policy.model)
-                self._synced[name] = policy.version
-
-    def engine_cache_stats(self) -> tuple[int, int]:
-        stats = [e.take_cache_stats() for e in self.engines.values()]
-        return sum(s[0] for s in stats), sum(s[1] for s in stats)
-
-    def generate_fn(self, train: bool) -> GenerateFn:
-        """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
-
-        def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
-            if not prompts:
-                return []
-            self.stop_signal.raise_if_requested()  # preempted: stop before the next request, not after the rollout
-            policy = self.policies[self.policy_of(agent)]
-            params = policy.config.train_sampling if train else policy.config.eval_sampling
-            # each prompt its own stop strings and length, within the policy's budget
-            stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
-            lengths = [min(p.max_new_tokens or params.max_new_tokens, params.max_new_tokens) for p in prompts]
-            ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
-            outs = run_engine(self._engine(policy.name), self.engine_name, policy.name, agent, ids, n, params,
-                              stops, lengths)
-            return [
-                [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
-                for pid, p, gens in zip(ids, prompts, outs)
-            ]
-
-        return generate
-
     # ---- training -------------------------------------------------------------------------
 
     def configure_model(self) -> None:
@@ -232,6 +189,12 @@ class MultiAgentRL(L.LightningModule):
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
         self.stop_signal.install(self.trainer)
+        failure = None
+        try:  # every rank its own placement, agreed before any rank builds an engine
+            self._engine_class.check_placement(self._placement())
+        except ValueError as err:
+            failure = err
+        self._agree(failure)
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
         engines = self._engine_class.device_fractions(self._team, self._engine_settings)

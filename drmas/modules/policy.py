@@ -136,26 +136,29 @@ class Policy(nn.Module):
         if not self.deferred:
             self._check_model()
 
-    def load_weights(self, device: torch.device) -> str:
+    def load_weights(self, device: torch.device, mixed_precision: bool = False) -> str:
         """Give a deferred policy (and its reference) its weights on ``device``, each rank reading
         only its shards once the model is sharded (:func:`~drmas.models.sharded_loading.load_shards`);
-        then check what the model allows. Returns how the weights were read."""
+        then check what the model allows (``mixed_precision``: it now computes in bf16). Returns
+        how the weights were read."""
         how = load_shards(self.model, self.config.model, device)
         if self.reference is not None:
             load_shards(self.reference, self.config.model, device)
         self.deferred = False
-        self._check_model()
+        self._check_model(atol=2e-2 if mixed_precision else 1e-4)
         return how
 
-    def _check_model(self) -> None:
+    def _check_model(self, atol: float = 1e-4) -> None:
         """Fall back where the model cannot take the chunked log-probs or packed rows (each checked
-        on a few tokens), once, with a warning."""
+        on a few tokens, to ``atol``: two bf16 kernels need not agree to fp32's 1e-4, while a model
+        that post-processes its logits or ignores the block mask is off by far more), once, with a
+        warning."""
         name, kind = self.name, type(self.model).__name__
-        if self.chunk_tokens and not chunked_logprobs_match(self.model):
+        if self.chunk_tokens and not chunked_logprobs_match(self.model, atol):
             log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path", name, kind)
             self.chunk_tokens = 0
         wanted = self.prefix_sharing
-        self.prefix_sharing = wanted and self.chunk_tokens > 0 and packed_logprobs_match(self.model)
+        self.prefix_sharing = wanted and self.chunk_tokens > 0 and packed_logprobs_match(self.model, atol)
         if wanted and not self.prefix_sharing:
             log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
                         "chunked log-probs); every sample runs its whole prompt", name, kind)

@@ -82,7 +82,7 @@ def shard_policies(policies: Any, strategy: Any, mesh: Any) -> dict[str, str]:
         if policy.reference is not None:
             shard_model(policy.reference, mesh, False, offload)
         if policy.deferred:  # offloaded shards live in CPU memory
-            read[policy.name] = policy.load_weights(torch.device("cpu") if offload else strategy.root_device)
+            read[policy.name] = policy.load_weights(torch.device("cpu") if offload else strategy.root_device, mixed)
     return read
 
 

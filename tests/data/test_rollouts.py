@@ -324,3 +324,45 @@ def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
         n = sum(x.policy == policy for x in single.experiences)
         assert sorted(trained) == list(range(n))
         assert scale == pytest.approx(2.0)  # each rank's share x 2: FSDP averages the two gradients
+
+
+class Preempted(SystemExit):
+    """A SystemExit as Lightning's SIGTERMException is (module-level: it must pickle)."""
+
+
+@pytest.mark.parametrize("failing", [{1: "engine"}, {0: "sigterm", 1: "engine"}])
+def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises_the_same(failing):
+    """One rank's engine fails (or two ranks fail differently): nobody waits in the gather, and
+    every rank raises the lowest failed rank's exception, its own traceback on that rank."""
+    from drmas.engines import EngineError
+
+    wf = SolverVerifierWorkflow(max_loops=1)
+
+    def generate(backend):
+        def gen(agent, prompts, n):
+            kind = failing.get(backend.rank)
+            if kind == "engine":
+                raise EngineError(f"the hf engine of policy 'p' failed on rank {backend.rank}")
+            if kind == "sigterm":
+                raise Preempted(143)
+            return [[Completion([7, 7], [2], [-0.5], "\\boxed{1}") for _ in range(n)] for _ in prompts]
+        return gen
+
+    backends = _ranked_backends(2, generate)
+    raised = [None, None]
+
+    def play(rank):
+        try:
+            Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0).plan(backends[rank], 1)
+        except BaseException as err:
+            raised[rank] = err
+
+    threads = [threading.Thread(target=play, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(timeout=60) for t in threads]
+    assert not any(t.is_alive() for t in threads)  # nobody left waiting in the gather
+    first = min(failing)
+    want = Preempted if failing[first] == "sigterm" else EngineError
+    assert all(isinstance(err, want) for err in raised), raised
+    if want is EngineError:
+        assert all(str(err) == "the hf engine of policy 'p' failed on rank 1" for err in raised)
