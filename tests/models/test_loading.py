@@ -98,7 +98,6 @@ def test_embedded_smollm2_loads_trains_saves_and_answers(tmp_path):
 
 
 def test_a_deferred_policy_gets_the_same_weights_buffers_and_reference(tmp_path, caplog):
-    from drmas.models.sharded_loading import load_shards
     from drmas.modules import PolicyConfig
     from drmas.modules.policy import Policy, deferred_weights
 
