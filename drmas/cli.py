@@ -40,7 +40,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-import drmas.envs.code  # noqa: F401  (registers the built-in workflows)
+import drmas.envs.agents  # noqa: F401  (registers the built-in workflows)
+import drmas.envs.code  # noqa: F401
 import drmas.envs.games  # noqa: F401
 import drmas.envs.math  # noqa: F401
 import drmas.envs.search  # noqa: F401

@@ -21,6 +21,7 @@ __all__ = [
     "EpisodeResult",
     "Experience",
     "GenerateFn",
+    "GenerationSettings",
     "IterationPlan",
     "MicroBatch",
     "PackedRows",
@@ -52,7 +53,31 @@ class Completion:
     finish_reason: str = "stop"
 
 
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What an agent's policy samples with and accepts: an endpoint answers requests within it."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    """The longest response the policy generates (a prompt may ask for fewer)."""
+    stop: tuple[str, ...] = ()
+    """The policy's own stop strings (every prompt's stops are added to them)."""
+    context_length: int | None = None
+    """Prompt plus response tokens the engine takes (None: not known)."""
+
+
 class GenerateFn(Protocol):
+    """``generate(agent, prompts, n)``.
+
+    The trainer's function also answers ``settings(agent)`` (a :class:`GenerationSettings`),
+    ``prompt_tokens(agent, prompt)`` (the prompt's length under the agent's chat template) and
+    ``check_stop()`` (raises when the run was preempted), and has ``train`` (training or validation
+    sampling); a workflow that needs them reads them with ``getattr`` (a scripted function may
+    lack them).
+    """
+
     def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
         """``n`` completions for each prompt, sampled from ``agent``'s policy."""
 
@@ -105,6 +130,8 @@ class RolloutResult:
 
     experiences: list[Experience]
     episodes: list[EpisodeResult]
+    counts: dict[str, float] = field(default_factory=dict)
+    """Additive counts the workflow reports (summed over ranks; see ``Workflow.scalars``)."""
 
 
 @dataclass
@@ -178,6 +205,8 @@ class BatchSpec:
     attention_window: int | None = None
     """The model's sliding attention window: a micro-batch is packed only when each of its
     samples fits in it (a packed row's block mask knows no window)."""
+    trainable: bool = True
+    """False: a frozen policy, whose samples get no micro-batches."""
 
 
 @dataclass

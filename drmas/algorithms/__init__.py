@@ -10,7 +10,7 @@ from drmas.algorithms.advantages import (
     register_estimator,
 )
 from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_is_weights
-from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards
+from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards, sample_reward
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -22,5 +22,6 @@ __all__ = [
     "mix_rewards",
     "policy_loss",
     "register_estimator",
+    "sample_reward",
     "truncated_is_weights",
 ]

@@ -7,7 +7,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["invalid_action_penalty", "mix_rewards"]
+__all__ = ["invalid_action_penalty", "mix_rewards", "sample_reward"]
 
 R = TypeVar("R", float, Tensor)
 
@@ -28,3 +28,12 @@ def invalid_action_penalty(valid: bool | Tensor, penalty: float = 0.1) -> float 
     if isinstance(valid, Tensor):
         return torch.where(valid.bool(), 0.0, -float(penalty))
     return 0.0 if valid else -float(penalty)
+
+
+def sample_reward(team: float, role: float, valid: bool, alpha: float = 1.0,
+                  format_penalty: float = 0.1) -> tuple[float, float]:
+    """``(local, reward)`` of one sample, the same for every domain: the local reward is the
+    agent's own (role) reward plus the invalid-action penalty, and the reward the estimators use
+    is ``alpha * team + local``."""
+    local = role + invalid_action_penalty(valid, format_penalty)
+    return local, mix_rewards(team, local, alpha)

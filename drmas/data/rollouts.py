@@ -108,7 +108,9 @@ class Rollouts:
             raise ValueError(f"sampling must be one of {MODES}, got {sampling!r}")
         name = type(workflow).__name__
         if sampling not in workflow.modes:
-            raise ValueError(f"{name} does not support sampling={sampling!r}; it supports: {', '.join(workflow.modes)}")
+            why = f" ({workflow.why_not[sampling]})" if sampling in workflow.why_not else ""
+            raise ValueError(f"{name} does not support sampling={sampling!r}{why}; it supports: "
+                             f"{', '.join(workflow.modes)}")
         if estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
         builtin = {e for names in ESTIMATORS_BY_MODE.values() for e in names}
@@ -166,6 +168,7 @@ class Rollouts:
                                     self.group_size, self.sampling, self.seed + iteration + 1_000_003 * backend.rank)
         result, (prompt, cached) = _gather(backend, local, failure, backend.engine_cache_stats())
         scalars = self.check_failures(result, f"iteration {iteration}")
+        scalars.update(self.workflow.scalars(result.counts))
         result, scalars["rollout/nonfinite_rewards"] = _drop_nonfinite(result, iteration)
         t2 = time.perf_counter()
         for s in result.experiences:
@@ -180,15 +183,23 @@ class Rollouts:
         return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, scalars)
 
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
-        """``<prefix>/failed_actions`` (and per agent, where any failed); :class:`OutageError` when
-        more than ``max_failed_share`` of one agent's actions failed."""
+        """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``
+        (episodes whose ``info`` holds a ``failure``: none of their samples is trained);
+        :class:`OutageError` when more than ``max_failed_share`` of one agent's actions, or of the
+        episodes, failed."""
+        broken = [e.info["failure"] for e in result.episodes if "failure" in e.info]
+        if broken and len(broken) > self.max_failed_share * len(result.episodes):
+            raise OutageError(
+                f"{where}: {len(broken)} of {len(result.episodes)} episodes failed, more than max_failed_share="
+                f"{self.max_failed_share} allows; stopping. The first failure:\n{broken[0]}")
         total: dict[str, int] = defaultdict(int)
         failed: dict[str, list[str]] = defaultdict(list)
         for s in result.experiences:
             total[s.agent] += 1
             if "failure" in s.info:
                 failed[s.agent].append(s.info["failure"])
-        scalars = {f"{prefix}/failed_actions": float(sum(map(len, failed.values())))}
+        scalars = {f"{prefix}/failed_actions": float(sum(map(len, failed.values()))),
+                   f"{prefix}/failed_episodes": float(len(broken))}
         for agent, why in failed.items():
             scalars[f"{prefix}/{agent}/failed_actions"] = float(len(why))
             if len(why) > self.max_failed_share * total[agent]:
@@ -220,7 +231,8 @@ class Rollouts:
         per_policy: dict[str, list[Experience]] = defaultdict(list)
         for s in samples:
             per_policy[s.policy].append(s)
-        specs = {name: backend.batch_spec(name) for name in dict.fromkeys(self.agent_map.values())}
+        specs = {name: spec for name in dict.fromkeys(self.agent_map.values())
+                 if (spec := backend.batch_spec(name)).trainable}  # a frozen policy's samples only count
         batches: list[MicroBatch] = []
         for ppo_epoch in range(max((spec.ppo_epochs for spec in specs.values()), default=0)):
             for name, spec in specs.items():
@@ -340,5 +352,10 @@ def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseExceptio
         log.error("rank %d stopped its rollout with %s: %s; every rank stops", first, type(failures[first]).__name__,
                   failures[first])
         raise_first(failures, backend.rank, failure)
-    return (RolloutResult([s for r, _, _ in parts for s in r.experiences], [e for r, _, _ in parts for e in r.episodes]),
+    counts: dict[str, float] = defaultdict(float)
+    for r, _, _ in parts:
+        for key, value in r.counts.items():
+            counts[key] += value
+    return (RolloutResult([s for r, _, _ in parts for s in r.experiences], [e for r, _, _ in parts for e in r.episodes],
+                          dict(counts)),
             (sum(n for _, (n, _), _ in parts), sum(c for _, (_, c), _ in parts)))

@@ -103,6 +103,8 @@ class Engine(ABC):
         """Whether the engine keeps a whole copy of a policy's weights on the device at all times."""
         return False
 
+    context_length: int | None = None
+    """Prompt plus response tokens this engine takes (None: the model's own limit)."""
     prompt_tokens: int = 0
     """Prompt tokens of the requests served since :meth:`take_cache_stats` (one per request, not per sample)."""
     cached_tokens: int = 0

@@ -116,6 +116,7 @@ class VLLMEngine(Engine):
             self.llm = vllm.LLM(**kwargs)
         VLLMEngine._open += 1
         self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
+        self.context_length = max_model_len
         self._asleep = False
         self._adapters: dict[str, Any] = {}  # adapter -> the LoRARequest of its current version
         self._lora_ids = 0
@@ -291,6 +292,7 @@ class VLLMAdapter(Engine):
 
     def __init__(self, engine: VLLMEngine, adapter: str) -> None:
         self.engine, self.adapter = engine, adapter
+        self.context_length = engine.context_length
         engine.users += 1
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,

@@ -84,6 +84,8 @@ class Workflow(ABC):
     """The agent roles, in acting order."""
     modes: tuple[str, ...] = MODES
     """The sampling modes :meth:`rollout` supports (``parallel``, ``tree``)."""
+    why_not: dict[str, str] = {}
+    """Why a mode is not in ``modes``, for the error that refuses it."""
 
     @abstractmethod
     def tasks(self, split: str) -> Sequence[Any]:
@@ -102,6 +104,11 @@ class Workflow(ABC):
         """The built-in estimators that make sense for this workflow in ``mode`` (estimators a
         user registers are not checked)."""
         return ESTIMATORS_BY_MODE.get(mode, ())
+
+    def scalars(self, counts: dict[str, float]) -> dict[str, float]:
+        """The scalars logged for a rollout's :attr:`RolloutResult.counts` (summed over ranks);
+        by default each count as ``rollout/<name>``."""
+        return {f"rollout/{k}": v for k, v in counts.items()}
 
     def close(self) -> None:
         """Release what the workflow holds (worker pools, connections); it may be used again after."""

@@ -28,7 +28,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from drmas.algorithms import mix_rewards
+from drmas.algorithms import sample_reward
 from drmas.envs.base import MODES, PromptTemplate, Workflow, pick_best, sample_groups
 from drmas.records import ChatPrompt, Completion, EpisodeResult, Experience, GenerateFn, RolloutResult
 
@@ -165,9 +165,9 @@ class TurnWorkflow(Workflow):
             team = self.team_reward(ep.state)
             if not tree:
                 for s in ep.samples:
-                    local = self._format_term(s.valid) + (s.info["role_reward"] if self.role_rewards else 0.0)
-                    s.team_reward, s.local_reward = team, local
-                    s.reward = mix_rewards(team, local, self.alpha)
+                    role = s.info["role_reward"] if self.role_rewards else 0.0
+                    s.team_reward = team
+                    s.local_reward, s.reward = sample_reward(team, role, s.valid, self.alpha, self.format_penalty)
             episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, self.success(ep.state), ep.state.turn + 1, team,
                                           self.episode_info(ep.state)))
         return RolloutResult([s for ep in eps for s in ep.samples], episodes)
@@ -193,9 +193,5 @@ class TurnWorkflow(Workflow):
         if a.failure is not None:
             s.info["failure"] = a.failure
         s.team_reward = a.team_reward if a.ends else 0.0
-        s.local_reward = a.role_reward + self._format_term(a.valid)
-        s.reward = mix_rewards(s.team_reward, s.local_reward, self.alpha)
+        s.local_reward, s.reward = sample_reward(s.team_reward, a.role_reward, a.valid, self.alpha, self.format_penalty)
         return s
-
-    def _format_term(self, valid: bool) -> float:
-        return 0.0 if valid else -self.format_penalty

@@ -8,9 +8,9 @@ from typing import Any, Sequence
 
 from drmas.engines import Engine, EngineError, Placement
 from drmas.ranks import portable, raise_first
-from drmas.records import ChatPrompt, Completion, GenerateFn
+from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 
-__all__ = ["EngineRouting", "encode_prompt", "run_engine"]
+__all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "run_engine"]
 
 
 class EngineRouting:
@@ -59,27 +59,57 @@ class EngineRouting:
 
     def generate_fn(self, train: bool) -> GenerateFn:
         """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
+        return PolicyGenerate(self, train)
 
-        def generate(agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
-            if not prompts:
-                return []
-            self.stop_signal.raise_if_requested()  # preempted: stop before the next request, not after the rollout
-            policy = self.policies[self.policy_of(agent)]
-            params = policy.config.train_sampling if train else policy.config.eval_sampling
-            # each prompt its own stop strings and length, within the policy's budget
-            stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
-            lengths = [params.max_new_tokens if p.max_new_tokens is None else min(p.max_new_tokens, params.max_new_tokens)
-                       for p in prompts]  # a length below 1 is refused by the engine, naming the prompt
-            ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
-            outs = run_engine(self._engine(policy.name), self.engine_name, policy.name, agent, ids, n, params,
-                              stops, lengths)
-            return [
-                [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
-                for pid, p, gens in zip(ids, prompts, outs)
-            ]
 
-        return generate
+class PolicyGenerate:
+    """``generate(agent, prompts, n)`` on the agent's policy with its train or eval sampling, and
+    what an endpoint needs to answer within that policy (:meth:`settings`, :meth:`prompt_tokens`)."""
 
+    def __init__(self, module: Any, train: bool) -> None:
+        self.module, self.train = module, train
+
+    def _policy(self, agent: str) -> Any:
+        return self.module.policies[self.module.policy_of(agent)]
+
+    def _params(self, policy: Any) -> Any:
+        return policy.config.train_sampling if self.train else policy.config.eval_sampling
+
+    def check_stop(self) -> None:
+        """Raise when this rank was preempted (SIGTERM)."""
+        self.module.stop_signal.raise_if_requested()
+
+    def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        self.check_stop()  # preempted: stop before the next request, not after the rollout
+        policy = self._policy(agent)
+        params = self._params(policy)
+        # each prompt its own stop strings and length, within the policy's budget
+        stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
+        lengths = [params.max_new_tokens if p.max_new_tokens is None else min(p.max_new_tokens, params.max_new_tokens)
+                   for p in prompts]  # a length below 1 is refused by the engine, naming the prompt
+        ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
+        outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent, ids, n,
+                          params, stops, lengths)
+        return [
+            [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
+            for pid, p, gens in zip(ids, prompts, outs)
+        ]
+
+    def settings(self, agent: str) -> GenerationSettings:
+        """The agent's policy's sampling, length budget and context length (the engine's, else the
+        model's position limit)."""
+        policy = self._policy(agent)
+        params = self._params(policy)
+        engine = self.module.engines.get(policy.name)
+        context = getattr(engine, "context_length", None) or getattr(policy.model.config, "max_position_embeddings", None)
+        return GenerationSettings(params.temperature, params.top_p, params.top_k, params.max_new_tokens,
+                                  tuple(params.stop), context)
+
+    def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int:
+        policy = self._policy(agent)
+        return len(encode_prompt(policy.tokenizer, prompt, policy.config.chat_template_kwargs))
 
 
 def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:

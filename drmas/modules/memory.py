@@ -33,6 +33,8 @@ class PolicyMemory:
     tokens_per_micro_batch: int
     """Used for the logits when ``chunk_tokens`` is 0."""
     reference: bool = False
+    trainable: bool = True
+    """False: a frozen policy, with no gradients, optimiser state or training logits."""
     engine_copy_bytes: float = 0.0
     """A whole copy of the weights the rollout engine keeps on the device at all times (the HF
     engine of a sharded policy, which cannot generate with the shards)."""
@@ -44,8 +46,10 @@ def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> 
     c = policy.config
     params = sum(p.numel() for p in policy.model.parameters())  # a sharded parameter counts whole
     element = torch.empty((), dtype=getattr(torch, c.dtype)).element_size()
+    trainable = getattr(policy, "trainable", True)
     return PolicyMemory(policy.name, params, policy.model.config.vocab_size, policy.chunk_tokens,
-                        c.micro_batch_size * max_len, kl, params * element if engine_copy else 0.0)
+                        c.micro_batch_size * max_len, kl and trainable, trainable,
+                        params * element if engine_copy else 0.0)
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
@@ -59,10 +63,10 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
         state = 0.0 if offload else p.parameters / ranks
-        weights, grads, optim = 4 * state, 4 * state, 8 * state
+        weights, grads, optim = 4 * state, 4 * state * p.trainable, 8 * state * p.trainable
         ref = 2 * p.parameters / ranks if p.reference and not offload else 0.0
         tokens = p.chunk_tokens or p.tokens_per_micro_batch
-        logits = 3 * 4 * tokens * p.vocab_size  # logits, softmax and their gradient, fp32
+        logits = 3 * 4 * tokens * p.vocab_size * p.trainable  # logits, softmax and their gradient, fp32
         copy = p.engine_copy_bytes  # never sharded, never offloaded
         update += weights + grads + optim + ref + logits + copy
         resident += weights + optim + ref + copy

@@ -209,7 +209,11 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
-        pairs = [p.make_optimizer(total) for p in self.policies.values()]
+        trained = [p for p in self.policies.values() if p.trainable]  # frozen policies have no optimiser
+        if not trained:
+            raise ValueError("every policy is frozen (trainable: false): there is nothing to train")
+        self._optimizer_of = {p.name: i for i, p in enumerate(trained)}
+        pairs = [p.make_optimizer(total) for p in trained]
         # Returned to Lightning so their states are checkpointed; stepped by begin_iteration.
         return [o for o, _ in pairs], [s for _, s in pairs]
 
@@ -220,7 +224,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def _optimizer(self, name: str):
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
-        return opts[list(self.policies).index(name)]
+        return opts[self._optimizer_of[name]]
 
     def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float,
                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -309,7 +313,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
         p = self.policies[policy]
         return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
-                         self.loss_kwargs["agg"], p.prefix_sharing, self.agent_grad_norms, p.attention_window)
+                         self.loss_kwargs["agg"], p.prefix_sharing, self.agent_grad_norms, p.attention_window,
+                         p.trainable)
 
     def begin_iteration(self) -> int:
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,

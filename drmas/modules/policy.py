@@ -77,6 +77,10 @@ class PolicyConfig:
     share_base: bool = False
     """With ``lora``: keep the base model once for every ``share_base`` policy (they must name
     the same model and dtype); each trains its own adapter with its own optimiser."""
+    trainable: bool = True
+    """False: a frozen policy. It serves its agents and never changes: no optimiser, no KL
+    reference, no HF export; its agents' samples are logged and count in their advantage groups,
+    but are not trained on."""
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in LR_SCHEDULES:
@@ -94,6 +98,9 @@ class PolicyConfig:
                 setattr(self, key, None)
         if self.share_base and self.lora is None:
             raise ValueError("share_base needs a lora section: only adapters can share a base model")
+        if not self.trainable and self.lora is not None:
+            raise ValueError("a frozen policy (trainable: false) has no lora section: an adapter that is never "
+                             "trained changes nothing")
 
 
 class Policy(nn.Module):
@@ -118,8 +125,11 @@ class Policy(nn.Module):
             self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
             if config.lora is not None:
                 self.model = add_lora(self.model, name, config.lora)
+        self.trainable = config.trainable
+        if not self.trainable:
+            self.model.requires_grad_(False)
         self.reference: nn.Module | None = None
-        if reference and self.adapter is None:
+        if reference and self.adapter is None and self.trainable:
             # bf16 halves its memory where it is native (it only ever runs without gradients);
             # where bf16 is emulated it would be the slowest forward of the update
             dtype = fast_dtype(compute_device(), next(self.model.parameters()).dtype)
@@ -195,7 +205,10 @@ class Policy(nn.Module):
             activate(self.model, self.adapter)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """What this policy's optimiser steps: its adapter, or every weight of its model."""
+        """What this policy's optimiser steps: its adapter, or every weight of its model (nothing
+        when it is frozen)."""
+        if not self.trainable:
+            return []
         if self.adapter is not None:
             return adapter_parameters(self.model, self.adapter)
         return list(self.model.parameters())

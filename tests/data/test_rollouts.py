@@ -104,9 +104,10 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
     rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
     backend = Cached(lambda agent, i: "\\boxed{1}")
     assert rollouts.plan(backend, iteration=1).scalars == {
-        "rollout/prefix_cache_hit_rate": 0.25, "rollout/failed_actions": 0.0, "rollout/nonfinite_rewards": 0.0}
+        "rollout/prefix_cache_hit_rate": 0.25, "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0,
+        "rollout/nonfinite_rewards": 0.0}
     assert rollouts.plan(ScriptedBackend(lambda agent, i: "\\boxed{1}"), iteration=1).scalars == {
-        "rollout/failed_actions": 0.0, "rollout/nonfinite_rewards": 0.0}
+        "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0, "rollout/nonfinite_rewards": 0.0}
 
 
 def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):

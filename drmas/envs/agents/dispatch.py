@@ -1,0 +1,132 @@
+"""The dispatcher: inside ``rollout()``, in the thread that called it, it answers the endpoint's
+calls with the ``generate`` function of that rollout, in batches.
+
+It calls ``generate`` when every running episode is waiting on a call, or once the oldest
+pending call has waited ``window_s``, with all pending calls: 16 episodes in flight cost about
+one batched call per agent and round. Calls are served in episode order, so a resumed run makes
+the same calls. Identical prompts (every episode's first call of a task) go out as one request.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+from drmas.envs.agents.episodes import EpisodeRun
+from drmas.envs.agents.protocol import ApiError
+from drmas.envs.agents.server import Call
+from drmas.envs.base import sample_groups
+from drmas.records import GenerateFn
+
+__all__ = ["Dispatcher"]
+
+_POLL_S = 0.25  # the longest wait without looking at timeouts and a preemption
+
+
+class Dispatcher:
+    """Answers calls until every episode has ended; counts what it did in :attr:`counts`."""
+
+    def __init__(self, inbox: queue.Queue, generate: GenerateFn, window_s: float) -> None:
+        self.inbox, self.generate, self.window_s = inbox, generate, window_s
+        self._tokens: Callable[..., int] | None = getattr(generate, "prompt_tokens", None)
+        self._check_stop: Callable[[], None] | None = getattr(generate, "check_stop", None)
+        self.counts: dict[str, float] = defaultdict(float)
+
+    def run(self, runs: Sequence[EpisodeRun], on_end: Callable[[EpisodeRun], None] | None = None) -> None:
+        """Serve ``runs``' calls until all have ended or timed out. An engine failure (or a
+        preemption, raised by ``generate``) answers every pending call with a 500 and is raised."""
+        pending: list[Call] = []
+        first_at: float | None = None
+        ended: set[int] = set()
+        try:
+            while True:
+                now = time.monotonic()
+                for run in runs:
+                    if run.running and now > run.deadline:
+                        run.timed_out = True
+                        run.session.close()
+                    if not run.running and id(run) not in ended:
+                        ended.add(id(run))
+                        if on_end is not None:
+                            on_end(run)
+                pending = [c for c in pending if self._open(c)]
+                first_at = first_at if pending else None
+                running = {run.session.index for run in runs if run.running}
+                if not running and not pending:
+                    return
+                waiting = {c.session.index for c in pending}
+                if pending and (running <= waiting or now - first_at >= self.window_s):
+                    self._serve(pending)
+                    pending, first_at = [], None
+                    continue
+                if self._check_stop is not None:
+                    self._check_stop()  # a preemption ends the rollout even while no episode calls
+                wait = _POLL_S if first_at is None else max(0.0, first_at + self.window_s - now)
+                deadlines = [run.deadline - now for run in runs if run.running]
+                for item in self._take(min([wait, *deadlines, _POLL_S])):
+                    if isinstance(item, Call):
+                        pending.append(item)
+                        first_at = time.monotonic() if first_at is None else first_at
+        except BaseException as err:
+            for call in pending + [c for c in self._take(0) if isinstance(c, Call)]:
+                self._answer(call, ApiError(500, f"the rollout stopped: {type(err).__name__}: {err}", "rollout_stopped"))
+            for run in runs:
+                run.session.close()
+            raise
+
+    def _take(self, timeout: float) -> list[Any]:
+        """Whatever is in the inbox, waiting up to ``timeout`` for the first item."""
+        items = []
+        try:
+            items.append(self.inbox.get(timeout=max(timeout, 0.0)) if timeout > 0 else self.inbox.get_nowait())
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            return items
+
+    @staticmethod
+    def _answer(call: Call, value: Any) -> None:
+        with call.session._lock:
+            call.session.pending -= 1
+        call.answer(value)
+
+    def _open(self, call: Call) -> bool:
+        """Whether the call's episode still takes answers (else it is answered 410 now)."""
+        if call.session.open:
+            return True
+        self._answer(call, ApiError(410, f"episode {call.session.id!r} has ended", "episode_gone"))
+        return False
+
+    def _fits(self, call: Call) -> bool:
+        """Whether the prompt and its response fit the agent's context (else it is answered 400)."""
+        settings = (call.session.settings or {}).get(call.request.agent)
+        if self._tokens is None or settings is None or settings.context_length is None:
+            return True
+        prompt = call.request.prompt
+        tokens = self._tokens(call.request.agent, prompt)
+        budget = prompt.max_new_tokens or settings.max_new_tokens
+        if tokens + budget <= settings.context_length:
+            return True
+        self._answer(call, ApiError(
+            400, f"this model's maximum context length is {settings.context_length} tokens; the messages take "
+            f"{tokens} and the completion may take {budget} (lower max_tokens or shorten the messages)",
+            "context_length_exceeded", "messages"))
+        return False
+
+    def _serve(self, calls: list[Call]) -> None:
+        groups: dict[tuple[str, int], list[Call]] = defaultdict(list)
+        for call in sorted(calls, key=lambda c: (c.session.index, c.seq)):
+            if self._fits(call):
+                groups[(call.request.agent, call.request.n)].append(call)
+        for (agent, n), group in groups.items():
+            outs = sample_groups(self._counted, agent, [c.request.prompt for c in group], n)
+            self.counts["endpoint/requests"] += len(group)
+            for call, completions in zip(group, outs):
+                self._answer(call, completions)
+
+    def _counted(self, agent: str, prompts: Sequence[Any], n: int) -> Any:
+        self.counts["endpoint/engine_calls"] += 1
+        self.counts["endpoint/samples"] += n * len(prompts)
+        return self.generate(agent, prompts, n)

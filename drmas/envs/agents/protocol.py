@@ -1,0 +1,176 @@
+"""The OpenAI chat-completions wire format, as far as the endpoint speaks it: a request body
+checked and turned into a :class:`~drmas.records.ChatPrompt`, errors in OpenAI's shape, and the
+response body. Pure functions: no server, no engine.
+
+What is not supported yet is refused with a 400 that names it, never ignored: tools and tool
+calls, streaming, list-of-parts message content, structured output (``response_format``).
+Sampling stays the policy's own (the trainer computes log-probs at the temperature the tokens
+were sampled with); a request asking for other values is answered with the policy's and counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from drmas.records import ChatPrompt, Completion, GenerationSettings
+
+__all__ = ["ApiError", "ChatRequest", "chat_response", "message_content", "parse_chat_request"]
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+@dataclass
+class ApiError(Exception):
+    """An error answered to the client in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+
+    status: int
+    message: str
+    code: str | None = None
+    param: str | None = None
+
+    @property
+    def type(self) -> str:
+        return {401: "authentication_error", 404: "invalid_request_error", 410: "invalid_request_error"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.message}"
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A checked request: which agent answers, its prompt (with the request's stops and length),
+    how many choices, and whether it asked for sampling other than the policy's."""
+
+    agent: str
+    prompt: ChatPrompt
+    n: int = 1
+    overrides_sampling: bool = False
+
+
+def _unsupported(what: str, param: str) -> ApiError:
+    return ApiError(400, f"{what} not supported by the drmas endpoint yet (see docs/agents.md)",
+                    "unsupported_parameter", param)
+
+
+def _positive_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"{key} must be a positive integer, got {value!r}", "invalid_value", key)
+    return value
+
+
+def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "invalid_value", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        param = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"{param} must be an object with role and content", "invalid_value", param)
+        role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise _unsupported("tool calls and tool messages are", param)
+        if role not in _ROLES:
+            raise ApiError(400, f"{param}.role must be one of {sorted(_ROLES)}, got {role!r}", "invalid_value", param)
+        content = m.get("content")
+        if isinstance(content, list):
+            raise _unsupported(f"list-of-parts message content ({param}.content; send a string) is", param)
+        if content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise ApiError(400, f"{param}.content must be a string, got {type(content).__name__}", "invalid_value",
+                           param)
+        out.append((_ROLES[role], content))
+    return tuple(out)
+
+
+def _stops(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(400, f"stop must be a non-empty string or a list of them, got {raw!r}", "invalid_value", "stop")
+    return tuple(stops)
+
+
+def _overrides(body: dict[str, Any], policy: GenerationSettings | None) -> bool:
+    """Whether the request asks for sampling other than the policy's."""
+    if any(body.get(k) not in (None, 0, 0.0) for k in _PENALTIES) or body.get("logit_bias"):
+        return True
+    if policy is None:
+        return any(body.get(k) is not None for k in ("temperature", "top_p", "top_k"))
+    for key, own in (("temperature", policy.temperature), ("top_p", policy.top_p), ("top_k", policy.top_k)):
+        value = body.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and math.isclose(value, own)):
+            return True
+    return False
+
+
+def parse_chat_request(body: Any, agents: Sequence[str], settings: dict[str, GenerationSettings] | None = None,
+                       training: bool = True) -> ChatRequest:
+    """The request of a ``POST /v1/chat/completions`` body, or an :class:`ApiError`: 400 for a
+    malformed or unsupported body, 404 for an unknown agent (``model``). ``settings``: each
+    agent's policy settings (the limits a request must stay within; None: not checked)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+    if body.get("stream"):
+        raise _unsupported("stream: true is", "stream")
+    if body.get("tools") or body.get("functions") or body.get("tool_choice") not in (None, "none"):
+        raise _unsupported("tools and tool calls are", "tools")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise _unsupported("response_format other than text is", "response_format")
+    model = body.get("model")
+    if model not in agents:
+        raise ApiError(404, f"the model {model!r} is not an agent of this run; the agents are: {', '.join(agents)}",
+                       "model_not_found", "model")
+    messages = _messages(body.get("messages"))
+    n = _positive_int(body, "n") or 1
+    if training and n != 1:
+        raise ApiError(400, f"n must be 1 while training (got {n}): each choice would be a sample given its "
+                       "episode's reward, which the other choices did not earn", "invalid_value", "n")
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    length = _positive_int(body, key)
+    policy = (settings or {}).get(model)
+    if length is not None and policy is not None and length > policy.max_new_tokens:
+        raise ApiError(400, f"{key} is {length}, more than agent {model!r} may generate: its policy's limit is "
+                       f"{policy.max_new_tokens} tokens (max_new_tokens of its sampling settings)", "invalid_value", key)
+    return ChatRequest(model, ChatPrompt(messages, "", _stops(body.get("stop")), length), n, _overrides(body, policy))
+
+
+def message_content(completion: Completion, stops: Sequence[str]) -> str:
+    """The answer as OpenAI shows it: without the stop string that ended it (the trained tokens
+    keep it, as the engine produced them)."""
+    text = completion.text
+    if completion.finish_reason == "stop":
+        for s in sorted(stops, key=len, reverse=True):
+            if s and text.endswith(s):
+                return text[: -len(s)]
+    return text
+
+
+def chat_response(agent: str, completions: Sequence[Completion], stops: Sequence[str]) -> dict[str, Any]:
+    """The ``chat.completion`` object for one request's completions."""
+    prompt = len(completions[0].prompt_ids) if completions else 0
+    generated = sum(len(c.response_ids) for c in completions)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": agent,
+        "choices": [{"index": i, "message": {"role": "assistant", "content": message_content(c, stops)},
+                     "finish_reason": "length" if c.finish_reason == "length" else "stop", "logprobs": None}
+                    for i, c in enumerate(completions)],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
+    }

@@ -1,0 +1,217 @@
+"""The HTTP side of the endpoint: an OpenAI-compatible API on the loopback interface, served by
+uvicorn (FastAPI) in a thread of its own, one base URL per episode.
+
+The server never generates: a checked request becomes a :class:`Call` in the inbox, and the
+thread that plays the rollout answers it (:mod:`drmas.envs.agents.dispatch`), because generation
+must run where ``rollout()`` was called (the HF engine is the training model, vLLM's ``LLM`` is
+not thread-safe, a SIGTERM must end the rollout there). A completion becomes a sample only once
+it is delivered: a client that disconnected while it waited leaves nothing behind.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the handlers' annotations as objects
+import asyncio
+import queue
+import secrets
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from drmas.envs.agents.protocol import ApiError, ChatRequest, chat_response, parse_chat_request
+from drmas.records import Completion, GenerationSettings
+
+__all__ = ["Call", "Endpoint", "Session"]
+
+
+@dataclass
+class Record:
+    """One delivered completion: the agent, its turn (the agent's k-th call), the completion."""
+
+    agent: str
+    turn: int
+    completion: Completion
+
+
+@dataclass
+class Session:
+    """One episode's view of the endpoint: its URL id, what it may ask, what it was given."""
+
+    id: str
+    index: int
+    """The episode's position in the rollout (calls are served in this order)."""
+    agents: tuple[str, ...]
+    settings: dict[str, GenerationSettings] | None
+    training: bool
+    records: list[Record] = field(default_factory=list)
+    open: bool = True
+    pending: int = 0
+    """Calls in the inbox or being served."""
+    calls: int = 0
+    overrides: int = 0
+    """Requests that asked for sampling other than the policy's."""
+    _turns: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, agent: str, completions: Sequence[Completion]) -> bool:
+        """Keep delivered completions as samples (False: the session closed meanwhile)."""
+        with self._lock:
+            if not self.open:
+                return False
+            for c in completions:
+                turn = self._turns.get(agent, 0)
+                self._turns[agent] = turn + 1
+                self.records.append(Record(agent, turn, c))
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self.open = False
+
+
+@dataclass
+class Call:
+    """A checked request waiting for the dispatcher, and how to answer it."""
+
+    session: Session
+    request: ChatRequest
+    seq: int
+    answer: Callable[[Any], None]
+    """Thread-safe: a list of completions, or an :class:`ApiError`."""
+
+
+def _settle(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+class Endpoint:
+    """The server: start once, open a session per episode, close it when the episode ends (its
+    URL answers 410 from then on)."""
+
+    def __init__(self, agents: Sequence[str], host: str = "127.0.0.1") -> None:
+        self.agents, self.host = tuple(agents), host
+        self.key = secrets.token_urlsafe(24)
+        self.inbox: queue.Queue = queue.Queue()
+        self.sessions: dict[str, Session] = {}
+        self.gone: set[str] = set()
+        """Ended episodes' ids: their URLs answer 410."""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # ---- lifetime ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=60)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name="drmas-endpoint")
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the drmas endpoint's HTTP server did not start")
+            self._thread.join(0.01)
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._thread = self._server = None
+
+    def open_session(self, sid: str, index: int, settings: dict[str, GenerationSettings] | None,
+                     training: bool) -> Session:
+        session = Session(sid, index, self.agents, settings, training)
+        self.sessions[sid] = session
+        return session
+
+    def end_session(self, session: Session) -> None:
+        session.close()
+        self.gone.add(session.id)
+        self.sessions.pop(session.id, None)
+
+    def base_url(self, session: Session) -> str:
+        return f"http://{self.host}:{self.port}/episodes/{session.id}/v1"
+
+    # ---- the app ----------------------------------------------------------------------------
+
+    def _session(self, sid: "str | None", authorization: "str | None") -> "Session | None":
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.key.encode()):
+            raise ApiError(401, "missing or wrong API key: use the api_key the episode was given", "invalid_api_key")
+        if sid is None:
+            return None
+        session = self.sessions.get(sid)
+        if session is None and sid not in self.gone:
+            raise ApiError(404, f"no episode {sid!r} on this endpoint", "episode_not_found")
+        if session is None or not session.open:
+            raise ApiError(410, f"episode {sid!r} has ended (finished, failed or timed out); its URL takes no more "
+                           "requests", "episode_gone")
+        return session
+
+    def _app(self) -> Any:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse, Response
+
+        app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+        @app.exception_handler(ApiError)
+        async def api_error(request: Request, err: ApiError) -> JSONResponse:
+            return JSONResponse(err.body(), status_code=err.status)
+
+        def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": a, "object": "model", "created": 0, "owned_by": "drmas"}
+                                               for a in self.agents]}
+
+        @app.get("/v1/models")
+        async def all_models(request: Request) -> dict[str, Any]:
+            self._session(None, request.headers.get("authorization"))
+            return models()
+
+        @app.get("/episodes/{sid}/v1/models")
+        async def episode_models(sid: str, request: Request) -> dict[str, Any]:
+            self._session(sid, request.headers.get("authorization"))
+            return models()
+
+        @app.post("/episodes/{sid}/v1/chat/completions")
+        async def chat(sid: str, request: Request) -> Any:
+            session = self._session(sid, request.headers.get("authorization"))
+            try:
+                body = await request.json()
+            except ValueError:
+                raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+            req = parse_chat_request(body, self.agents, session.settings, session.training)
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            with session._lock:
+                seq, session.calls = session.calls, session.calls + 1
+                session.pending += 1
+                session.overrides += int(req.overrides_sampling)
+            self.inbox.put(Call(session, req, seq, lambda value: loop.call_soon_threadsafe(_settle, future, value)))
+            result = await future
+            if isinstance(result, ApiError):
+                raise result
+            if await request.is_disconnected() or not session.record(req.agent, result):
+                return Response(status_code=499)  # nobody reads it; nothing was recorded
+            stops = [*req.prompt.stop, *(session.settings[req.agent].stop if session.settings else ())]
+            return chat_response(req.agent, result, stops)
+
+        @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+        async def other(path: str, request: Request) -> Any:
+            self._session(None, request.headers.get("authorization"))
+            if path.endswith("v1/responses") or path.endswith("v1/completions"):
+                raise ApiError(400, f"/{path} is not supported by the drmas endpoint yet: use /v1/chat/completions",
+                               "unsupported_endpoint")
+            raise ApiError(404, f"no route /{path}: the endpoint serves /episodes/<id>/v1/chat/completions and "
+                           "/v1/models", "not_found")
+
+        return app

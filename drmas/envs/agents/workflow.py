@@ -1,0 +1,203 @@
+"""The ``agents`` workflow: train a multi-agent program written against the OpenAI chat API,
+unchanged. See docs/agents.md.
+
+Each episode of a rollout runs the user's ``episode(task, client)`` in a thread of its own, with
+an OpenAI client whose base URL is that episode's on the endpoint; the request's ``model`` names
+the agent, whose policy answers. Every delivered completion is a sample (the agent's k-th call is
+its turn k); once the episode returns, each sample's reward is ``alpha * team + local`` with the
+agent's local reward from the episode's return value and the format penalty for a call that ended
+by length, as in every domain.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from drmas.algorithms import sample_reward
+from drmas.envs.agents.dispatch import Dispatcher
+from drmas.envs.agents.episodes import EpisodeRun, failure_of, load_episode
+from drmas.envs.agents.server import Endpoint
+from drmas.envs.base import WORKFLOWS, Workflow
+from drmas.envs.files import read_records
+from drmas.records import EpisodeResult, Experience, GenerateFn, RolloutResult
+
+__all__ = ["AgentsWorkflow", "RowTask", "read_tasks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class RowTask:
+    """One row of a task file, handed to the episode unchanged."""
+
+    uid: str
+    row: dict[str, Any]
+
+
+def read_tasks(path: str) -> list[RowTask]:
+    """Every row of a JSONL or parquet file; its uid is its ``id`` if it has one, else its index."""
+    tasks = [RowTask(str(record["id"]) if "id" in record else str(i), record)
+             for i, (_, record) in enumerate(read_records(Path(path)))]
+    seen: set[str] = set()
+    for t in tasks:
+        if t.uid in seen:
+            raise ValueError(f"{path}: the id {t.uid!r} is given to more than one row")
+        seen.add(t.uid)
+    if not tasks:
+        raise ValueError(f"{path} holds no task")
+    return tasks
+
+
+@WORKFLOWS.register("agents")
+class AgentsWorkflow(Workflow):
+    modes = ("parallel",)
+    why_not = {"tree": "tree sampling copies an episode at a turn to sample candidates from one state, and an "
+                       "opaque program cannot be copied"}
+
+    def __init__(
+        self,
+        episode: Any = None,
+        agents: list[str] | None = None,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        test_file: str | None = None,
+        val_share: float = 0.1,
+        alpha: float = 1.0,
+        format_penalty: float = 0.1,
+        window_ms: float = 50.0,
+        episode_timeout_s: float = 600.0,
+    ) -> None:
+        """
+        Args:
+            episode: the program: ``"module:function"``, ``"path/to/file.py:function"`` or (in
+                Python) a callable ``episode(task: dict, client: openai.OpenAI)`` (or ``async def``
+                with ``openai.AsyncOpenAI``) returning the team reward, or a dict of per-agent
+                local rewards with optional ``team`` and ``success`` keys.
+            agents: the agent names; a request's ``model`` names one (e.g. ``[writer, critic]``).
+            train_file: training tasks, JSONL or parquet; each row is handed to the episode as a dict.
+            val_file: validation tasks, likewise (None: a held-apart share of ``train_file``).
+            test_file: test tasks, likewise (for ``evaluate --split test``).
+            val_share: the share of ``train_file`` held apart for validation when there is no
+                ``val_file`` (at least one task; 0 = none: set ``--data.val_tasks 0``).
+            alpha: weight of the team reward in ``alpha * team + local``.
+            format_penalty: local penalty of a call that ended by length rather than by a stop.
+            window_ms: the longest a call waits for others to be batched with it.
+            episode_timeout_s: an episode still running after this long fails; its URL answers 410.
+        """
+        if not agents:
+            raise ValueError("agents: name the agents of the program, e.g. [solver, verifier]")
+        if len(set(agents)) != len(agents) or not all(isinstance(a, str) and a for a in agents):
+            raise ValueError(f"agents must be distinct non-empty names, got {agents}")
+        if episode is None:
+            raise ValueError("episode: give the program as 'module:function' or 'path/to/file.py:function'")
+        if train_file is None:
+            raise ValueError("train_file: the training tasks (JSONL or parquet, one task per row) are needed")
+        if not 0.0 <= val_share < 1.0 or window_ms < 0 or episode_timeout_s <= 0:
+            raise ValueError(f"need 0 <= val_share < 1, window_ms >= 0 and episode_timeout_s > 0; got {val_share}, "
+                             f"{window_ms}, {episode_timeout_s}")
+        self.agents = tuple(agents)
+        self.episode: Callable[..., Any] = load_episode(episode)
+        self.alpha, self.format_penalty = alpha, format_penalty
+        self.window_s, self.timeout_s = window_ms / 1000.0, episode_timeout_s
+        self._splits = self._read_splits(train_file, val_file, test_file, val_share)
+        self._endpoint: Endpoint | None = None
+        self._rollouts = 0
+
+    @staticmethod
+    def _read_splits(train_file: str, val_file: str | None, test_file: str | None,
+                     val_share: float) -> dict[str, list[RowTask]]:
+        train = read_tasks(train_file)
+        splits = {"train": train, "val": read_tasks(val_file) if val_file else [],
+                  "test": read_tasks(test_file) if test_file else []}
+        if not val_file and val_share > 0:
+            if len(train) < 2:
+                raise ValueError(f"{train_file} has {len(train)} task: too few to hold some apart for validation "
+                                 "(give val_file, or val_share 0 with --data.val_tasks 0)")
+            held = set(random.Random(0).sample(range(len(train)), max(1, round(val_share * len(train)))))
+            splits["val"] = [t for i, t in enumerate(train) if i in held]
+            splits["train"] = [t for i, t in enumerate(train) if i not in held]
+            log.warning("agents workflow: %d of the %d tasks of %s held apart for validation (val_share=%g), "
+                        "%d left to train on", len(held), len(train), train_file, val_share, len(splits["train"]))
+        return splits
+
+    def tasks(self, split: str) -> Sequence[RowTask]:
+        if split not in self._splits:
+            raise KeyError(f"unknown split {split!r}; known: {sorted(self._splits)}")
+        if not self._splits[split] and split != "val":
+            raise ValueError(f"no {split} tasks: give {split}_file")
+        return self._splits[split]
+
+    def rollout(self, tasks: Sequence[RowTask], generate: GenerateFn, *, n: int, mode: str = "parallel",
+                seed: int = 0, progress: Callable[[bool], None] | None = None) -> RolloutResult:
+        if mode not in self.modes:
+            raise ValueError(f"the agents workflow runs in parallel mode only: {self.why_not.get(mode, mode)}")
+        if self._endpoint is None:
+            self._endpoint = Endpoint(self.agents)
+            self._endpoint.start()
+        endpoint = self._endpoint
+        training = getattr(generate, "train", True)
+        settings_of = getattr(generate, "settings", None)
+        settings = {a: settings_of(a) for a in self.agents} if settings_of is not None else None
+        self._rollouts += 1
+        runs = []
+        for i, (task, j) in enumerate((t, j) for t in tasks for j in range(n)):
+            session = endpoint.open_session(f"r{self._rollouts}-e{i}", i, settings, training)
+            runs.append(EpisodeRun(self.episode, task, task.row, f"{task.uid}#{j}", session, endpoint.base_url(session),
+                                   endpoint.key, self.timeout_s, endpoint.inbox))
+        deadline = time.monotonic() + self.timeout_s
+        for run in runs:
+            run.start(deadline)
+        dispatcher = Dispatcher(endpoint.inbox, generate, self.window_s)
+        try:
+            dispatcher.run(runs, on_end=None if progress is None else lambda r: progress(self._ended_well(r)))
+        finally:
+            for run in runs:
+                endpoint.end_session(run.session)
+        result = self._results(runs)
+        result.counts.update(dispatcher.counts)
+        result.counts["endpoint/sampling_overrides"] = float(sum(r.session.overrides for r in runs))
+        return result
+
+    def _ended_well(self, run: EpisodeRun) -> bool:
+        outcome, why = failure_of(run, self.agents, self.timeout_s)
+        return why is None and outcome.success
+
+    def _results(self, runs: Sequence[EpisodeRun]) -> RolloutResult:
+        samples, episodes = [], []
+        for run in runs:
+            outcome, why = failure_of(run, self.agents, self.timeout_s)
+            records = run.session.records
+            if why is not None:  # none of a failed episode's samples is trained
+                episodes.append(EpisodeResult(run.task.uid, run.traj_uid, False, len(records), 0.0, {"failure": why}))
+                continue
+            for rec in records:
+                c = rec.completion
+                valid = c.finish_reason == "stop"
+                local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid, self.alpha,
+                                              self.format_penalty)
+                samples.append(Experience(
+                    task_uid=run.task.uid, traj_uid=run.traj_uid, env_uid=run.traj_uid, agent=rec.agent, turn=rec.turn,
+                    policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
+                    text=c.text, valid=valid, team_reward=outcome.team, local_reward=local, reward=reward))
+            episodes.append(EpisodeResult(run.task.uid, run.traj_uid, outcome.success, len(records), outcome.team))
+        return RolloutResult(samples, episodes)
+
+    def scalars(self, counts: dict[str, float]) -> dict[str, float]:
+        """The endpoint's requests, its mean batch (samples per engine call) and the requests that
+        asked for sampling other than the policy's."""
+        calls = counts.get("endpoint/engine_calls", 0.0)
+        out = {"endpoint/requests": counts.get("endpoint/requests", 0.0),
+               "endpoint/sampling_overrides": counts.get("endpoint/sampling_overrides", 0.0)}
+        if calls:
+            out["endpoint/batch_size_mean"] = counts.get("endpoint/samples", 0.0) / calls
+        return out
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None

@@ -1,0 +1,22 @@
+"""Bring your own agents: train a multi-agent program written against the OpenAI chat API.
+
+    python recipes/agents.py fit                                  # the example math team, embedded model, CPU
+    python recipes/agents.py fit --data.workflow.init_args.episode my_pkg.team:episode \\
+        --data.workflow.init_args.agents '[writer, critic]' \\
+        --data.workflow.init_args.train_file tasks.jsonl
+    python recipes/agents.py fit --config configs/qwen3_8b.yaml   # GPUs
+
+The program runs as it is: each episode gets an OpenAI client pointed at drmas's endpoint, and
+the request's ``model`` names the agent (docs/agents.md). Run from the checkout's root for the
+example's relative paths.
+"""
+
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+
+if __name__ == "__main__":
+    run_recipe("agents", "agents", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

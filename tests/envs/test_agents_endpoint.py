@@ -1,0 +1,319 @@
+"""The OpenAI-compatible endpoint over loopback, with the real ``openai`` client and a scripted
+engine: attribution of calls to episodes, batching, limits, errors, failed episodes, disconnects."""
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from scripted import Script
+
+from drmas.envs.agents import AgentsWorkflow
+from drmas.envs.agents.episodes import read_outcome, EpisodeFailure
+from drmas.records import Completion, GenerationSettings
+
+AGENTS = ["writer", "critic"]
+
+
+@pytest.fixture
+def tasks_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(f'{{"q": "task{i}"}}\n' for i in range(4)))
+    return str(path)
+
+
+def make(episode, tasks_file, **kwargs):
+    return AgentsWorkflow(episode, AGENTS, tasks_file, val_share=0.0, **kwargs)
+
+
+def ask(client, agent, text, **kwargs):
+    reply = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": text}], **kwargs)
+    return reply.choices[0].message.content
+
+
+def echo(agent, prompt, i):
+    return f"{agent}<{prompt.messages[-1][1]}>!"  # ends with the stop string the episodes use
+
+
+class Limited(Script):
+    """A scripted engine that also says its policy's settings and counts prompt tokens (one per
+    character), as the trainer's generate function does."""
+
+    train = True
+
+    def settings(self, agent):
+        return GenerationSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12, stop=("</s>",),
+                                  context_length=200)
+
+    def prompt_tokens(self, agent, prompt):
+        return sum(len(c) for _, c in prompt.messages)
+
+
+def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(tasks_file):
+    def episode(task, client):
+        first = ask(client, "writer", task["q"], stop=["!"])
+        second = ask(client, "writer", first + "+", stop="!")
+        ask(client, "critic", second)
+        return {"team": 1.0, "writer": 0.5}
+
+    wf = make(episode, tasks_file, alpha=0.5)
+    try:
+        result = wf.rollout(wf.tasks("train"), Script(echo), n=3)
+    finally:
+        wf.close()
+    assert len(result.episodes) == 12 and all(e.success and e.turns == 3 for e in result.episodes)
+    assert len(result.experiences) == 36
+    for s in result.experiences:
+        task = s.traj_uid.split("#")[0]
+        assert s.task_uid == task and s.env_uid == s.traj_uid
+        assert f"task{task}" in s.text  # the episode's own task, through its own URL
+        # the trained text keeps the stop string; the content the program read did not
+        want = {("writer", 0): f"writer<task{task}>!", ("writer", 1): f"writer<writer<task{task}>+>!",
+                ("critic", 0): f"critic<writer<writer<task{task}>+>>!"}
+        assert s.text == want[(s.agent, s.turn)]
+        assert s.reward == pytest.approx(0.5 * 1.0 + (0.5 if s.agent == "writer" else 0.0))
+        assert s.response_ids == [2, 3] and s.engine_logprobs == [-0.5, -0.5] and s.valid
+
+
+def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_file):
+    script = Script(echo)
+
+    def episode(task, client):
+        text = task["q"]
+        for _ in range(3):
+            text = ask(client, "writer", text, stop="!")
+        return 1.0
+
+    # a window no test waits out: only "every running episode is waiting" can trigger a call
+    wf = make(episode, tasks_file, window_ms=10**7, episode_timeout_s=60)
+    try:
+        result = wf.rollout(wf.tasks("train"), script, n=4)
+    finally:
+        wf.close()
+    assert not [e for e in result.episodes if "failure" in e.info]
+    assert [(agent, len(prompts), n) for agent, prompts, n in script.calls] == [("writer", 4, 4)] * 3  # 16 episodes
+    assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/sampling_overrides": 0.0,
+                                         "endpoint/batch_size_mean": 16.0}
+
+
+def test_limits_and_bad_requests_get_openai_errors(tasks_file):
+    seen = {}
+
+    def episode(task, client):
+        def status(fn):
+            try:
+                fn()
+            except openai.APIStatusError as err:
+                return err.status_code, str(err), err.code
+            return 200, "", None
+
+        if task["q"] != "task0":
+            return 0.0 if ask(client, "writer", "x") else 1.0
+        seen["unknown"] = status(lambda: ask(client, "judge", "x"))
+        seen["n"] = status(lambda: ask(client, "writer", "x", n=2))
+        seen["long"] = status(lambda: ask(client, "writer", "x", max_tokens=100))
+        seen["tools"] = status(lambda: ask(client, "writer", "x", tools=[{"type": "function", "function": {"name": "f"}}]))
+        seen["stream"] = status(lambda: ask(client, "writer", "x", stream=True))
+        seen["parts"] = status(lambda: client.chat.completions.create(
+            model="writer", messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]))
+        seen["context"] = status(lambda: ask(client, "writer", "y" * 190))
+        seen["responses"] = status(lambda: client.responses.create(model="writer", input="x"))
+        url, key = str(client.base_url).rstrip("/"), client.api_key
+        seen["json"] = httpx.post(f"{url}/chat/completions", content=b"{not json",
+                                  headers={"Authorization": f"Bearer {key}"}).status_code
+        seen["no_key"] = httpx.post(f"{url}/chat/completions", json={}).status_code
+        seen["wrong_key"] = status(lambda: openai.OpenAI(base_url=url, api_key="nope", max_retries=0).models.list())
+        seen["models"] = [m.id for m in client.models.list()]
+        seen["content"] = ask(client, "writer", "ok", stop=["!"], max_tokens=5, temperature=0.2)
+        return 1.0
+
+    script = Limited(echo)
+    wf = make(episode, tasks_file)
+    try:
+        result = wf.rollout(wf.tasks("train")[:2], script, n=1)
+    finally:
+        wf.close()
+    assert seen["unknown"][0] == 404 and "writer, critic" in seen["unknown"][1]
+    assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
+    assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
+    for key in ("tools", "stream", "parts", "responses"):
+        assert seen[key][0] == 400 and "not supported" in seen[key][1], key
+    assert seen["context"][::2] == (400, "context_length_exceeded") and "190" in seen["context"][1]
+    assert seen["json"] == 400 and seen["no_key"] == 401 and seen["wrong_key"][0] == 401
+    assert seen["models"] == AGENTS
+    assert seen["content"] == "writer<ok>"  # without the stop string
+    # the good call carried its stop and length to the engine; the policy's temperature answered it
+    prompt = [p for agent, ps, _ in script.calls for p in ps if p.messages[-1][1] == "ok"][0]
+    assert prompt.stop == ("!",) and prompt.max_new_tokens == 5
+    assert wf.scalars(result.counts)["endpoint/sampling_overrides"] == 1.0
+    assert len([s for s in result.experiences if s.task_uid == "0"]) == 1  # refused calls leave no sample
+
+
+def test_failed_episodes_leave_no_samples_and_a_timed_out_url_answers_410(tasks_file):
+    late = {}
+    done = threading.Event()
+
+    def episode(task, client):
+        ask(client, "writer", task["q"])
+        kind = task["q"]
+        if kind == "task0":
+            raise RuntimeError("the program broke")
+        if kind == "task1":
+            return {"writer": 1.0, "stranger": 2.0}
+        if kind == "task2":
+            time.sleep(1.5)  # past the timeout
+            try:
+                ask(client, "writer", "late")
+            except openai.APIStatusError as err:
+                late["status"] = err.status_code
+            finally:
+                done.set()
+        return 1.0
+
+    def silent(task, client):
+        return 1.0
+
+    wf = make(episode, tasks_file, episode_timeout_s=1.0)
+    try:
+        result = wf.rollout(wf.tasks("train"), Script(echo), n=1)
+        assert done.wait(10) and late["status"] == 410
+        why = {e.task_uid: e.info.get("failure", "") for e in result.episodes}
+        assert "RuntimeError: the program broke" in why["0"] and "Traceback" in why["0"]
+        assert "'stranger'" in why["1"] and "timeout of 1 s" in why["2"] and why["3"] == ""
+        assert {s.task_uid for s in result.experiences} == {"3"}
+        assert [e.success for e in result.episodes] == [False, False, False, True]
+    finally:
+        wf.close()
+    wf = make(silent, tasks_file)
+    try:
+        result = wf.rollout(wf.tasks("train")[:1], Script(echo), n=2)
+    finally:
+        wf.close()
+    assert all("made no call" in e.info["failure"] for e in result.episodes) and not result.experiences
+
+
+def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
+    def slow(agent, prompt, i):
+        if prompt.messages[-1][1] == "slow":
+            time.sleep(1.0)
+        return "fine"
+
+    def episode(task, client):
+        impatient = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0, timeout=0.2)
+        with pytest.raises(openai.APITimeoutError):
+            ask(impatient, "writer", "slow")
+        return float(ask(client, "critic", "patient") == "fine")
+
+    wf = make(episode, tasks_file, window_ms=0)
+    try:
+        result = wf.rollout(wf.tasks("train")[:1], Script(slow), n=1)
+    finally:
+        wf.close()
+    assert result.episodes[0].success, result.episodes[0].info
+    assert [(s.agent, s.text) for s in result.experiences] == [("critic", "fine")]
+
+
+def test_async_programs_and_concurrent_calls(tasks_file):
+    import asyncio
+
+    async def episode(task, client):
+        async def one(agent):
+            reply = await client.chat.completions.create(model=agent, messages=[{"role": "user", "content": task["q"]}])
+            return reply.choices[0].message.content
+
+        a, b = await asyncio.gather(one("writer"), one("critic"))
+        return {"team": float(a.startswith("writer") and b.startswith("critic")), "critic": -1.0}
+
+    script = Script(echo)
+    wf = make(episode, tasks_file)
+    try:
+        result = wf.rollout(wf.tasks("train")[:2], script, n=2)
+    finally:
+        wf.close()
+    assert all(e.success for e in result.episodes)
+    assert sorted((s.agent, s.reward) for s in result.experiences) == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4
+
+
+def test_what_an_episode_may_return():
+    assert read_outcome(2, AGENTS).team == 2.0 and read_outcome(2, AGENTS).success
+    out = read_outcome({"writer": 0.5, "success": True}, AGENTS)
+    assert (out.team, out.local, out.success) == (0.0, {"writer": 0.5}, True)
+    for bad in ("1", None, [1.0], {"judge": 1.0}, {"team": "high"}, {"success": 1}):
+        with pytest.raises(EpisodeFailure):
+            read_outcome(bad, AGENTS)
+
+
+def test_tasks_splits_and_bad_arguments(tmp_path, tasks_file):
+    wf = AgentsWorkflow(lambda t, c: 1.0, AGENTS, tasks_file)  # val_share 0.1: one of four held apart
+    assert len(wf.tasks("val")) == 1 and len(wf.tasks("train")) == 3
+    assert {t.uid for t in wf.tasks("val") + list(wf.tasks("train"))} == {"0", "1", "2", "3"}
+    assert wf.tasks("train")[0].row == {"q": f"task{wf.tasks('train')[0].uid}"}
+    with pytest.raises(ValueError, match="give test_file"):
+        wf.tasks("test")
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"id": "a"}\n{"id": 7}\n')
+    assert [t.uid for t in AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids), val_share=0).tasks("train")] == ["a", "7"]
+    ids.write_text('{"id": "a"}\n{"id": "a"}\n')
+    with pytest.raises(ValueError, match="'a' is given to more than one row"):
+        AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="has no function 'nope'"):
+        AgentsWorkflow("json:nope", AGENTS, tasks_file)
+    with pytest.raises(ValueError, match="name the agents"):
+        AgentsWorkflow(lambda t, c: 1.0, [], tasks_file)
+    with pytest.raises(ValueError, match="opaque program cannot be copied"):
+        wf.rollout(wf.tasks("train"), Script(echo), n=2, mode="tree")
+
+
+class Backend:
+    """The trainer's side of the rollout contract, scripted: one policy, one rank."""
+
+    iteration, rank, world_size = 0, 0, 1
+
+    def __init__(self, generate):
+        self.generate = generate
+
+    def gather_objects(self, obj):
+        return [obj]
+
+    def bind_agents(self, agents):
+        return {a: "shared" for a in agents}
+
+    def generate_fn(self, train):
+        return self.generate
+
+    def sync_weights(self):
+        pass
+
+    def engine_cache_stats(self):
+        return (0, 0)
+
+    def batch_spec(self, policy):
+        from drmas.records import BatchSpec
+
+        return BatchSpec(pad_id=0, micro_batch_size=4, ppo_epochs=1)
+
+
+def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_traceback(tasks_file):
+    from drmas.data.rollouts import OutageError, Rollouts
+
+    def episode(task, client):
+        ask(client, "writer", task["q"])
+        if task["q"] in fail:
+            raise ValueError(f"broken on {task['q']}")
+        return 1.0
+
+    wf = make(episode, tasks_file)
+    try:
+        rollouts = Rollouts(wf, estimator="grpo", group_size=2, tasks_per_iteration=4, val_tasks=0, max_failed_share=0.5)
+        fail = {"task1"}
+        plan = rollouts.plan(Backend(Script(echo)), iteration=1)
+        assert plan.scalars["rollout/failed_episodes"] == 2.0 and plan.scalars["endpoint/requests"] == 8.0
+        assert {s.task_uid for s in plan.experiences} == {"0", "2", "3"}
+        fail = {"task0", "task1", "task2"}
+        with pytest.raises(OutageError, match=r"6 of 8 episodes failed(.|\n)*ValueError: broken on task"):
+            rollouts.plan(Backend(Script(echo)), iteration=2)
+    finally:
+        wf.close()
