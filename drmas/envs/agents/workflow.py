@@ -69,7 +69,7 @@ class AgentsWorkflow(Workflow):
         val_share: float = 0.1,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
-        window_ms: float = 50.0,
+        window_ms: float = 500.0,
         episode_timeout_s: float = 600.0,
     ) -> None:
         """

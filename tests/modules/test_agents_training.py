@@ -1,0 +1,114 @@
+"""Training through the endpoint in-process, on tiny-random: the samples are the policies' own
+(the trainer's log-probs of the recorded tokens are the engine's), an agent rewarded for short
+answers learns to answer shorter (an lr-0 control does not), and a frozen policy never changes."""
+
+import lightning as L
+import pytest
+import torch
+
+from drmas.callbacks import RolloutStats
+from drmas.data.datamodule import RolloutDataModule
+from drmas.data.rollouts import Rollouts
+from drmas.engines import SamplingParams
+from drmas.envs.agents import AgentsWorkflow
+from drmas.modules import MultiAgentRL, PolicyConfig
+
+
+@pytest.fixture
+def tasks_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(f'{{"q": "Say something about the number {i}."}}\n' for i in range(8)))
+    return str(path)
+
+
+def conversation(task, client):
+    """The writer answers, the critic reads the answer; each is rewarded for its own brevity."""
+    text = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": task["q"]}],
+                                          stop=["y"])
+    critique = client.chat.completions.create(
+        model="critic", messages=[{"role": "user", "content": task["q"]},
+                                  {"role": "assistant", "content": text.choices[0].message.content},
+                                  {"role": "user", "content": "Is that right?"}])
+    return {"team": 1.0, "writer": -text.usage.completion_tokens / 10, "critic": -critique.usage.completion_tokens / 10}
+
+
+def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
+    # two model families, two temperatures: each agent's tokens come from its own policy
+    module = MultiAgentRL(policies={
+        "w": PolicyConfig(model="tiny-random", train_sampling=SamplingParams(temperature=0.7, max_new_tokens=8)),
+        "c": PolicyConfig(model="tiny-random-qwen3", train_sampling=SamplingParams(temperature=1.0, max_new_tokens=6),
+                          chat_template_kwargs={"enable_thinking": False})},
+        agents={"writer": "w", "critic": "c"}, engine="hf")
+    wf = AgentsWorkflow(conversation, ["writer", "critic"], tasks_file, val_share=0)
+    try:
+        rollouts = Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0)
+        plan = rollouts.plan(module, iteration=1)
+    finally:
+        wf.close()
+    assert {s.policy for s in plan.experiences} == {"w", "c"} and len(plan.experiences) == 8
+    assert all(s.reward == pytest.approx(1.0 - len(s.response_ids) / 10) for s in plan.experiences if s.valid)
+    qwen = module.policies["c"].tokenizer
+    critic = [s for s in plan.experiences if s.agent == "critic"]
+    assert all(qwen.decode(s.prompt_ids).startswith("<|im_start|>user\nSay something") for s in critic)
+    checked = 0
+    with torch.no_grad():
+        for batch in plan.micro_batches:
+            policy = module.policies[batch.policy]
+            mine, _ = policy.token_logprobs(batch, policy.config.train_sampling.temperature)
+            mask = batch.response_mask
+            torch.testing.assert_close(mine[mask], batch.engine_logprobs[mask], atol=1e-4, rtol=0)
+            checked += int(mask.sum())
+    assert checked == sum(len(s.response_ids) for s in plan.experiences)
+
+
+def short_answers(task, client):
+    """The writer is rewarded for answering in few tokens (it stops at a "y")."""
+    reply = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": task["q"]}],
+                                           stop=["y"])
+    return {"writer": -reply.usage.completion_tokens / 16}
+
+
+def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
+    L.seed_everything(seed)  # the engine samples from the global generator
+    # temperature 0.1: tiny-random's next-token distribution is uniform over 49k tokens, where no
+    # few steps can move the mass of the ~9% of tokens holding a "y"; at 0.1 a few dozen tokens
+    # take most of it (the trainer computes log-probs at the same temperature)
+    sampling = SamplingParams(temperature=0.1, max_new_tokens=16)
+    policies = {"w": PolicyConfig(model="tiny-random", lr=lr, micro_batch_size=32, ppo_epochs=4, train_sampling=sampling)}
+    agents = {"writer": "w"}
+    if frozen_critic:
+        policies["c"] = PolicyConfig(model="tiny-random", trainable=False, train_sampling=sampling)
+        agents["critic"] = "c"
+    module = MultiAgentRL(policies=policies, agents=agents, engine="hf")
+    # no window: a call waits for every episode's, so the batches (and the sampled tokens) never
+    # depend on how fast the threads ran
+    wf = AgentsWorkflow(conversation if frozen_critic else short_answers, list(agents), tasks_file, val_share=0,
+                        window_ms=10**7)
+    dm = RolloutDataModule(wf, estimator="drmas", group_size=8, tasks_per_iteration=4, val_tasks=0, seed=seed)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, callbacks=[RolloutStats()])
+    trainer.fit(module, datamodule=dm)
+    return module, [h["rollout/writer/response_tokens_mean"] for h in module.history
+                    if "rollout/writer/response_tokens_mean" in h]
+
+
+def test_an_agent_rewarded_for_short_answers_learns_to_answer_shorter(tasks_file, tmp_path):
+    _, learned = train(tasks_file, tmp_path, lr=1e-2)
+    _, control = train(tasks_file, tmp_path, lr=0.0)
+    # measured: learned 11.7 7.1 1.1 1.0 1.0 tokens, control 10.7 10.4 10.1 9.0 11.3
+    assert learned[0] > 5 and learned[-1] < 3 and min(control) > 5, (learned, control)
+
+
+def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, tmp_path):
+    from drmas.models import load_causal_lm
+
+    module, _ = train(tasks_file, tmp_path, lr=1e-2, iterations=2, frozen_critic=True)
+    initial = load_causal_lm("tiny-random")[0].state_dict()
+    frozen, trained = module.policies["c"].model.state_dict(), module.policies["w"].model.state_dict()
+    assert all(torch.equal(frozen[k], initial[k]) for k in initial)
+    assert any(not torch.equal(trained[k], initial[k]) for k in initial)
+    assert module.policies["c"].version == 0 and module.policies["c"].reference is None
+    assert len(module.optimizers() if isinstance(module.optimizers(), list) else [module.optimizers()]) == 1
+    last = [h for h in module.history if "rollout/critic/samples" in h][-1]
+    assert last["rollout/critic/samples"] == 32 and "train/c/loss" not in {k for h in module.history for k in h}
