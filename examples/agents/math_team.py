@@ -17,9 +17,13 @@ names the agent. Rows of the task files are handed to ``episode`` as dicts (here
 ``answer``).
 """
 
+import logging
 import re
 
 from math_verify import parse, verify
+
+for name in ("math_verify.parser", "math_verify.grader"):  # "timeout disabled" on every call
+    logging.getLogger(name).setLevel(logging.ERROR)
 
 MAX_LOOPS = 2
 EXAMPLE_PROBLEM = "Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils does she have left?"
@@ -42,9 +46,26 @@ def ask(client, agent: str, system: str, example_user: str, example_answer: str,
     return reply.choices[0].message.content or ""
 
 
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...}, nested braces included."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None  # never closed: a truncated answer
+
+
 def is_correct(solution: str, answer: str) -> bool:
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", solution)
-    return bool(boxed) and verify(parse(f"${answer}$"), parse(f"${boxed[-1]}$"))
+    boxed = last_boxed(solution)
+    if boxed is None:
+        return False
+    # episodes run in threads, where math-verify's signal-based timeouts cannot: switched off
+    gold, given = parse(f"${answer}$", parsing_timeout=None), parse(f"${boxed}$", parsing_timeout=None)
+    return verify(gold, given, timeout_seconds=None)
 
 
 def episode(task: dict, client) -> float:

@@ -317,3 +317,23 @@ def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_tr
             rollouts.plan(Backend(Script(echo)), iteration=2)
     finally:
         wf.close()
+
+
+def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason(tasks_file):
+    from drmas.data.rollouts import Rollouts
+
+    def episode(task, client):
+        reply = client.chat.completions.create(model="critic", messages=[{"role": "user", "content": "x"}], n=2)
+        return float(len(reply.choices) == 2)
+
+    evaluating = Script(echo)
+    evaluating.train = False  # the trainer's generate function for validation says so
+    wf = make(episode, tasks_file)
+    try:
+        result = wf.rollout(wf.tasks("train")[:1], evaluating, n=2)
+        with pytest.raises(ValueError, match="sampling='tree' .*an opaque program cannot be copied"):
+            Rollouts(wf, sampling="tree", estimator="at_grpo")
+    finally:
+        wf.close()
+    assert [e.success for e in result.episodes] == [True, True] and len(result.experiences) == 4
+    assert [(a, n) for a, _, n in evaluating.calls] == [("critic", 4)]  # two episodes' identical prompts, merged

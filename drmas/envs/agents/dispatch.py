@@ -71,7 +71,7 @@ class Dispatcher:
                         first_at = time.monotonic() if first_at is None else first_at
         except BaseException as err:
             for call in pending + [c for c in self._take(0) if isinstance(c, Call)]:
-                self._answer(call, ApiError(500, f"the rollout stopped: {type(err).__name__}: {err}", "rollout_stopped"))
+                call.answer(ApiError(500, f"the rollout stopped: {type(err).__name__}: {err}", "rollout_stopped"))
             for run in runs:
                 run.session.close()
             raise
@@ -86,17 +86,11 @@ class Dispatcher:
         except queue.Empty:
             return items
 
-    @staticmethod
-    def _answer(call: Call, value: Any) -> None:
-        with call.session._lock:
-            call.session.pending -= 1
-        call.answer(value)
-
     def _open(self, call: Call) -> bool:
         """Whether the call's episode still takes answers (else it is answered 410 now)."""
         if call.session.open:
             return True
-        self._answer(call, ApiError(410, f"episode {call.session.id!r} has ended", "episode_gone"))
+        call.answer(ApiError(410, f"episode {call.session.id!r} has ended", "episode_gone"))
         return False
 
     def _fits(self, call: Call) -> bool:
@@ -109,7 +103,7 @@ class Dispatcher:
         budget = prompt.max_new_tokens or settings.max_new_tokens
         if tokens + budget <= settings.context_length:
             return True
-        self._answer(call, ApiError(
+        call.answer(ApiError(
             400, f"this model's maximum context length is {settings.context_length} tokens; the messages take "
             f"{tokens} and the completion may take {budget} (lower max_tokens or shorten the messages)",
             "context_length_exceeded", "messages"))
@@ -124,7 +118,7 @@ class Dispatcher:
             outs = sample_groups(self._counted, agent, [c.request.prompt for c in group], n)
             self.counts["endpoint/requests"] += len(group)
             for call, completions in zip(group, outs):
-                self._answer(call, completions)
+                call.answer(completions)
 
     def _counted(self, agent: str, prompts: Sequence[Any], n: int) -> Any:
         self.counts["endpoint/engine_calls"] += 1

@@ -44,8 +44,6 @@ class Session:
     training: bool
     records: list[Record] = field(default_factory=list)
     open: bool = True
-    pending: int = 0
-    """Calls in the inbox or being served."""
     calls: int = 0
     overrides: int = 0
     """Requests that asked for sampling other than the policy's."""
@@ -194,7 +192,6 @@ class Endpoint:
             future = loop.create_future()
             with session._lock:
                 seq, session.calls = session.calls, session.calls + 1
-                session.pending += 1
                 session.overrides += int(req.overrides_sampling)
             self.inbox.put(Call(session, req, seq, lambda value: loop.call_soon_threadsafe(_settle, future, value)))
             result = await future
