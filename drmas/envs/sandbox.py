@@ -48,7 +48,8 @@ test); the detected set is logged. Without root the program keeps the parent's u
 user namespace with its own mount, pid, network and IPC namespaces: every mount is remounted
 read-only, private tmpfs mounts hold the work dir and cover the shared writable directories,
 the user's home is hidden, and the program is pid 1 of its own pid namespace (it cannot signal
-the trainer). ``RLIMIT_NPROC`` then counts all processes of that user (it is set to their
+the trainer) with a ``/proc`` of that namespace only (an empty one where the system forbids a
+fresh proc mount; never the host's). ``RLIMIT_NPROC`` then counts all processes of that user (it is set to their
 current number + 32). Where no such confinement is possible, runs are refused with
 :class:`SandboxUnavailable` unless the caller passes ``allow_unconfined=True``.
 
@@ -277,6 +278,18 @@ def _confine_userns(cfg: dict[str, Any]) -> None:
             _cover(blocked, targets, workdir, i)
 
 
+def _own_proc(mode: str) -> None:
+    """In the forked program, pid 1 of its own pid namespace (without root): a ``/proc`` of that
+    namespace only, in a mount namespace of the program's own, so the bootstrap keeps the host's
+    ``/proc`` to sweep the run's processes. ``empty``: where a fresh proc mount is forbidden (a
+    container that masks parts of ``/proc``), an empty tmpfs covers it instead."""
+    _unshare(_CLONE_NEWNS)
+    if mode == "own":
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    else:
+        _mount("tmpfs", "/proc", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=555,size=4k,nr_inodes=16")
+
+
 def _proc_ids(pid: int) -> tuple[int, int] | None:
     """(parent pid, real uid) of a process, None if it is gone."""
     try:
@@ -341,6 +354,8 @@ def _exec_program(cfg: dict[str, Any], status_fd: int, bootstrap_pid: int) -> No
     """In the forked child: limits, privilege drop, exec. Never returns."""
     for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
+    if cfg["proc"] in ("own", "empty"):
+        _own_proc(cfg["proc"])
     os.set_inheritable(status_fd, False)  # closed by exec: the program cannot forge a status
     os.setpgid(0, 0)
     for res, soft, hard in cfg["rlimits"]:
@@ -447,13 +462,17 @@ def _probe() -> NoReturn:
             "userns": False,
         }
     else:
-        def userns_mounts() -> None:
+        def userns_mounts(proc: bool = False) -> None:
             _enter_userns(_CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWNS | _CLONE_NEWPID)
             _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
             _mount("tmpfs", tempfile.gettempdir(), "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m")
+            if proc and not attempt(lambda: _own_proc("own")):  # as the program will: pid 1, forked
+                raise OSError("no fresh /proc")
 
         ok = attempt(lambda: _enter_userns(_CLONE_NEWNET | _CLONE_NEWIPC))
-        found = {"net": ok, "ipc": ok, "mount": ok and attempt(userns_mounts), "userns": ok}
+        mount = ok and attempt(userns_mounts)
+        found = {"net": ok, "ipc": ok, "mount": mount, "userns": ok,
+                 "proc": mount and attempt(lambda: userns_mounts(proc=True))}
     sys.stdout.write(json.dumps(found))
     sys.stdout.flush()
     os._exit(0)
@@ -471,6 +490,10 @@ class _Features:
     userns: bool
     mount: bool
     expose: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    proc: str = "host"
+    """What the program's ``/proc`` shows: ``hidepid`` (root: the host's, other uids' processes
+    hidden), ``own`` (its own pid namespace's), ``empty`` (an empty tmpfs: a fresh proc mount is
+    forbidden here), ``host`` (the host's: an unconfined run only)."""
 
     @property
     def confined(self) -> bool:
@@ -484,7 +507,9 @@ class _Features:
             identity = "parent's uid in a user namespace, every mount read-only, own pid namespace"
         else:
             identity = "parent's uid (NOT confined: writes wherever that user can)"
-        mounts = "private tmp dirs" + (", hidepid /proc" if self.drop_uid else "")
+        proc = {"hidepid": ", hidepid /proc", "own": ", /proc of its own pid namespace",
+                "empty": ", /proc covered by an empty tmpfs (a fresh proc mount is forbidden here)"}
+        mounts = "private tmp dirs" + proc.get(self.proc, "")
         return ", ".join([
             identity,
             "netns" if self.unshare & _CLONE_NEWNET else "NO network isolation",
@@ -562,13 +587,14 @@ def _features() -> _Features:
                     "install Python somewhere world-readable")
             mount = found["mount"]
             flags = ns | (_CLONE_NEWNS if mount else 0)
-            candidates = [_Features(True, flags, False, mount, expose if mount else ())]
+            candidates = [_Features(True, flags, False, mount, expose if mount else (), "hidepid" if mount else "host")]
             if not expose and (ns or mount):
                 candidates.append(_Features(True, 0, False, False))
         else:
             candidates = []
             if found["mount"]:
-                candidates.append(_Features(False, ns | _CLONE_NEWNS | _CLONE_NEWPID, True, True, _home_cover()))
+                candidates.append(_Features(False, ns | _CLONE_NEWNS | _CLONE_NEWPID, True, True, _home_cover(),
+                                            "own" if found["proc"] else "empty"))
             else:
                 failures.append("unprivileged user namespaces with mounts are not permitted by this kernel"
                                 if not found["userns"] else "mounts in a user namespace are not permitted")
@@ -786,7 +812,7 @@ def _run(code: str, stdin: str, timeout_s: float, memory_mb: int, feats: _Featur
             cfg = {
                 "python": _python(), "script": script, "workdir": workdir, "uid": uid, "gid": uid,
                 "unshare": feats.unshare, "userns": feats.userns, "mount": feats.mount,
-                "expose": feats.expose, "rlimits": rlimits, "tmpfs_mb": TMPFS_MB, "keep": _interpreter_dirs(),
+                "expose": feats.expose, "proc": feats.proc, "rlimits": rlimits, "tmpfs_mb": TMPFS_MB, "keep": _interpreter_dirs(),
                 "status_fd": status_w, "parent_pid": os.getpid(),
             }
             deadline = time.monotonic() + timeout_s
