@@ -114,7 +114,31 @@ def test_tree_executes_the_best_candidate(wf):
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         CoderTesterWorkflow(max_turns=0)
-    with pytest.raises(ValueError, match="max_tests must be in 1..64, got 0"):
+    with pytest.raises(ValueError, match="max_tests in 1..64, got 16 and 0"):
         CoderTesterWorkflow(max_tests=0)
+    with pytest.raises(ValueError, match="max_golden_tests must be >= 0"):
+        CoderTesterWorkflow(max_golden_tests=-1)
     with pytest.raises(FileNotFoundError, match="train data 'missing.jsonl'"):
         CoderTesterWorkflow(train="missing.jsonl")
+
+
+def test_the_largest_settings_judge_every_test_in_runs_of_at_most_64():
+    """70 golden tests and a tester's 64: the coder's second turn judges 134 tests (three sandbox
+    runs); training caps the golden tests at max_golden_tests, validation judges all of them."""
+    many = CodeTask("add-70", TASK.question, tuple(TestCase(f"{a} 1\n", f"{a + 1}\n") for a in range(70)), ADD, "t")
+    # a program right on the first 65 golden tests only: a cap at 64 could not tell it from a right one
+    almost = "a, b = map(int, input().split())\nprint(a + b if a < 65 else 0)\n```"
+    tests = written_tests([(f"{a} 2", a + 2) for a in range(63)] + [("70 2", 72)])  # the last one fails
+    script = Script(lambda agent, p, i: almost if agent == "coder" else tests)
+    wf = CoderTesterWorkflow(max_turns=2, sandbox_workers=2, max_golden_tests=0, max_tests=64)
+    capped = CoderTesterWorkflow(max_turns=2, sandbox_workers=2, max_golden_tests=64, max_tests=64)
+    try:
+        result = wf.rollout([many], script, n=1)
+        assert [s.local_reward for s in by(result, "coder")] == [65 / 70] * 2
+        assert result.episodes[0].turns == 2  # the tester's 64 tests were run at the second turn too
+        assert [s.local_reward for s in by(capped.rollout([many], script, n=1), "coder")] == [1.0] * 2
+        script.train = False  # validation: every golden test, whatever the training cap
+        assert [s.local_reward for s in by(capped.rollout([many], script, n=1), "coder")] == [65 / 70] * 2
+    finally:
+        wf.close()
+        capped.close()

@@ -1,8 +1,9 @@
-"""Judging programs on tests: every test of one program in a single sandbox run.
+"""Judging programs on tests, at most ``MAX_TESTS`` of one program in each sandbox run.
 
 The sandboxed script is :mod:`drmas.envs.code.driver` (each test in a fresh forked process,
 with its own time limit); only inputs go in and digests come out, so expected outputs never
-reach the program. Outputs match when their whitespace-separated tokens are equal.
+reach the program. Outputs match when their whitespace-separated tokens are equal. A program
+with more tests than one run takes is judged in as many runs as it needs.
 """
 
 from __future__ import annotations
@@ -51,10 +52,17 @@ class Judge:
         self.runner = ProgramRunner(time_limit_s, memory_mb, workers, allow_unconfined)
 
     def run(self, jobs: Sequence[tuple[str | None, Sequence[TestCase]]]) -> list[list[Verdict]]:
-        """One list of verdicts per job, one verdict per test, in order."""
+        """One list of verdicts per job, one verdict per test, in order; any number of tests (a
+        job with more than ``MAX_TESTS`` is split into runs of at most that many)."""
+        chunks = [(p, list(t[i:i + MAX_TESTS])) for p, t in jobs for i in range(0, max(len(t), 1), MAX_TESTS)]
+        verdicts = iter(self._run(chunks))
+        out = []
         for _, tests in jobs:
-            if len(tests) > MAX_TESTS:
-                raise ValueError(f"at most {MAX_TESTS} tests per program, got {len(tests)}")
+            runs = max(1, -(-len(tests) // MAX_TESTS))
+            out.append([v for _ in range(runs) for v in next(verdicts)])
+        return out
+
+    def _run(self, jobs: Sequence[tuple[str | None, Sequence[TestCase]]]) -> list[list[Verdict]]:
         live = [(p, t) for p, t in jobs if p is not None and t]
         scripts = [f"{_DRIVER}\nrun_tests({p!r})\n" for p, _ in live]
         stdins = [json.dumps({"inputs": [c.input for c in t], "timeout_s": self.time_limit_s}) for _, t in live]

@@ -22,9 +22,10 @@ judges each candidate on its own and executes the best one.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.code.judge import MAX_TESTS, Judge, Verdict, pass_rate
@@ -33,6 +34,8 @@ from drmas.envs.code.task import CodeTask, TestCase
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.programs import parse_program
 from drmas.records import Completion
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CodeState", "CoderTesterWorkflow", "parse_test_cases"]
 
@@ -141,16 +144,17 @@ class CoderTesterWorkflow(TurnWorkflow):
             allow_unconfined: run model-written programs even where the sandbox cannot confine
                 them (not root and no unprivileged user namespaces): they could then change
                 any file of this user. Off by default: such a machine refuses to run them.
-            max_golden_tests: golden tests judged per program (the first ones of each task).
+            max_golden_tests: golden tests judged per program in training (the first ones of
+                each task; 0 = all); validation and test always judge all of them.
             max_tests: test cases read from a tester's reply.
             tie_break: tree sampling among equal scores: ``first`` or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults.
         """
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        for name, value in (("max_golden_tests", max_golden_tests), ("max_tests", max_tests)):
-            if not 1 <= value <= MAX_TESTS:
-                raise ValueError(f"{name} must be in 1..{MAX_TESTS}, got {value}")
+        if max_golden_tests < 0 or not 1 <= max_tests <= MAX_TESTS:
+            raise ValueError(f"max_golden_tests must be >= 0 (0 = all) and max_tests in 1..{MAX_TESTS}, got "
+                             f"{max_golden_tests} and {max_tests}")
         super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
         self._splits: dict[str, Sequence[CodeTask]] = {}
         for split, entries in (("train", train), ("val", val), ("test", test)):
@@ -163,12 +167,31 @@ class CoderTesterWorkflow(TurnWorkflow):
             self._splits[split] = tasks
         self.max_turns, self.max_golden_tests, self.max_tests = max_turns, max_golden_tests, max_tests
         self.judge = Judge(time_limit_s, code_memory_mb, sandbox_workers, allow_unconfined)
+        self._all_golden = False  # set per rollout: validation and test judge every golden test
+        capped = sum(len(t.tests) > max_golden_tests for t in self._splits["train"]) if max_golden_tests else 0
+        if capped:
+            log.warning("code: training judges the first %d golden tests of each problem (%d of %d training problems "
+                        "have more; validation and test judge all of them)", max_golden_tests, capped,
+                        len(self._splits["train"]))
 
     def tasks(self, split: str) -> Sequence[CodeTask]:
         return split_tasks(self._splits, split)
 
     def close(self) -> None:
         self.judge.close()
+
+    def rollout(self, tasks: Sequence[CodeTask], generate: Any, *, n: int, mode: str = "parallel", seed: int = 0,
+                **kwargs: Any) -> Any:
+        # a benchmark is scored as its authors score it: on every golden test (the trainer's
+        # generate function says whether it samples for training)
+        self._all_golden = not getattr(generate, "train", True)
+        return super().rollout(tasks, generate, n=n, mode=mode, seed=seed, **kwargs)
+
+    def golden_tests(self, task: CodeTask) -> list[TestCase]:
+        """The golden tests a program of ``task`` is judged on now."""
+        if self._all_golden or not self.max_golden_tests:
+            return list(task.tests)
+        return list(task.tests[:self.max_golden_tests])
 
     def initial_state(self, task: CodeTask) -> CodeState:
         return CodeState(task, "coder")
@@ -193,7 +216,7 @@ class CoderTesterWorkflow(TurnWorkflow):
     def evaluate(self, agent: str, states: Sequence[CodeState], completions: Sequence[Completion]) -> list[Action]:
         if agent == "coder":
             programs = [parse_program(c.text) for c in completions]
-            golden = [list(st.task.tests[:self.max_golden_tests]) for st in states]
+            golden = [self.golden_tests(st.task) for st in states]
             runs = self.judge.run([(p, g + st.tests) for p, g, st in zip(programs, golden, states)])
             out = []
             for prog, g, run in zip(programs, golden, runs):
