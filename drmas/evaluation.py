@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -27,7 +28,11 @@ def load_weights(module: Any, ckpt_path: str) -> int:
                          f"(--model.policies.<policy>.model <run>/hf/iter_<k>/<policy>)")
     if not os.path.isfile(ckpt_path):
         raise FileNotFoundError(f"no checkpoint at {ckpt_path}")
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    try:  # tensors and plain values only: a checkpoint from elsewhere runs no code when read
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{ckpt_path} holds more than tensors and plain values, which drmas does not unpickle "
+                         f"(it could run code): {str(err).splitlines()[0][:300]}") from None
     if "drmas" not in ckpt:
         raise ValueError(f"{ckpt_path} was not written by drmas (recipes/<recipe>.py fit)")
     module.load_state_dict(ckpt["state_dict"])

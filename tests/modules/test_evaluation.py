@@ -29,3 +29,23 @@ def test_load_weights_restores_the_trained_policies(tmp_path):
         load_weights(fresh, str(tmp_path / "missing.ckpt"))
     with pytest.raises(ValueError, match="sharded"):
         load_weights(fresh, str(tmp_path))
+
+
+class _Payload:
+    """What a hostile checkpoint could hold: unpickling it would run code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # creates the marker file when unpickled
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_none(tmp_path):
+    marker = tmp_path / "ran"
+    bad = tmp_path / "bad.ckpt"
+    torch.save({"state_dict": {}, "drmas": {"iteration": 1, "versions": {}}, "x": _Payload(str(marker))}, bad)
+    module = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random")}, engine="hf")
+    with pytest.raises(ValueError, match="holds more than tensors and plain values"):
+        load_weights(module, str(bad))
+    assert not marker.exists()
