@@ -42,6 +42,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import drmas.envs.agents  # noqa: F401  (registers the built-in workflows)
 import drmas.envs.code  # noqa: F401
+import drmas.envs.debate  # noqa: F401
 import drmas.envs.games  # noqa: F401
 import drmas.envs.math  # noqa: F401
 import drmas.envs.search  # noqa: F401

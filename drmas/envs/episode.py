@@ -13,7 +13,9 @@ also sets ``state.agent``, ``state.turn`` and ``state.done``), and the episode's
 - ``parallel``: ``n`` independent trajectories per task, one candidate per step. At the end
   every sample of a trajectory gets ``alpha * team + local``, where team is the episode's team
   reward and local is the format penalty (``-format_penalty`` for an invalid action), plus the
-  sample's role reward when ``role_rewards`` is on.
+  sample's role reward when ``role_rewards`` is on, plus the agent's final reward: what
+  :meth:`~TurnWorkflow.final_rewards` gives it once the episode is over (a judge's verdict
+  deciding two debaters' rewards), on every sample of that agent.
 - ``tree``: one trajectory per task; at every step ``n`` candidates from the same prompt, each
   scored on its own: ``alpha * team + role + format``, where team counts only when that
   candidate would end the episode. All candidates are recorded under the task's ``env_uid``;
@@ -128,6 +130,12 @@ class TurnWorkflow(Workflow):
         a positive team reward; a domain with graded team rewards (a pass rate) says more."""
         return self.team_reward(state) > 0
 
+    def final_rewards(self, state: EpisodeState) -> dict[str, float]:
+        """Per-agent rewards decided when the episode is over (parallel mode: added to the local
+        reward of every sample of that agent; tree candidates are scored before any exists, so a
+        domain that uses them runs in parallel mode only). Default: none."""
+        return {}
+
     def episode_info(self, state: EpisodeState) -> dict:
         """Extra facts about a finished episode (e.g. its answer) for :class:`EpisodeResult`."""
         return {}
@@ -164,8 +172,9 @@ class TurnWorkflow(Workflow):
         for ep in eps:
             team = self.team_reward(ep.state)
             if not tree:
+                final = self.final_rewards(ep.state)
                 for s in ep.samples:
-                    role = s.info["role_reward"] if self.role_rewards else 0.0
+                    role = (s.info["role_reward"] if self.role_rewards else 0.0) + final.get(s.agent, 0.0)
                     s.team_reward = team
                     s.local_reward, s.reward = sample_reward(team, role, s.valid, self.alpha, self.format_penalty)
             episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, self.success(ep.state), ep.state.turn + 1, team,

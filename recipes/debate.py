@@ -1,0 +1,17 @@
+"""A debate: two debaters argue about a math word problem, a judge picks one; the verdict
+decides the debaters' rewards at the episode's end (docs/debate.md).
+
+    python recipes/debate.py fit                                   # embedded default, CPU, offline
+    python recipes/debate.py fit --config configs/tiny_random.yaml # seconds, for tests
+    python recipes/debate.py fit --data.workflow.init_args.zero_sum false --data.workflow.init_args.rounds 2
+"""
+
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+
+if __name__ == "__main__":
+    run_recipe("debate", "debate", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))
