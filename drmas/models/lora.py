@@ -45,7 +45,8 @@ def _linear_names(model: nn.Module) -> set[str]:
     for name, mod in model.named_modules():
         if ".lora_" in name or name.endswith(".base_layer"):
             continue  # the parts of a peft-wrapped layer
-        if isinstance(mod, nn.Linear) or hasattr(mod, "base_layer"):
+        # transformers' Conv1D (GPT-2 style) is a linear layer with its weight transposed
+        if isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D" or hasattr(mod, "base_layer"):
             names.add(name.rsplit(".", 1)[-1])
     return names
 
@@ -104,18 +105,23 @@ def save_adapter(model: nn.Module, adapter: str, out: str, merged: bool = False)
 
 
 def _merged_copy(model: Any, adapter: str) -> nn.Module:
-    """A plain copy of the base with ``adapter`` folded into its weights."""
+    """A plain copy of the base with ``adapter`` folded into its weights. Every LoRA layer is
+    unwrapped, also those only other adapters on a shared base target (they keep the base
+    weight); a ``fan_in_fan_out`` layer (GPT-2's ``Conv1D``, weight stored as in x out) takes
+    the transposed update."""
     import copy
 
     base = copy.deepcopy(model.get_base_model())
     with torch.no_grad():
         for name, mod in model.get_base_model().named_modules():
-            if not hasattr(mod, "lora_A") or adapter not in mod.lora_A:
+            if not hasattr(mod, "lora_A") or not hasattr(mod, "base_layer"):
                 continue
             target = base.get_submodule(name)
-            scale = mod.scaling[adapter]
-            delta = (mod.lora_B[adapter].weight @ mod.lora_A[adapter].weight) * scale
-            target.base_layer.weight += delta.to(target.base_layer.weight.dtype)
+            if adapter in mod.lora_A:
+                delta = (mod.lora_B[adapter].weight @ mod.lora_A[adapter].weight) * mod.scaling[adapter]
+                if getattr(mod, "fan_in_fan_out", False):
+                    delta = delta.T
+                target.base_layer.weight += delta.to(target.base_layer.weight.dtype)
             parent_name, _, child = name.rpartition(".")
             setattr(base.get_submodule(parent_name) if parent_name else base, child, target.base_layer)
     return base
