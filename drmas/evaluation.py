@@ -49,15 +49,26 @@ def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None, ou
     rollouts = datamodule.rollouts
     rollouts.bind(module)
     scalars = rollouts.validate(module, split=split)
+    played = rollouts.last_validation
     if datamodule.policy_swap_probe:
         scalars.update(rollouts.validate(module, swap=True, split=split))
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         record = {"split": split, "ckpt_path": ckpt_path, "iteration": iteration, "k": rollouts.val_k,
-                  "tasks": len(rollouts.val_task_list(split)), "scalars": scalars}
+                  "tasks": len(rollouts.val_task_list(split)), "scalars": scalars,
+                  "examples": examples(played)}
         write_text(os.path.join(out_dir, f"eval_{split}.json"), json.dumps(record, indent=2) + "\n")
         write_text(os.path.join(out_dir, f"eval_{split}.md"), format_table(scalars, rollouts.val_k) + "\n")
     return scalars
+
+
+def examples(result: Any) -> dict[str, str]:
+    """Each agent's first completion of the evaluation (its first task's first episode): what
+    the policy says, to read beside the numbers."""
+    out: dict[str, str] = {}
+    for s in result.experiences if result is not None else ():
+        out.setdefault(s.agent, s.text)
+    return out
 
 
 def format_table(scalars: dict[str, float], k: int) -> str:

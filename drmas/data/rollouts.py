@@ -134,6 +134,8 @@ class Rollouts:
         self.val_tasks, self.val_k, self.seed = val_tasks, val_k, seed
         self.progress, self.max_failed_share = progress, max_failed_share
         self.agent_map: dict[str, str] = {}
+        self.last_validation: RolloutResult | None = None
+        """The samples and episodes of the last :meth:`validate` (every rank's)."""
 
     def bind(self, backend: RolloutBackend) -> None:
         """Resolve the workflow's agents to the backend's policies (errors name the agent)."""
@@ -287,6 +289,7 @@ class Rollouts:
         local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k,
                                     "parallel", 0)
         result, _ = _gather(backend, local, failure)
+        self.last_validation = result
         failures = {k: v for k, v in self.check_failures(result, top, top).items() if v}  # only when some failed
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:

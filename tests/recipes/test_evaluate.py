@@ -1,5 +1,6 @@
 """``validate`` and ``test`` as users run them: on a fit checkpoint (greedy sampling reproduces
-the run's final validation) and on a run's HF export; the JSON and markdown written."""
+the run's final validation, and the trained policy's greedy answers, not the untrained one's) and
+on a run's HF export; the JSON and markdown written."""
 
 import json
 import os
@@ -19,8 +20,14 @@ def evaluate(tmp, subcommand, *args):
     return proc
 
 
+def read_record(tmp, split):
+    return json.loads(open(os.path.join(run_dir(tmp), f"eval_{split}.json")).read())
+
+
 def test_validate_a_checkpoint_and_test_an_hf_export(tmp_path):
-    run_recipe("math", tmp_path, *GREEDY, "--model.entropy_coef", "0.01", "--trainer.max_epochs", "1")
+    # a learning rate that changes the random model's greedy answers in one step
+    run_recipe("math", tmp_path, *GREEDY, "--model.entropy_coef", "0.01", "--trainer.max_epochs", "1",
+               "--model.policies.shared.lr", "0.05")
     fit_dir = run_dir(tmp_path)
     final = {tag: points[1] for tag, points in scalars(fit_dir).items() if tag.startswith("val/")}
     proc = evaluate(tmp_path, "validate", "--ckpt_path", os.path.join(fit_dir, "checkpoints", "last.ckpt"))
@@ -29,8 +36,14 @@ def test_validate_a_checkpoint_and_test_an_hf_export(tmp_path):
     assert record["iteration"] == 1 and record["split"] == "val" and record["tasks"] == 2
     assert record["scalars"] == pytest.approx(final)  # every val/ scalar of the fit's last validation
     assert "| arithmetic |" in open(os.path.join(out, "eval_val.md")).read() and "| solver |" in proc.stdout
-
+    # the checkpoint's weights answered: the same greedy text as its HF export, not the untrained model's
     export = os.path.join(fit_dir, "hf", "iter_1", "shared")
+    evaluate(tmp_path, "validate", "--model.policies.shared.model", export)
+    assert read_record(tmp_path, "val")["examples"] == record["examples"]
+    evaluate(tmp_path, "validate")
+    untrained = read_record(tmp_path, "val")["examples"]
+    assert set(untrained) == {"solver", "verifier"} and untrained["solver"] != record["examples"]["solver"]
+
     evaluate(tmp_path, "test", "--model.policies.shared.model", export)
     record = json.loads(open(os.path.join(run_dir(tmp_path), "eval_test.json")).read())
     assert record["split"] == "test" and record["ckpt_path"] is None
