@@ -111,10 +111,17 @@ def test_tree_executes_the_best_candidate_and_shows_its_board(wf):
     after.step([path[0]])
     assert boards[1] == after.observation.split("\n")  # the second turn sees candidate 1's board
     adv = compute_advantages(result.experiences, "at_grpo")
-    groups = {}
+    got = {}
     for s, a in zip(result.experiences, adv.tolist()):
-        groups.setdefault((s.env_uid, s.agent, s.turn), []).append(a)
-    assert all(abs(sum(g)) < 1e-6 for g in groups.values())  # AT-GRPO groups have zero mean
+        got.setdefault((s.agent, s.turn), []).append((round(s.reward, 4), a))
+    # by hand, per (task, agent, turn): the tool user's three candidates score alike (advantage 0);
+    # the planner's are low, high, low: deviations -d, 2d, -d over an unbiased std of sqrt(3) d,
+    # so -1/sqrt(3), 2/sqrt(3), -1/sqrt(3). A group keyed without the turn would pool six
+    # planner samples (-0.645, 1.291), one without the agent the tool user's -1s as well.
+    low, high, z = -0.1, round(1 / 3, 4), 3 ** -0.5  # an empty plan is invalid; one good step of three
+    planner = [(low, pytest.approx(-z, abs=1e-4)), (high, pytest.approx(2 * z, abs=1e-4)), (low, pytest.approx(-z, abs=1e-4))]
+    assert got == {("tool_user", 0): [(-1.0, 0.0)] * 3, ("planner", 0): planner,
+                   ("tool_user", 1): [(-1.0, 0.0)] * 3, ("planner", 1): planner}
 
 
 def test_bad_settings_are_refused():

@@ -32,3 +32,22 @@ def test_code_with_the_vllm_engine(tmp_path):
     run(tmp_path, "--model.engine", "vllm")
     s = check_run(tmp_path, AGENTS)
     assert set(s["rollout/success_rate"].values()) == {0.0}
+
+
+def test_a_coder_that_writes_the_reference_solution_passes_every_golden_test(tmp_path):
+    """The oracle engine's coder writes each embedded problem's reference solution: every golden
+    test passes (team reward 1, success), before and after training; the tester writes no test
+    (invalid). A judge or a workflow that misread a run could not log these values."""
+    from forked import run_script
+    from recipe_runs import ROOT, TINY
+
+    argv = [str(ROOT / "tests" / "recipes" / "oracle.py"), "code", "fit", *TINY, "--model.engine", "oracle",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--model.entropy_coef", "0.01"]
+    proc = run_script(argv, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = check_run(tmp_path, AGENTS)
+    assert set(s["rollout/success_rate"].values()) == {1.0}
+    assert set(s["val/drmas-code/avg@2"].values()) == {1.0}
+    # the coder: alpha * team 1 + its own pass rate 1; the tester: team 1 + nothing - format penalty
+    assert set(s["rollout/coder/reward_mean"].values()) == {2.0}
+    assert set(s["rollout/tester/valid_ratio"].values()) == {0.0}

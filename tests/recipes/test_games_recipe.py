@@ -33,3 +33,23 @@ def test_sokoban_with_the_vllm_engine(tmp_path):
         "--data.workflow.init_args.size", "6")
     s = check_run(tmp_path, AGENTS)
     assert sorted(s["val/sokoban-6x1/avg@2"]) == [0, 2]
+
+
+def test_a_policy_that_knows_the_shortest_plan_solves_every_puzzle(tmp_path):
+    """The oracle engine's planner writes a shortest plan of the board in its prompt: every
+    episode is solved in one turn, before and after training, and the planner earns the solved
+    reward; a workflow that misjudged success or the team reward could not log these values."""
+    from forked import run_script
+    from recipe_runs import ROOT, TINY
+
+    argv = [str(ROOT / "tests" / "recipes" / "oracle.py"), "games", "fit", *TINY, "--model.engine", "oracle",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--model.entropy_coef", "0.01"]
+    proc = run_script(argv, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = check_run(tmp_path, AGENTS)
+    assert set(s["rollout/success_rate"].values()) == {1.0} and set(s["rollout/turns_mean"].values()) == {1.0}
+    assert set(s["val/plan_path-4/avg@2"].values()) == {1.0}
+    # parallel mode: alpha * team (solved: 1) + the planner's role reward (its plan solved the board)
+    planner = set(s["rollout/planner/reward_mean"].values())
+    assert len(planner) == 1 and planner.pop() >= 1.0
+    assert set(s["rollout/planner/valid_ratio"].values()) == {1.0}
