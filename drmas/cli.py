@@ -56,7 +56,20 @@ from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
 
-__all__ = ["DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow", "run_recipe"]
+__all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow", "run_recipe"]
+
+#: What a configuration found wrong at start raises (an unknown name, values that cannot work
+#: together, a missing file): the recipe prints it as one ``error:`` line and exits 2.
+_CONFIG_ERRORS = (ValueError, KeyError, FileNotFoundError, ModuleNotFoundError)
+
+
+class ConfigurationError(Exception):
+    """A setting that cannot work, found before anything ran; ``run_recipe`` prints it as one
+    ``error:`` line and exits 2 (the traceback with ``DRMAS_DEBUG=1``)."""
+
+
+def _message(err: BaseException) -> str:
+    return str(err.args[0] if isinstance(err, KeyError) and err.args else err).strip()  # KeyError quotes its text
 
 #: The configs shipped with a checkout (the recipes' default configs live here).
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -185,13 +198,23 @@ class DrmasCLI(LightningCLI):
         # reads only its shards once they are sharded (drmas.modules.policy.deferred_weights)
         sharded = self.subcommand == "fit" and is_sharded(self._get(self.config, "trainer", {}).get("strategy"))
         with deferred_weights(sharded):
-            super().instantiate_classes()
+            try:
+                super().instantiate_classes()
+            except _CONFIG_ERRORS as err:
+                raise ConfigurationError(_message(err)) from err
 
     def before_fit(self) -> None:
-        ckpt_path = self._get(self.config_init, "ckpt_path")
-        if ckpt_path == "last":
-            ckpt_path = self.config_init.get(str(self.subcommand), self.config_init)["ckpt_path"] = self._find_last()
-        check_resume(ckpt_path, self.trainer.strategy)
+        try:
+            # the agents' policies checked now, not inside fit (the data module binds them again)
+            self.datamodule.rollouts.bind(self.model)
+            if self.datamodule.policy_swap_probe:
+                self.datamodule.rollouts.swapped_agents()
+            ckpt_path = self._get(self.config_init, "ckpt_path")
+            if ckpt_path == "last":
+                ckpt_path = self.config_init.get(str(self.subcommand), self.config_init)["ckpt_path"] = self._find_last()
+            check_resume(ckpt_path, self.trainer.strategy)
+        except _CONFIG_ERRORS as err:
+            raise ConfigurationError(_message(err)) from err
 
     def _find_last(self) -> str | None:
         """``--ckpt_path last``: the newest ``last.ckpt`` of this run's checkpoint directory, or of
@@ -318,6 +341,12 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
     print where the logs are and the summary table."""
     try:
         cli = DrmasCLI(workflow, name, default_config, args=args)
+    except ConfigurationError as err:
+        if os.environ.get("DRMAS_DEBUG", "0") not in ("", "0"):
+            raise
+        _leave_process_group()
+        print(f"error: {err} (DRMAS_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        sys.exit(2)  # as jsonargparse exits for an unknown key
     except SIGTERMException:
         _leave_process_group()  # every rank stops at the same point (drmas.modules.preemption)
         sys.exit(143)  # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
