@@ -48,6 +48,7 @@ import drmas.envs.math  # noqa: F401
 import drmas.envs.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
 from drmas.callbacks.iteration_checkpoint import partial_path, recover_checkpoint
+from drmas.console import quiet
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
 from drmas.envs.base import WORKFLOWS
@@ -298,6 +299,7 @@ def trainer_defaults(name: str) -> dict[str, Any]:
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,
         "enable_progress_bar": False,
+        "enable_model_summary": False,  # MultiAgentRL prints one line per policy instead
         "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                    # no `hp_metric = -1` placeholder as the first card a user sees
                    "init_args": {"save_dir": "runs", "name": name, "default_hp_metric": False}},
@@ -339,6 +341,11 @@ def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
 def run_recipe(workflow: str, name: str, default_config: str | None = None, args: Any = None) -> DrmasCLI:
     """Run a recipe's CLI (``workflow``: a registered name or an import path); after ``fit``,
     print where the logs are and the summary table."""
+    argv = sys.argv if args is None else args
+    if isinstance(argv, list) and "--verbose" in argv:
+        argv.remove("--verbose")  # every third-party message too
+    else:
+        quiet()
     try:
         cli = DrmasCLI(workflow, name, default_config, args=args)
     except ConfigurationError as err:

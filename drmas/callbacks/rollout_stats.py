@@ -38,14 +38,17 @@ class RolloutStats(L.Callback):
     iterations."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """TensorBoard's Custom Scalars tab: per agent, its reward, valid ratio and its policy's
-        grad norm side by side."""
+        """TensorBoard's Custom Scalars tab: per agent, its reward and valid ratio in one chart and
+        its policy's grad norm in the next (on one axis the norm would flatten the rates)."""
         agents: dict[str, str] = getattr(pl_module, "agent_map", {}) or {}
         if not agents or not trainer.is_global_zero:
             return
-        layout = {"agents": {agent: ["Multiline", [f"rollout/{agent}/reward_mean", f"rollout/{agent}/valid_ratio",
-                                                   f"train/{policy}/grad_norm"]]
-                             for agent, policy in agents.items()}}
+        charts = {}
+        for agent, policy in agents.items():
+            charts[f"{agent}: reward, valid ratio"] = ["Multiline", [f"rollout/{agent}/reward_mean",
+                                                                     f"rollout/{agent}/valid_ratio"]]
+            charts[f"{agent}: grad norm of {policy}"] = ["Multiline", [f"train/{policy}/grad_norm"]]
+        layout = {"agents": charts}
         for lg in trainer.loggers:
             writer = getattr(lg, "experiment", None)
             if hasattr(writer, "add_custom_scalars"):

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
+from drmas import console
 from drmas.engines.base import (ENGINES, Engine, Generation, Placement, SamplingParams, check_request, full_state_items,
                                 per_prompt)
 from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm, keep_dist_state, preserved_rng, vllm_available
@@ -93,6 +94,7 @@ class VLLMEngine(Engine):
             seed=seed,
             enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=not console.QUIET,
         )
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,9 @@ def guard_kernel_rebind_scan() -> None:
 
 
 def _vars_or_empty(obj: object) -> dict[str, Any]:
-    namespace = getattr(obj, "__dict__", None)
+    with warnings.catch_warnings():  # torch.distributed's deprecated names warn when read
+        warnings.simplefilter("ignore", FutureWarning)
+        namespace = getattr(obj, "__dict__", None)
     return namespace if isinstance(namespace, dict) else {}
 
 

@@ -188,6 +188,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
 
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
+        if self.trainer.is_global_zero:
+            for policy in self.policies.values():
+                print(policy.describe(self.engine_name), flush=True)
         self.stop_signal.install(self.trainer)
         failure = None
         try:  # every rank its own placement, agreed before any rank builds an engine

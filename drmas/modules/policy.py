@@ -204,6 +204,15 @@ class Policy(nn.Module):
         if self.adapter is not None:
             activate(self.model, self.adapter)
 
+    def describe(self, engine: str) -> str:
+        """One line for the console: model, size, what is trained, dtype, engine."""
+        total = sum(p.numel() for p in self.model.parameters())
+        trained = sum(p.numel() for p in self.trainable_parameters())
+        what = ("frozen" if not self.trainable else f"LoRA adapter {trained / 1e6:.2f}M trained" if self.adapter
+                else "all trained")
+        return (f"policy {self.name}: {self.config.model}, {total / 1e6:.1f}M parameters ({what}), "
+                f"{self.config.dtype}, {engine} engine")
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What this policy's optimiser steps: its adapter, or every weight of its model (nothing
         when it is frozen)."""
