@@ -7,7 +7,7 @@ budget and seeds, and write ``baselines.md`` (mean and spread over seeds) and PN
 
 Rows (each with the recipe's config; ``*_per_agent``: one policy per agent):
 
-- ``single``: one agent does the whole task (math: the solver alone, ``max_loops 1``; a recipe
+- ``single``: one agent does the whole task (math: the solver alone, ``max_turns 1``; a recipe
   without a single-agent form skips it);
 - ``prompt_only``: the multi-agent team, untrained (``validate`` on the initial policies);
 - ``grpo``: the team with one baseline per task across agents (``grpo_step``);
@@ -39,7 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-SINGLE = {"math": ["--data.workflow.init_args.max_loops", "1"]}
+SINGLE = {"math": ["--data.workflow.init_args.max_turns", "1"]}
 TRAINED = {
     "grpo": ["--data.estimator", "grpo_step"],
     "drmas": ["--data.estimator", "drmas"],

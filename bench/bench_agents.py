@@ -47,7 +47,7 @@ def main() -> None:
     sampling = SamplingParams(temperature=0.7, max_new_tokens=args.max_new_tokens)
     module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL, train_sampling=sampling)}, engine=args.engine)
     train = os.path.join(EXAMPLE, "train.jsonl")
-    builtin = SolverVerifierWorkflow(train_file=train, max_loops=2)
+    builtin = SolverVerifierWorkflow(train_file=train, max_turns=2)
     endpoint = AgentsWorkflow(f"{os.path.join(EXAMPLE, 'math_team.py')}:episode", ["solver", "verifier"], train,
                               val_share=0.0)
     module.bind_agents(["solver", "verifier"])

@@ -47,7 +47,7 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
            "--model.policies.shared.train_sampling.temperature", "1.0",
            "--model.policies.shared.train_sampling.max_new_tokens", "64",
            "--data.estimator", "grpo", "--data.group_size", "4", "--data.tasks_per_iteration", "4",
-           "--data.val_tasks", "0", "--data.workflow.init_args.max_loops", "1",
+           "--data.val_tasks", "0", "--data.workflow.init_args.max_turns", "1",
            "--data.workflow.init_args.train_file", data]
     subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.DEVNULL)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -68,7 +68,7 @@ from drmas.envs.math.grading import is_correct
 from drmas.models import resolve_model_path
 
 data, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-wf = SolverVerifierWorkflow(max_loops=1, train_file=data)
+wf = SolverVerifierWorkflow(max_turns=1, train_file=data)
 rows = []
 for t in wf.tasks("train"):
     p = wf.prompt("solver", wf.initial_state(t))

@@ -76,7 +76,7 @@ class ToyMath(SolverVerifierWorkflow):
     """A user's own domain, registered by name."""
 
     def __init__(self, loops: int = 3) -> None:
-        super().__init__(max_loops=loops)
+        super().__init__(max_turns=loops)
 
 
 if __name__ == "__main__":

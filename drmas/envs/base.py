@@ -14,6 +14,7 @@ the episodes; :class:`Workflow` is the bare interface for those that are not.
 from __future__ import annotations
 
 import random
+import warnings
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "RolloutResult",
     "Workflow",
     "pick_best",
+    "renamed",
     "sample_groups",
     "split_tasks",
 ]
@@ -112,6 +114,16 @@ class Workflow(ABC):
 
     def close(self) -> None:
         """Release what the workflow holds (worker pools, connections); it may be used again after."""
+
+
+def renamed(old: str, new: str, old_value: Any, new_value: Any) -> Any:
+    """The value of an argument renamed from ``old`` to ``new``: ``new_value``, or for one
+    release ``old_value`` when it was given, with a FutureWarning naming the new name."""
+    if old_value is None:
+        return new_value
+    warnings.warn(f"the workflow argument {old!r} is now {new!r}; {old!r} will be removed in the next release",
+                  FutureWarning, stacklevel=3)
+    return old_value
 
 
 def split_tasks(splits: dict[str, Sequence[Any]], split: str) -> Sequence[Any]:

@@ -206,7 +206,7 @@ class Poisoned(SolverVerifierWorkflow):
     """The solver/verifier team whose reward function breaks on one task."""
 
     def __init__(self, bad_uid, value):
-        super().__init__(max_loops=1)
+        super().__init__(max_turns=1)
         self.bad_uid, self.value = bad_uid, value
 
     def team_reward(self, state):
@@ -215,7 +215,7 @@ class Poisoned(SolverVerifierWorkflow):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
-    clean = Rollouts(SolverVerifierWorkflow(max_loops=1), group_size=4, tasks_per_iteration=2, val_tasks=0, seed=1)
+    clean = Rollouts(SolverVerifierWorkflow(max_turns=1), group_size=4, tasks_per_iteration=2, val_tasks=0, seed=1)
     bad, good = clean.sample_tasks(1)
 
     class Backend(SearchBackend):

@@ -61,7 +61,7 @@ class ScriptedBackend:
 
 @pytest.fixture(scope="module")
 def workflow():
-    return SolverVerifierWorkflow(max_loops=1)
+    return SolverVerifierWorkflow(max_turns=1)
 
 
 def right_on_even(task):
@@ -111,7 +111,7 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
 
 
 def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
-    wf = SolverVerifierWorkflow(max_loops=2)
+    wf = SolverVerifierWorkflow(max_turns=2)
     rollouts = Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=1, val_tasks=0)
     task = rollouts.sample_tasks(1)[0]
     fn = lambda agent, i: f"\\boxed{{{task.answer}}}" if agent == "solver" else "approve</verify>"  # noqa: E731
@@ -148,7 +148,7 @@ def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
 def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     """Each policy is scripted to master its own role: right answers from p_solve on solver
     prompts, approvals from p_check. Swapped, the solver's prompts reach p_check: nothing solved."""
-    wf = SolverVerifierWorkflow(max_loops=2)
+    wf = SolverVerifierWorkflow(max_turns=2)
     rollouts = Rollouts(wf, val_tasks=3, val_k=2)
     tasks = rollouts.val_task_list()
     answers = {wf.prompt("solver", wf.initial_state(t)): t.answer for t in tasks}
@@ -272,7 +272,7 @@ def _ranked_backends(world, generate):
 
 
 def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
-    wf = SolverVerifierWorkflow(max_loops=2)
+    wf = SolverVerifierWorkflow(max_turns=2)
     make = lambda: Rollouts(wf, estimator="drmas", group_size=4, tasks_per_iteration=5, val_tasks=0, seed=1)  # noqa: E731
     tasks = make().sample_tasks(1)
 
@@ -337,7 +337,7 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
     every rank raises the lowest failed rank's exception, its own traceback on that rank."""
     from drmas.engines import EngineError
 
-    wf = SolverVerifierWorkflow(max_loops=1)
+    wf = SolverVerifierWorkflow(max_turns=1)
 
     def generate(backend):
         def gen(agent, prompts, n):

@@ -119,7 +119,7 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="max_golden_tests must be >= 0"):
         CoderTesterWorkflow(max_golden_tests=-1)
     with pytest.raises(FileNotFoundError, match="train data 'missing.jsonl'"):
-        CoderTesterWorkflow(train="missing.jsonl")
+        CoderTesterWorkflow(train_file="missing.jsonl")
 
 
 def test_the_largest_settings_judge_every_test_in_runs_of_at_most_64():

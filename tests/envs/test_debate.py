@@ -42,7 +42,7 @@ def test_no_verdict_and_no_box_get_the_format_penalty_and_no_final_reward():
 
 
 def test_rounds_show_each_debater_the_others_last_argument():
-    rewards, result, script = play("A</verdict>", rounds=2)
+    rewards, result, script = play("A</verdict>", max_turns=2)
     assert sorted(rewards) == [("debater_a", 0), ("debater_a", 1), ("debater_b", 0), ("debater_b", 1), ("judge", 1)]
     assert all(r[2] == 2.0 for k, r in rewards.items() if k[0] == "debater_a")  # the final reward on every sample
     a_prompts, b_prompts = script.prompts("debater_a"), script.prompts("debater_b")
@@ -57,5 +57,5 @@ def test_parse_verdict_and_tree_refused_with_the_reason():
     assert parse_verdict("<verdict>maybe</verdict>") is None
     with pytest.raises(ValueError, match="tree candidates are scored before any verdict exists"):
         Rollouts(DebateWorkflow(), sampling="tree", estimator="at_grpo")
-    with pytest.raises(ValueError, match="rounds must be >= 1"):
-        DebateWorkflow(rounds=0)
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        DebateWorkflow(max_turns=0)

@@ -15,7 +15,7 @@ def program(printed: str) -> str:
 
 @pytest.fixture(scope="module")
 def wf():
-    w = ReasonerToolUserWorkflow(turns=2, alpha=1.0, format_penalty=0.1)
+    w = ReasonerToolUserWorkflow(max_turns=2, alpha=1.0, format_penalty=0.1)
     yield w
     w.close()
 
@@ -79,7 +79,7 @@ def test_crashing_silent_and_missing_programs(wf, task):
         return "I do not know"  # no box: invalid, wrong
 
     script = Script(fn)
-    wf3 = ReasonerToolUserWorkflow(turns=3, alpha=1.0, format_penalty=0.1)
+    wf3 = ReasonerToolUserWorkflow(max_turns=3, alpha=1.0, format_penalty=0.1)
     try:
         res = wf3.rollout([task], script, n=1)
     finally:
@@ -133,8 +133,8 @@ def test_tree_state_advances_with_the_executed_candidate(wf, task):
 
 
 def test_bad_settings_are_refused(wf, task):
-    with pytest.raises(ValueError, match="turns"):
-        ReasonerToolUserWorkflow(turns=0)
+    with pytest.raises(ValueError, match="max_turns"):
+        ReasonerToolUserWorkflow(max_turns=0)
     with pytest.raises(ValueError, match="sandbox_workers"):
         ReasonerToolUserWorkflow(sandbox_workers=0)
     with pytest.raises(ValueError, match="tie_break"):
@@ -148,7 +148,7 @@ def test_bad_settings_are_refused(wf, task):
 
 
 def test_the_workflow_plays_again_after_close(task):
-    w = ReasonerToolUserWorkflow(turns=1)
+    w = ReasonerToolUserWorkflow(max_turns=1)
     script = Script(lambda a, p, i: program(task.answer) if a == "tool_user" else f"\\boxed{{{task.answer}}}")
     for _ in range(2):  # close() frees the sandbox workers; the next rollout starts new ones
         assert [s.reward for s in w.rollout([task], script, n=1).experiences] == [2.0, 2.0]

@@ -8,7 +8,7 @@ from drmas.envs.math.solver_verifier import SolverVerifierWorkflow, parse_verdic
 
 @pytest.fixture(scope="module")
 def wf():
-    return SolverVerifierWorkflow(max_loops=2, alpha=1.0, format_penalty=0.1)
+    return SolverVerifierWorkflow(max_turns=2, alpha=1.0, format_penalty=0.1)
 
 
 def test_parse_verdict():
@@ -56,7 +56,23 @@ def test_malformed_outputs_are_penalised_and_wrong_answers_get_no_team_reward(wf
 def test_tree_mode_and_bad_settings_are_refused(wf):
     with pytest.raises(ValueError, match="parallel mode only"):
         wf.rollout(wf.tasks("train")[:1], Script(lambda a, p, i: ""), n=2, mode="tree")
-    with pytest.raises(ValueError, match="max_loops"):
-        SolverVerifierWorkflow(max_loops=0)
+    with pytest.raises(ValueError, match="max_turns"):
+        SolverVerifierWorkflow(max_turns=0)
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         SolverVerifierWorkflow(train_file="nope.jsonl", val_file="nope.jsonl", test_file="nope.jsonl")
+
+
+def test_renamed_arguments_are_read_for_one_release_with_a_warning(tmp_path):
+    from drmas.envs.code import CoderTesterWorkflow
+    from drmas.envs.math import ReasonerToolUserWorkflow
+
+    with pytest.warns(FutureWarning, match="'max_loops' is now 'max_turns'"):
+        assert SolverVerifierWorkflow(max_loops=3).max_turns == 3
+    rtu = None
+    with pytest.warns(FutureWarning, match="'turns' is now 'max_turns'"):
+        rtu = ReasonerToolUserWorkflow(turns=2)
+    assert rtu.max_turns == 2
+    rtu.close()
+    missing = str(tmp_path / "gone.jsonl")
+    with pytest.warns(FutureWarning, match="'val' is now 'val_file'"), pytest.raises(FileNotFoundError, match="gone.jsonl"):
+        CoderTesterWorkflow(val=missing)  # the old name still reaches the loader

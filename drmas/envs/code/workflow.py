@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
 from drmas.envs.code.judge import MAX_TESTS, Judge, Verdict, pass_rate
 from drmas.envs.code.loaders import embedded_problems, load_code_source
 from drmas.envs.code.task import CodeTask, TestCase
@@ -114,9 +114,9 @@ class CoderTesterWorkflow(TurnWorkflow):
 
     def __init__(
         self,
-        train: SplitSource = None,
-        val: SplitSource = None,
-        test: SplitSource = None,
+        train_file: SplitSource = None,
+        val_file: SplitSource = None,
+        test_file: SplitSource = None,
         max_turns: int = 4,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
@@ -128,13 +128,16 @@ class CoderTesterWorkflow(TurnWorkflow):
         max_tests: int = 8,
         tie_break: str = "first",
         templates: dict[str, PromptTemplate] | None = None,
+        train: SplitSource = None,
+        val: SplitSource = None,
+        test: SplitSource = None,
     ) -> None:
         """
         Args:
-            train: JSONL/parquet files or data set names (``apps``, ``codecontests``,
+            train_file: JSONL/parquet files or data set names (``apps``, ``codecontests``,
                 ``livecodebench``); default: the embedded problems.
-            val: the same for validation.
-            test: the same for testing.
+            val_file: the same for validation.
+            test_file: the same for testing.
             max_turns: turns per episode (each: the coder, then the tester).
             alpha: weight of the team reward in ``alpha * team + local``.
             format_penalty: magnitude of the extra penalty for a reply without a program or a test.
@@ -149,7 +152,11 @@ class CoderTesterWorkflow(TurnWorkflow):
             max_tests: test cases read from a tester's reply.
             tie_break: tree sampling among equal scores: ``first`` or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults.
+            train: deprecated name of ``train_file`` (read for one release); ``val``, ``test`` likewise.
         """
+        train_file = renamed("train", "train_file", train, train_file)
+        val_file = renamed("val", "val_file", val, val_file)
+        test_file = renamed("test", "test_file", test, test_file)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_golden_tests < 0 or not 1 <= max_tests <= MAX_TESTS:
@@ -157,7 +164,7 @@ class CoderTesterWorkflow(TurnWorkflow):
                              f"{max_golden_tests} and {max_tests}")
         super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
         self._splits: dict[str, Sequence[CodeTask]] = {}
-        for split, entries in (("train", train), ("val", val), ("test", test)):
+        for split, entries in (("train", train_file), ("val", val_file), ("test", test_file)):
             if not entries:
                 self._splits[split] = embedded_problems(split)
                 continue

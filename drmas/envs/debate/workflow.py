@@ -80,7 +80,7 @@ class DebateWorkflow(TurnWorkflow):
         train_file: str | list[str] | None = None,
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
-        rounds: int = 1,
+        max_turns: int = 1,
         zero_sum: bool = True,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
@@ -92,17 +92,17 @@ class DebateWorkflow(TurnWorkflow):
             train_file: training problems (``problem`` and ``answer`` columns), as the math recipe reads them.
             val_file: validation problems, likewise.
             test_file: test problems, likewise.
-            rounds: arguments per debater before the verdict.
+            max_turns: rounds of arguments (one per debater each) before the verdict.
             zero_sum: the chosen debater gets +1 and the other -1 (False: +1 and 0).
             alpha: weight of the team reward (the chosen answer is right) in ``alpha * team + local``.
             format_penalty: magnitude of the local penalty for an argument without a box or a
                 reply without a verdict.
             templates: per-agent prompt templates replacing the defaults.
         """
-        if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(alpha, format_penalty, templates=templates, default_templates=default_templates())
-        self.rounds, self.zero_sum = rounds, zero_sum
+        self.max_turns, self.zero_sum = max_turns, zero_sum
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
@@ -144,7 +144,7 @@ class DebateWorkflow(TurnWorkflow):
         state.arguments[agent] = action.value
         if agent == "debater_a":
             state.agent = "debater_b"
-        elif state.turn + 1 < self.rounds:
+        elif state.turn + 1 < self.max_turns:
             state.turn += 1
             state.agent = "debater_a"
         else:

@@ -1,6 +1,6 @@
 """The AT-GRPO math team: a tool user writes Python, a reasoner writes the solution.
 
-Each turn (at most ``turns``) the tool user acts first: it writes a program that prints the
+Each turn (at most ``max_turns``) the tool user acts first: it writes a program that prints the
 answer, which runs in the sandbox (:mod:`drmas.envs.sandbox`); then the reasoner writes a
 step-by-step solution ending in ``\\boxed{}``. Each sees the other's latest output: the tool
 user the reasoner's previous solution, the reasoner the program and what it printed this turn.
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.math.grading import extract_boxed, same_answer
 from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
@@ -112,7 +112,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
         train_file: str | list[str] | None = None,
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
-        turns: int = 4,
+        max_turns: int = 4,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
         code_timeout_s: float = 5.0,
@@ -121,6 +121,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
         allow_unconfined: bool = False,
         tie_break: str = "first",
         templates: dict[str, PromptTemplate] | None = None,
+        turns: int | None = None,
     ) -> None:
         """
         Args:
@@ -129,7 +130,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
                 ``problem`` and ``answer`` columns, a benchmark name (``MATH_DATASETS``), or a list.
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
-            turns: turns per episode (each: the tool user, then the reasoner).
+            max_turns: turns per episode (each: the tool user, then the reasoner).
             alpha: weight of the team reward in ``alpha * team + local``.
             format_penalty: magnitude of the extra penalty for a malformed action.
             code_timeout_s: wall-clock limit of each program in the sandbox.
@@ -141,11 +142,13 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             tie_break: how tree sampling picks among equally scored candidates: ``first``
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
+            turns: deprecated name of ``max_turns`` (read for one release).
         """
-        if turns < 1:
-            raise ValueError(f"turns must be >= 1, got {turns}")
+        max_turns = renamed("turns", "max_turns", turns, max_turns)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
-        self.turns = turns
+        self.max_turns = max_turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
         self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers, allow_unconfined)
 
@@ -186,7 +189,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             correct = float(answer is not None and same_answer(answer, st.task.answer))
             agree = answer is not None and st.tool_answer is not None and same_answer(answer, st.tool_answer)
             # it ends the episode by agreeing with this turn's program, or by being the last word
-            ends = st.turn == self.turns - 1 or agree
+            ends = st.turn == self.max_turns - 1 or agree
             out.append(Action(answer is not None, correct, ends=ends, team_reward=correct, value=(c.text, answer, agree)))
         return out
 

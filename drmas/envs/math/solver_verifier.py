@@ -1,6 +1,6 @@
 """The Dr. MAS solver / verifier loop.
 
-Loop up to ``max_loops`` times: the solver writes a step-by-step solution ending in
+Loop up to ``max_turns`` times: the solver writes a step-by-step solution ending in
 ``\\boxed{}`` (seeing the verifier's previous feedback); the verifier answers
 ``<verify>approve</verify>`` or ``<verify>reject</verify>`` and a reason; an approved solution
 ends the episode, and the last loop has no verifier. Team reward: the final solver answer is
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.math.grading import extract_boxed, is_correct
 from drmas.envs.math.splits import math_splits
@@ -81,10 +81,11 @@ class SolverVerifierWorkflow(TurnWorkflow):
         train_file: str | list[str] | None = None,
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
-        max_loops: int = 2,
+        max_turns: int = 2,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
         templates: dict[str, PromptTemplate] | None = None,
+        max_loops: int | None = None,
     ) -> None:
         """
         Args:
@@ -93,15 +94,17 @@ class SolverVerifierWorkflow(TurnWorkflow):
                 ``problem`` and ``answer`` columns, a benchmark name (``MATH_DATASETS``), or a list.
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
-            max_loops: solver attempts; every attempt but the last is checked by the verifier.
+            max_turns: solver attempts; every attempt but the last is checked by the verifier.
             alpha: weight of the team reward in ``alpha * team + local``.
             format_penalty: magnitude of the local penalty for a malformed action.
             templates: per-agent prompt templates replacing the defaults (by agent name).
+            max_loops: deprecated name of ``max_turns`` (read for one release).
         """
-        if max_loops < 1:
-            raise ValueError(f"max_loops must be >= 1, got {max_loops}")
+        max_turns = renamed("max_loops", "max_turns", max_loops, max_turns)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(alpha, format_penalty, templates=templates, default_templates=default_templates())
-        self.max_loops = max_loops
+        self.max_turns = max_turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
@@ -125,7 +128,7 @@ class SolverVerifierWorkflow(TurnWorkflow):
     def advance(self, agent: str, state: SolverVerifierState, action: Action) -> None:
         if agent == "solver":
             state.solution = action.value
-            state.done = state.turn == self.max_loops - 1  # the last attempt is not checked
+            state.done = state.turn == self.max_turns - 1  # the last attempt is not checked
             state.agent = "verifier"
         elif action.value is not None and action.value[0]:
             state.done = True
