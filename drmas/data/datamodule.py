@@ -140,9 +140,7 @@ class RolloutDataModule(L.LightningDataModule):
     def validate(self) -> dict[str, float]:
         """Validate the current weights and log the scalars at the current iteration."""
         backend = self._backend()
-        scalars = self.rollouts.validate(backend)
-        if scalars and self.policy_swap_probe:
-            scalars.update(self.rollouts.validate(backend, swap=True))
+        scalars = self.rollouts.validate_all(backend, swap_probe=self.policy_swap_probe)
         if scalars:
             backend.log_scalars(scalars)
         return scalars

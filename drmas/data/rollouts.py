@@ -265,6 +265,16 @@ class Rollouts:
                              f"{self.agent_map} (give --model.policies one entry per agent)")
         return {a: agents[(i + 1) % len(agents)] for i, a in enumerate(agents)}
 
+    def validate_all(self, backend: RolloutBackend, split: str = "val", swap_probe: bool = False) -> dict[str, float]:
+        """:meth:`validate`, then (``swap_probe``) the same with the policies swapped; the scalars
+        of both. :attr:`last_validation` keeps the first's samples."""
+        scalars = self.validate(backend, split=split)
+        played = self.last_validation
+        if scalars and swap_probe:
+            scalars.update(self.validate(backend, swap=True, split=split))
+            self.last_validation = played
+        return scalars
+
     @torch.no_grad()
     def validate(self, backend: RolloutBackend, swap: bool = False, split: str = "val") -> dict[str, float]:
         """``val/avg@k`` and ``val/pass@k`` over the val tasks, plus ``val/<source>/avg@k`` and
