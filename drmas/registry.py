@@ -33,6 +33,13 @@ class Registry(Generic[T]):
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
+    def __iter__(self):
+        return iter(sorted(self._items))
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a test's own registration, for instance)."""
+        self._items.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted(self._items)
 

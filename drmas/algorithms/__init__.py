@@ -1,11 +1,14 @@
 """Pure-torch RL algorithms: advantage estimators, the policy loss, reward mixing.
 
-Imports nothing from Lightning or the rest of drmas, so it can be reused and tested alone.
+Imports nothing from Lightning or the rest of drmas (but the neutral name registry), so it can
+be reused and tested alone.
 """
 
 from drmas.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
+    SAMPLING_MODES,
     compute_advantages,
+    estimators_for,
     group_advantages,
     register_estimator,
 )
@@ -15,8 +18,10 @@ from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards, sample
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
+    "SAMPLING_MODES",
     "aggregate",
     "compute_advantages",
+    "estimators_for",
     "group_advantages",
     "invalid_action_penalty",
     "mix_rewards",

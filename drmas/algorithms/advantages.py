@@ -18,13 +18,21 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from drmas.registry import Registry
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "Sample",
+    "SAMPLING_MODES",
     "compute_advantages",
+    "estimators_for",
     "group_advantages",
     "register_estimator",
 ]
+
+SAMPLING_MODES = ("parallel", "tree")
+"""How a rollout samples: ``parallel`` (independent trajectories per task) or ``tree`` (K
+candidates per node, one executed)."""
 
 _SCALES = ("std", "none")
 
@@ -109,22 +117,33 @@ def group_advantages(
 # Estimators: fn(samples, scale, eps) -> Tensor[N] (float32), for non-padding samples only.
 
 Estimator = Callable[[Sequence[Any], str, float], Tensor]
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+"""Estimators by name (``--data.estimator NAME``); each has ``sampling_modes``."""
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry.
+def register_estimator(name: str, modes: Sequence[str] = SAMPLING_MODES) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry,
+    for the sampling ``modes`` its groups make sense in (a domain may narrow them further with
+    ``Workflow.estimators``).
 
     ``samples`` never contains padding; the function returns one advantage per sample.
     """
+    bad = set(modes) - set(SAMPLING_MODES)
+    if bad or not modes:
+        raise ValueError(f"estimator {name!r}: modes must be some of {SAMPLING_MODES}, got {list(modes)}")
 
     def deco(fn: Estimator) -> Estimator:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
+        fn.sampling_modes = tuple(modes)  # type: ignore[attr-defined]
+        return ADVANTAGE_ESTIMATORS.register(name)(fn)
 
     return deco
+
+
+def estimators_for(mode: str) -> tuple[str, ...]:
+    """The registered estimators that accept sampling ``mode``, by name."""
+    return tuple(n for n in ADVANTAGE_ESTIMATORS if mode in ADVANTAGE_ESTIMATORS.get(n).sampling_modes)
 
 
 def _rewards(samples: Sequence[Any]) -> Tensor:
@@ -148,7 +167,9 @@ def _per_trajectory(samples: Sequence[Any]) -> tuple[Tensor, Tensor, list[Hashab
     return traj, score, tasks
 
 
-@register_estimator("grpo")
+# Parallel trajectories never share an (env, agent, turn) node (at_grpo's groups); a tree has one
+# executed trajectory per task, so no trajectory-level groups (grpo, rloo).
+@register_estimator("grpo", modes=("parallel",))
 def _grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Global baseline: one score per trajectory (its mean reward), grouped by task."""
     traj, score, tasks = _per_trajectory(samples)
@@ -168,7 +189,7 @@ def _drmas(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     return group_advantages(_rewards(samples), keys, scale, eps)
 
 
-@register_estimator("at_grpo")
+@register_estimator("at_grpo", modes=("tree",))
 def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """AT-GRPO: each sample's own reward, grouped by (env, agent, turn).
 
@@ -179,7 +200,7 @@ def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     return group_advantages(_rewards(samples), keys, scale, eps)
 
 
-@register_estimator("rloo")
+@register_estimator("rloo", modes=("parallel",))
 def _rloo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Leave-one-out: trajectory score minus the mean of the other trajectories of its task.
 
@@ -200,16 +221,14 @@ def compute_advantages(
 
     Samples with a true ``is_pad`` attribute get 0 and are left out of every statistic.
     """
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        raise KeyError(f"unknown advantage estimator {estimator!r}; known: {known}")
+    fn = ADVANTAGE_ESTIMATORS.get(estimator)  # a KeyError listing the registered ones
     if scale not in _SCALES:
         raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
     out = torch.zeros(len(samples), dtype=torch.float32)
     real = [i for i, s in enumerate(samples) if not getattr(s, "is_pad", False)]
     if not real:
         return out
-    adv = ADVANTAGE_ESTIMATORS[estimator]([samples[i] for i in real], scale, eps)
+    adv = fn([samples[i] for i in real], scale, eps)
     if adv.shape != (len(real),):
         raise ValueError(
             f"estimator {estimator!r} returned shape {tuple(adv.shape)}, expected ({len(real)},)"

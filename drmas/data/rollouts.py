@@ -35,7 +35,7 @@ import torch
 from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
-from drmas.envs.base import ESTIMATORS_BY_MODE, MODES, Workflow
+from drmas.envs.base import MODES, Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
 from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
@@ -112,9 +112,8 @@ class Rollouts:
             raise ValueError(f"{name} does not support sampling={sampling!r}{why}; it supports: "
                              f"{', '.join(workflow.modes)}")
         if estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
-        builtin = {e for names in ESTIMATORS_BY_MODE.values() for e in names}
-        if estimator in builtin and estimator not in workflow.estimators(sampling):
+            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
+        if estimator not in workflow.estimators(sampling):
             raise ValueError(
                 f"estimator {estimator!r} does not work with sampling={sampling!r} in {name}; "
                 f"use one of: {', '.join(workflow.estimators(sampling))}"

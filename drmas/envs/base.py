@@ -20,11 +20,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from drmas.algorithms import SAMPLING_MODES, estimators_for
 from drmas.records import ChatPrompt, Completion, EpisodeResult, GenerateFn, RolloutResult
 from drmas.registry import Registry
 
 __all__ = [
-    "ESTIMATORS_BY_MODE",
     "MODES",
     "WORKFLOWS",
     "ChatPrompt",
@@ -40,10 +40,7 @@ __all__ = [
     "split_tasks",
 ]
 
-MODES = ("parallel", "tree")
-# Which built-in estimators make sense in a mode: parallel trajectories never share an (env,
-# agent, turn) group, and a tree has one executed trajectory per task (no trajectory groups).
-ESTIMATORS_BY_MODE = {"parallel": ("drmas", "grpo", "grpo_step", "rloo"), "tree": ("at_grpo", "drmas", "grpo_step")}
+MODES = SAMPLING_MODES
 
 
 @dataclass
@@ -103,9 +100,9 @@ class Workflow(ABC):
         as it finishes (progress bars use it; it is only passed when a bar is shown)."""
 
     def estimators(self, mode: str) -> tuple[str, ...]:
-        """The built-in estimators that make sense for this workflow in ``mode`` (estimators a
-        user registers are not checked)."""
-        return ESTIMATORS_BY_MODE.get(mode, ())
+        """The estimators this workflow accepts in ``mode``: by default every registered one
+        that declares the mode (``register_estimator(name, modes=...)``); a domain may narrow it."""
+        return estimators_for(mode)
 
     def scalars(self, counts: dict[str, float]) -> dict[str, float]:
         """The scalars logged for a rollout's :attr:`RolloutResult.counts` (summed over ranks);

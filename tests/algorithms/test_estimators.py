@@ -101,7 +101,7 @@ def test_user_registered_estimator_is_used_and_duplicates_refused():
         with pytest.raises(ValueError, match="already registered"):
             register_estimator("test_sign")(sign)
     finally:
-        del ADVANTAGE_ESTIMATORS["test_sign"]
+        ADVANTAGE_ESTIMATORS.unregister("test_sign")
 
 
 def test_non_finite_reward_is_a_clear_error():
@@ -219,3 +219,29 @@ def test_every_estimator_is_finite_at_the_edges(estimator, scale, rewards):
     assert adv.shape == (len(rewards),) and torch.isfinite(adv).all()
     if len(set(rewards)) == 1:
         assert torch.equal(adv, torch.zeros_like(adv))  # nothing to prefer: no signal, no noise
+
+
+def test_estimators_declare_the_sampling_modes_they_accept():
+    from drmas.algorithms import estimators_for
+
+    assert {"drmas", "grpo", "grpo_step", "rloo"} <= set(estimators_for("parallel"))
+    assert "at_grpo" not in estimators_for("parallel")
+    assert {"at_grpo", "drmas", "grpo_step"} <= set(estimators_for("tree"))
+    assert not {"grpo", "rloo"} & set(estimators_for("tree"))
+
+    @register_estimator("test_tree_only", modes=("tree",))
+    def zeros(samples, scale, eps):
+        return torch.zeros(len(samples))
+
+    try:
+        from drmas.data.rollouts import Rollouts
+        from drmas.envs.games import PlanningWorkflow
+
+        wf = PlanningWorkflow(game="plan_path", size=4, train_size=2, val_size=1, test_size=1)
+        with pytest.raises(ValueError, match="estimator 'test_tree_only' does not work with sampling='parallel'"):
+            Rollouts(wf, sampling="parallel", estimator="test_tree_only")
+        Rollouts(wf, sampling="tree", estimator="test_tree_only")  # accepted where it declared it
+        with pytest.raises(ValueError, match="modes must be some of"):
+            register_estimator("test_bad", modes=("beam",))
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister("test_tree_only")
