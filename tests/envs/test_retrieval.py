@@ -333,14 +333,14 @@ def test_register_retriever_adds_a_searchable_class() -> None:
 
     try:
         assert make_retriever("echo-test", ["x"]).search(["hi"], 1) == [[Hit("HI", 1.0)]]
-        server, url = serve(RETRIEVERS["echo-test"](["x"]))
+        server, url = serve(RETRIEVERS.get("echo-test")(["x"]))
         try:
             assert HTTPRetriever(url).search(["hi", "yo"], 1) == [[Hit("HI", 1.0)], [Hit("YO", 1.0)]]
         finally:
             server.shutdown()
             server.server_close()
     finally:
-        del RETRIEVERS["echo-test"]
+        RETRIEVERS.unregister("echo-test")
 
 
 def test_cli_serves_a_jsonl_corpus(tmp_path: Path) -> None:

@@ -29,6 +29,10 @@ class Game(ABC):
 
     illegal: int = 0
     """Actions refused so far (unparseable, against a wall, onto a given cell...)."""
+    rules: str = ""
+    """The rules and the action format, as the agents read them in their prompts."""
+    options: tuple[str, ...] = ("size",)
+    """The constructor arguments (besides ``seed``) a workflow sets from its own settings."""
 
     @property
     @abstractmethod

@@ -37,6 +37,7 @@ def shortest_distance(walls: list[list[bool]], start: tuple[int, int], goal: tup
 @GAMES.register("plan_path")
 class PlanPath(Game):
     action_pattern = "[UDLR]"  # one move per letter, separated by commas or spaces: "U, R, R"
+    rules = "Move S to G. '#' is a wall, '.' is free. Actions: U, D, L, R (one cell each; row 0 is the top)."
     def __init__(self, seed: int = 0, size: int = 6, wall_density: float = 0.3) -> None:
         """
         Args:

@@ -44,6 +44,9 @@ def _connected(floor: set[Cell]) -> bool:
 @GAMES.register("sokoban")
 class Sokoban(Game):
     action_pattern = "[UDLR]"
+    rules = ("Push every box ($) onto a target (.). '#' wall, '@' you, '*' box on target, '+' you on a "
+             "target. Actions: U, D, L, R; you push a box by walking into it, never pull.")
+    options = ("size", "boxes")
     def __init__(self, seed: int = 0, size: int = 6, boxes: int = 1) -> None:
         """
         Args:

@@ -76,6 +76,8 @@ def count_solutions(grid: list[list[int]], box: int, limit: int = 2) -> int:
 class Sudoku(Game):
     action_pattern = r"\d+ \d+ \d+"  # "row col value", actions separated by ";" or ","
     separators = r"\s*[,;\n]\s*"
+    rules = ("Fill the empty cells (.) so each row, column and box holds each digit once. "
+             "Actions: 'row col value', 1-based, separated by ';'.")
     def __init__(self, seed: int = 0, size: int = 4) -> None:
         """
         Args:

@@ -31,27 +31,20 @@ from typing import Any, Sequence
 
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
-from drmas.envs.games.base import Game, make
+from drmas.envs.games.base import GAMES, Game, make
 from drmas.envs.programs import ProgramRunner, parse_program, run_failure
 from drmas.records import Completion
 
 __all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
 
 AGENTS = ("tool_user", "planner")
-_RULES = {
-    "plan_path": "Move S to G. '#' is a wall, '.' is free. Actions: U, D, L, R (one cell each; row 0 is the top).",
-    "sokoban": ("Push every box ($) onto a target (.). '#' wall, '@' you, '*' box on target, '+' you on a "
-                "target. Actions: U, D, L, R; you push a box by walking into it, never pull."),
-    "sudoku": ("Fill the empty cells (.) so each row, column and box holds each digit once. "
-               "Actions: 'row col value', 1-based, separated by ';'."),
-}
 _TOOL = "{rules}\nBoard:\n{board}\n{context}Write a Python program that prints the actions to take."
 _PLAN = "{rules}\nBoard:\n{board}\n{context}Give the actions to take now as <actions>...</actions>."
 _EXAMPLE_BOARD = "S.#\n..#\n..G"
 
 
 def default_templates() -> dict[str, PromptTemplate]:
-    rules = _RULES["plan_path"]
+    rules = GAMES.get("plan_path").rules  # the worked example is a Plan-Path board
     return {
         "tool_user": PromptTemplate(
             system="You write short Python programs that solve grid puzzles.",
@@ -148,14 +141,14 @@ class PlanningWorkflow(TurnWorkflow):
             tie_break: tree sampling among equal scores: ``first`` or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults.
         """
-        if game not in _RULES:
-            raise ValueError(f"game must be one of {sorted(_RULES)}, got {game!r}")
+        if game not in GAMES:
+            raise ValueError(f"game must be one of {GAMES.names()}, got {game!r}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
-        args = {"size": size} if game != "sokoban" else {"size": size, "boxes": boxes}
+        args = {k: v for k, v in {"size": size, "boxes": boxes}.items() if k in GAMES.get(game).options}
         make(game, seed=0, **args)  # a bad size fails here, naming the value
-        name = f"{game}-{size}" + (f"x{boxes}" if game == "sokoban" else "")
+        name = f"{game}-{size}" + (f"x{boxes}" if "boxes" in args else "")
         starts = {"train": 0, "val": train_size, "test": train_size + val_size}
         counts = {"train": train_size, "val": val_size, "test": test_size}
         self._splits = {split: [GameTask(f"{name}/{seed}", game, seed, tuple(args.items()), name)
@@ -179,7 +172,7 @@ class PlanningWorkflow(TurnWorkflow):
             context = f"A teammate's program:\n```python\n{state.program[-1200:]}\n```\nIt printed: {state.printed}\n"
         elif agent == "planner" and state.printed:
             context = f"A teammate's program printed: {state.printed}\n"
-        return self.templates[agent].render(rules=_RULES[self.game], board=state.env.observation, context=context)
+        return self.templates[agent].render(rules=GAMES.get(self.game).rules, board=state.env.observation, context=context)
 
     def evaluate(self, agent: str, states: Sequence[PlanningState], completions: Sequence[Completion]) -> list[Action]:
         out = []

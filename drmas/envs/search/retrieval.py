@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from drmas.registry import Registry
+
 __all__ = [
     "Hit",
     "Retriever",
@@ -53,26 +55,20 @@ class Retriever(ABC):
         """One list of at most ``topk`` hits per query, in query order, scores descending."""
 
 
-RETRIEVERS: dict[str, type[Retriever]] = {}
+RETRIEVERS: Registry[type[Retriever]] = Registry("retriever")
+"""Retriever classes by name (``--data.workflow.init_args.retriever NAME``)."""
 
 
 def register_retriever(name: str) -> Callable[[type[Retriever]], type[Retriever]]:
     """Class decorator that makes a retriever constructible by name (configs, CLI)."""
-
-    def deco(cls: type[Retriever]) -> type[Retriever]:
-        if name in RETRIEVERS and RETRIEVERS[name] is not cls:
-            raise ValueError(f"retriever name {name!r} is already taken by {RETRIEVERS[name].__name__}")
-        RETRIEVERS[name] = cls
-        return cls
-
-    return deco
+    return RETRIEVERS.register(name)
 
 
 def make_retriever(name: str, corpus: list[str] | None = None, **kwargs: Any) -> Retriever:
     """Build a registered retriever; ``corpus`` goes to local indexes, ``kwargs`` to the class."""
     if name not in RETRIEVERS:
-        raise ValueError(f"unknown retriever {name!r}; known retrievers: {', '.join(sorted(RETRIEVERS))}")
-    cls = RETRIEVERS[name]
+        raise ValueError(f"unknown retriever {name!r}; known retrievers: {', '.join(RETRIEVERS)}")
+    cls = RETRIEVERS.get(name)
     if cls.needs_corpus:
         if corpus is None:
             raise ValueError(f"retriever {name!r} indexes a local corpus: pass corpus=[...]")
