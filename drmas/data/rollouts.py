@@ -291,10 +291,7 @@ class Rollouts:
         top = f"{split}_swapped" if swap else split
         generate = backend.generate_fn(train=False)
         if swap:
-            partner, own = self.swapped_agents(), generate
-
-            def generate(agent: str, prompts: Sequence[Any], n: int) -> Any:
-                return own(partner[agent], prompts, n)  # routed to the partner's policy
+            generate = _Rerouted(generate, self.swapped_agents())
         local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k,
                                     "parallel", 0)
         result, _ = _gather(backend, local, failure)
@@ -327,6 +324,24 @@ class Rollouts:
             scalars[f"{top}/{agent}/reward_mean"] = sum(rewards) / max(1, len(rewards))
             scalars[f"{top}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
         return scalars
+
+
+class _Rerouted:
+    """A generate function whose agents are answered by other agents' policies (the swap
+    probe); what else it answers (``settings``, ``prompt_tokens``, ``train``...) follows too."""
+
+    def __init__(self, generate: GenerateFn, partner: dict[str, str]) -> None:
+        self.generate, self.partner = generate, partner
+        self.train = getattr(generate, "train", False)
+
+    def __call__(self, agent: str, prompts: Sequence[Any], n: int) -> Any:
+        return self.generate(self.partner[agent], prompts, n)
+
+    def __getattr__(self, name: str) -> Any:
+        inner = getattr(self.generate, name)  # AttributeError when the inner function lacks it
+        if name in ("settings", "prompt_tokens"):
+            return lambda agent, *args: inner(self.partner[agent], *args)
+        return inner
 
 
 def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResult, float]:

@@ -367,3 +367,24 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
     assert all(isinstance(err, want) for err in raised), raised
     if want is EngineError:
         assert all(str(err) == "the hf engine of policy 'p' failed on rank 1" for err in raised)
+
+
+def test_the_swap_probe_keeps_what_the_generate_function_answers():
+    from drmas.data.rollouts import _Rerouted
+
+    class Generate:
+        train = False
+
+        def __call__(self, agent, prompts, n):
+            return [[agent] * n for _ in prompts]
+
+        def settings(self, agent):
+            return f"settings of {agent}"
+
+        def prompt_tokens(self, agent, prompt):
+            return len(agent)
+
+    swapped = _Rerouted(Generate(), {"solver": "verifier", "verifier": "solver"})
+    assert swapped("solver", ["p"], 2) == [["verifier", "verifier"]] and swapped.train is False
+    assert swapped.settings("solver") == "settings of verifier" and swapped.prompt_tokens("verifier", None) == 6
+    assert not hasattr(_Rerouted(lambda a, p, n: [], {}), "settings")  # nothing the inner one lacks
