@@ -6,29 +6,25 @@ from collections import defaultdict
 
 import lightning as L
 
+from drmas.data.rollouts import outcome_scalars
 from drmas.records import IterationPlan, RolloutResult
 
 __all__ = ["RolloutStats", "rollout_scalars"]
 
 
 def rollout_scalars(result: RolloutResult) -> dict[str, float]:
-    """``rollout/<agent>/{reward_mean,valid_ratio,advantage_abs_mean,samples}``, ``rollout/success_rate``,
-    ``rollout/turns_mean``, and ``rollout/<agent>/response_tokens_mean``."""
+    """``rollout/success_rate``, ``rollout/turns_mean``, ``rollout/<agent>/{reward_mean,valid_ratio}``
+    (as validation computes them), and per agent ``advantage_abs_mean``, ``response_tokens_mean``
+    and ``samples``."""
+    out = outcome_scalars(result, "rollout")
     by_agent = defaultdict(list)
     for s in result.experiences:
         by_agent[s.agent].append(s)
-    out: dict[str, float] = {}
     for agent, samples in by_agent.items():
         n = len(samples)
-        out[f"rollout/{agent}/reward_mean"] = sum(s.reward for s in samples) / n
-        out[f"rollout/{agent}/valid_ratio"] = sum(s.valid for s in samples) / n
         out[f"rollout/{agent}/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / n
         out[f"rollout/{agent}/response_tokens_mean"] = sum(len(s.response_ids) for s in samples) / n
         out[f"rollout/{agent}/samples"] = float(n)
-    eps = result.episodes
-    if eps:
-        out["rollout/success_rate"] = sum(e.success for e in eps) / len(eps)
-        out["rollout/turns_mean"] = sum(e.turns for e in eps) / len(eps)
     return out
 
 

@@ -40,7 +40,7 @@ from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
 from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
 
-__all__ = ["OutageError", "RolloutBackend", "Rollouts"]
+__all__ = ["OutageError", "RolloutBackend", "Rollouts", "outcome_scalars"]
 
 log = logging.getLogger(__name__)
 
@@ -313,17 +313,26 @@ class Rollouts:
             pas.update(c, n)
             scalars[f"{prefix}/avg@{self.val_k}"] = float(avg.compute())
             scalars[f"{prefix}/pass@{self.val_k}"] = float(pas.compute())
-        episodes = result.episodes
-        scalars[f"{top}/success_rate"] = sum(e.success for e in episodes) / max(1, len(episodes))
-        scalars[f"{top}/turns_mean"] = sum(e.turns for e in episodes) / max(1, len(episodes))
-        per_agent: dict[str, list[Experience]] = defaultdict(list)
-        for s in result.experiences:
-            per_agent[s.agent].append(s)
-        for agent, samples in per_agent.items():
-            rewards = [s.reward for s in samples if math.isfinite(s.reward)]
-            scalars[f"{top}/{agent}/reward_mean"] = sum(rewards) / max(1, len(rewards))
-            scalars[f"{top}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
+        scalars.update(outcome_scalars(result, top))
         return scalars
+
+
+def outcome_scalars(result: RolloutResult, prefix: str) -> dict[str, float]:
+    """``<prefix>/success_rate`` and ``turns_mean`` over the episodes, and per agent
+    ``<prefix>/<agent>/reward_mean`` (finite rewards) and ``valid_ratio``: what training rollouts
+    and validation both log."""
+    out: dict[str, float] = {}
+    if result.episodes:
+        out[f"{prefix}/success_rate"] = sum(e.success for e in result.episodes) / len(result.episodes)
+        out[f"{prefix}/turns_mean"] = sum(e.turns for e in result.episodes) / len(result.episodes)
+    per_agent: dict[str, list[Experience]] = defaultdict(list)
+    for s in result.experiences:
+        per_agent[s.agent].append(s)
+    for agent, samples in per_agent.items():
+        rewards = [s.reward for s in samples if math.isfinite(s.reward)]
+        out[f"{prefix}/{agent}/reward_mean"] = sum(rewards) / max(1, len(rewards))
+        out[f"{prefix}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
+    return out
 
 
 class _Rerouted:
