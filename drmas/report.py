@@ -1,0 +1,149 @@
+"""A learning report from runs' TensorBoard events: one Markdown page with PNGs.
+
+    python -m drmas.report runs/search/version_0 runs/search/version_1 runs/search/version_2 -o report
+
+For each validation tag (``val/avg@k``, ``val/pass@k``, per source too) the mean over the runs at
+each validated iteration with a 95% interval (percentile bootstrap over the runs: with one run
+there is no interval); per agent the rollout reward and valid ratio, first and last iteration;
+each policy's (and, where logged, each agent's) gradient norms: median, 90th percentile, max over
+every step of every run; and the seconds per phase of an iteration. Runs of several seeds of one
+configuration are what the intervals are meant for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import re
+from collections import defaultdict
+from typing import Sequence
+
+from drmas.atomic import write_bytes, write_text
+from drmas.plots import read_scalars
+
+__all__ = ["bootstrap_interval", "main", "write_report"]
+
+_VAL = re.compile(r"^val/(?:(?P<source>[^/]+)/)?(?P<metric>(?:avg|pass)@\d+)$")
+_AGENT = re.compile(r"^rollout/(?P<agent>[^/]+)/(?P<metric>reward_mean|valid_ratio)$")
+_GRAD = re.compile(r"^train/(?P<name>[^/]+(?:/[^/]+)?)/grad_norm$")
+_TIME = re.compile(r"^time/(?P<phase>[a-z_]+)_s$")
+
+
+def bootstrap_interval(values: Sequence[float], draws: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval of the mean of ``values`` (None for fewer than 2)."""
+    if len(values) < 2:
+        return None
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(values) for _ in values) / len(values) for _ in range(draws))
+    return means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabel: str) -> None:
+    """Mean over runs per step, one line per name, with the runs' min-max as a band."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for n, (name, by_step) in enumerate(sorted(series.items())):
+        steps = sorted(by_step)
+        means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+        color = f"C{n % 10}"
+        ax.plot(steps, means, color=color, marker="o" if len(steps) < 8 else None, label=name)
+        if any(len(by_step[s]) > 1 for s in steps):
+            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
+                            alpha=0.15)
+    ax.set_xlabel("RL iteration")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_bytes(path, buf.getvalue())
+
+
+def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
+    """Write ``out_dir/report.md`` and its PNGs from the runs' events; returns the Markdown."""
+    runs = {d: read_scalars(d) for d in run_dirs}
+    os.makedirs(out_dir, exist_ok=True)
+    lines = [f"# Learning report: {len(runs)} run(s)", "", *[f"- `{d}`" for d in runs], ""]
+
+    val: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    agents: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    grads: dict[str, list[float]] = defaultdict(list)
+    times: dict[str, list[float]] = defaultdict(list)
+    for scalars in runs.values():
+        for tag, points in scalars.items():
+            for step, value in points:
+                if _VAL.match(tag):
+                    val[tag][step].append(value)
+                elif _AGENT.match(tag):
+                    agents[tag][step].append(value)
+                elif g := _GRAD.match(tag):
+                    grads[g.group("name")].append(value)
+                elif t := _TIME.match(tag):
+                    times[t.group("phase")].append(value)
+
+    if val:
+        lines += ["## Validation", "", "Mean over the runs, with its 95% bootstrap interval over the runs.", "",
+                  "| tag | iteration | mean | 95% interval | runs |", "|---|---|---|---|---|"]
+        for tag in sorted(val):
+            for step in sorted(val[tag]):
+                values = val[tag][step]
+                ci = bootstrap_interval(values)
+                shown = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
+                lines.append(f"| {tag} | {step} | {sum(values) / len(values):.3f} | {shown} | {len(values)} |")
+        _png(os.path.join(out_dir, "validation.png"), val, "validation (band: the runs' range)", "score")
+        lines += ["", "![validation](validation.png)", ""]
+    if agents:
+        lines += ["## Agents", "", "Rollout reward and valid ratio, mean over the runs.", "",
+                  "| tag | first iteration | first | last iteration | last |", "|---|---|---|---|---|"]
+        for tag in sorted(agents):
+            steps = sorted(agents[tag])
+            first, last = agents[tag][steps[0]], agents[tag][steps[-1]]
+            lines.append(f"| {tag} | {steps[0]} | {sum(first) / len(first):.3f} | {steps[-1]} | "
+                         f"{sum(last) / len(last):.3f} |")
+        _png(os.path.join(out_dir, "agents.png"), agents, "agents (band: the runs' range)", "")
+        lines += ["", "![agents](agents.png)", ""]
+    if grads:
+        lines += ["## Gradient norms", "", "Before clipping, every step of every run.", "",
+                  "| policy (/agent) | steps | median | 90th percentile | max |", "|---|---|---|---|---|"]
+        for name in sorted(grads):
+            values = grads[name]
+            lines.append(f"| {name} | {len(values)} | {_quantile(values, 0.5):.3f} | {_quantile(values, 0.9):.3f} | "
+                         f"{max(values):.3f} |")
+        lines.append("")
+    if times:
+        lines += ["## Time per iteration", "", "| phase | mean s | iterations |", "|---|---|---|"]
+        for phase in sorted(times):
+            lines.append(f"| {phase} | {sum(times[phase]) / len(times[phase]):.2f} | {len(times[phase])} |")
+        lines.append("")
+    text = "\n".join(lines).rstrip() + "\n"
+    write_text(os.path.join(out_dir, "report.md"), text)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m drmas.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", help="runs' log directories (runs/<recipe>/version_N)")
+    parser.add_argument("-o", "--output", default="report", help="the folder for report.md and its PNGs")
+    args = parser.parse_args(argv)
+    write_report(args.run_dirs, args.output)
+    print(f"wrote {os.path.join(args.output, 'report.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""drmas.report: values read back from event files, means and bootstrap intervals over runs."""
+
+import os
+
+from torch.utils.tensorboard import SummaryWriter
+
+from drmas.report import bootstrap_interval, main
+
+
+def write_run(path, val, reward, grad):
+    w = SummaryWriter(str(path))
+    for step, v in val.items():
+        w.add_scalar("val/avg@2", v, step)
+        w.add_scalar("val/onehop/avg@2", v / 2, step)
+    for step, r in reward.items():
+        w.add_scalar("rollout/solver/reward_mean", r, step)
+        w.add_scalar("train/shared/grad_norm", grad[step], step)
+        w.add_scalar("train/shared/grad_norm_max", 99.0, step)  # not a norm of its own
+        w.add_scalar("time/rollout_s", 2.0, step)
+    w.close()
+
+
+def test_the_report_of_two_runs(tmp_path):
+    write_run(tmp_path / "a", {0: 0.0, 2: 0.5}, {1: -0.1, 2: 0.3}, {1: 1.0, 2: 3.0})
+    write_run(tmp_path / "b", {0: 0.0, 2: 0.3}, {1: -0.1, 2: 0.1}, {1: 2.0, 2: 4.0})
+    main([str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "out")])
+    text = (tmp_path / "out" / "report.md").read_text()
+    # the mean of 0.5 and 0.3, and the bootstrap of two runs: means of {0.3, 0.3}, {0.3, 0.5}, {0.5, 0.5}
+    assert "| val/avg@2 | 2 | 0.400 | [0.300, 0.500] | 2 |" in text
+    assert "| val/onehop/avg@2 | 2 | 0.200 | [0.150, 0.250] | 2 |" in text
+    assert "| rollout/solver/reward_mean | 1 | -0.100 | 2 | 0.200 |" in text
+    # grad norms 1, 2, 3, 4: median 2.5, 90th percentile 3.7 (linear), max 4; the max tag is not one
+    assert "| shared | 4 | 2.500 | 3.700 | 4.000 |" in text and "grad_norm_max" not in text
+    assert "| rollout | 2.00 | 4 |" in text
+    for png in ("validation.png", "agents.png"):
+        assert os.path.getsize(tmp_path / "out" / png) > 1000
+
+
+def test_one_run_has_no_interval():
+    assert bootstrap_interval([0.4]) is None
+    low, high = bootstrap_interval([0.0, 1.0, 0.0, 1.0])
+    assert 0.0 <= low < 0.5 < high <= 1.0
