@@ -10,8 +10,8 @@ import pytest
 from scripted import Script
 
 from drmas.envs.agents import AgentsWorkflow
-from drmas.envs.agents.episodes import read_outcome, EpisodeFailure
-from drmas.records import Completion, GenerationSettings
+from drmas.envs.agents.episodes import EpisodeFailure, read_outcome
+from drmas.records import GenerationSettings
 
 AGENTS = ["writer", "critic"]
 
