@@ -32,7 +32,7 @@ from drmas.modules.generation import EngineRouting
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
+from drmas.modules.run_state import capture_rng, epoch_scalars, machine, restore_rng
 from drmas.modules.sharding import check_precision
 from drmas.records import BatchSpec, MicroBatch
 
@@ -365,6 +365,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             "versions": {n: p.version for n, p in self.policies.items()},
             "history": self.history,
             "rng": self.gather_objects(capture_rng()),  # one per rank: each samples its own rollouts
+            "precision": self._precision(),
+            "machine": machine(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -375,11 +377,20 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         if len(rng) != self.world_size:
             raise ValueError(f"this checkpoint was written by {len(rng)} rank(s) and this run has {self.world_size}: "
                              f"resume with the same --trainer.devices x --trainer.num_nodes ({len(rng)})")
+        saved, now = state.get("precision"), self._precision()
+        if saved is not None and now is not None and saved != now:
+            raise ValueError(
+                f"this checkpoint was trained in precision {saved} (on {state.get('machine', 'another machine')}) and "
+                f"this run would continue in {now}: a run is resumed in the precision it started in, so that its "
+                f"numbers continue as they would have; resume with --trainer.precision {saved}")
         self.iteration = state["iteration"]
         self.history = state["history"]
         for n, v in state["versions"].items():
             self.policies[n].version = v
         restore_rng(rng[self.rank])
+
+    def _precision(self) -> str | None:
+        return str(self._trainer.precision) if self._trainer is not None else None
 
     def teardown(self, stage: str) -> None:
         for engine in self.engines.values():

@@ -259,3 +259,23 @@ def test_prompts_of_one_call_keep_their_own_length_within_the_policys_budget():
     assert len(free.response_ids) == 6 and free.finish_reason == "length"  # the policy's budget
     assert short.response_ids == free.response_ids[:2] and short.finish_reason == "length"  # its own, shorter
     assert capped.response_ids == free.response_ids  # never past the policy's budget
+
+
+def test_a_run_is_resumed_in_the_precision_it_started_in():
+    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
+    state = {}
+    module.on_save_checkpoint(state)
+    assert state["drmas"]["precision"] is None and "cores, bf16" in state["drmas"]["machine"]  # no trainer here
+    state["drmas"]["precision"] = "bf16-mixed"
+
+    class Trainer:
+        precision, world_size = "32-true", 1
+
+    module._trainer = Trainer()
+    try:
+        with pytest.raises(ValueError, match=r"trained in precision bf16-mixed .* continue in 32-true: .* "
+                                             r"--trainer.precision bf16-mixed"):
+            module.on_load_checkpoint(state)
+    finally:
+        module._trainer = None
+    assert module.iteration == 0
