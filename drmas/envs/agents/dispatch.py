@@ -72,9 +72,7 @@ class Dispatcher:
         except BaseException as err:
             for call in pending + [c for c in self._take(0) if isinstance(c, Call)]:
                 call.answer(ApiError(500, f"the rollout stopped: {type(err).__name__}: {err}", "rollout_stopped"))
-            for run in runs:
-                run.session.close()
-            raise
+            raise  # the workflow ends every session, so later calls are answered 410
 
     def _take(self, timeout: float) -> list[Any]:
         """Whatever is in the inbox, waiting up to ``timeout`` for the first item."""

@@ -102,7 +102,7 @@ class EpisodeRun:
     """One episode played in a daemon thread; when it ends (or raises) it puts itself in
     ``inbox`` so the dispatcher wakes. A timed-out run's thread is left to end by itself."""
 
-    def __init__(self, fn: Callable[..., Any], task: Any, row: dict[str, Any], traj_uid: str, session: Any,
+    def __init__(self, fn: Callable[..., Any], task: Any, traj_uid: str, session: Any,
                  base_url: str, key: str, timeout_s: float, inbox: Any) -> None:
         self.fn, self.task, self.traj_uid, self.session = fn, task, traj_uid, session
         self.value: Any = None
@@ -111,7 +111,7 @@ class EpisodeRun:
         self.ended = False
         self.deadline = 0.0
         # each episode its own copy: one that edits its task cannot change its group's others
-        self._args = (copy.deepcopy(row), base_url, key, timeout_s)
+        self._args = (copy.deepcopy(task.row), base_url, key, timeout_s)
         self._inbox = inbox
         self._thread = threading.Thread(target=self._play, daemon=True, name=f"drmas-episode-{session.id}")
 

@@ -147,7 +147,7 @@ class AgentsWorkflow(Workflow):
         runs = []
         for i, (task, j) in enumerate((t, j) for t in tasks for j in range(n)):
             session = endpoint.open_session(f"r{self._rollouts}-e{i}", i, settings, training)
-            runs.append(EpisodeRun(self.episode, task, task.row, f"{task.uid}#{j}", session, endpoint.base_url(session),
+            runs.append(EpisodeRun(self.episode, task, f"{task.uid}#{j}", session, endpoint.base_url(session),
                                    endpoint.key, self.timeout_s, endpoint.inbox))
         deadline = time.monotonic() + self.timeout_s
         for run in runs:
