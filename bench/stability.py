@@ -1,16 +1,21 @@
-"""The Dr. MAS stability claim in miniature, with the real trainer: one baseline per task across
-agents (``grpo_step``) against agent-wise normalisation (``drmas``), with one shared policy and
-with one policy per agent, over several seeds; each agent's own gradient norm logged.
+"""The Dr. MAS stability claim with the real trainer: one baseline per task across agents
+(``grpo_step``) against agent-wise normalisation (``drmas``), one shared policy, over seeds, at a
+horizon where spikes can be counted; resumable across sessions (see ``bench/study.py``).
 
-    python bench/stability.py                          # search recipe, role rewards, 3 seeds, 6 iterations
-    python bench/stability.py --iterations 20 --seeds 0 1 2 3 4
+    python bench/stability.py                              # 2 estimators x 3 seeds x 30 iterations
+    python bench/stability.py --out studies/stability      # the same folder again: continues
 
-The search workflow with role rewards gives the agents strongly different reward distributions
-(the verifier is rewarded far more often than the answerer). Every run logs
-``train/<policy>/<agent>/grad_norm`` (``--model.agent_grad_norms true``); the table reports per
-estimator, policy layout and agent the max and median of those norms over all steps and seeds,
-the spikes the monitor flagged per 100 optimiser steps, and the last rollout success rate. One
-PNG per estimator draws each agent's norm per iteration (mean over seeds).
+The search workflow with role rewards gives the agents different reward distributions (the
+verifier is rewarded far more often than the answerer). Every run logs each agent's own gradient
+norm before clipping (``--model.agent_grad_norms true``) and, at every iteration, each agent's
+``rollout/<agent>/baseline_inflation``: per task group, sqrt(std_k^2 + (mean_k - mean)^2) / std,
+how much one baseline per task scales that agent's advantages (what the claim is about).
+
+``stability.md`` reports per estimator and agent the grad norms' median, 90th percentile and max
+over all steps and seeds, spikes per 100 steps (the spike monitor's rule applied to the agent's
+own norms), the mean inflation factor, and the final val avg@k with its two-level interval; PNGs
+draw the norms and the factors per iteration (mean over seeds). ``python -m drmas.report`` writes
+each estimator's full report beside it.
 """
 
 from __future__ import annotations
@@ -18,106 +23,135 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from study import Run, Study, StudyStopped  # noqa: E402
+
+from drmas.atomic import write_text  # noqa: E402
 
 AGENTS = ("verifier", "searcher", "answerer")
-MODEL = "embedded:smollm2-135m-instruct"
+ESTIMATORS = ("grpo_step", "drmas")
 
 
-def layouts(model: str) -> dict[str, list[str]]:
-    per_agent = "{" + ", ".join(f"{a}: {{model: {model}, lr: 1.0e-6}}" for a in AGENTS) + "}"
-    return {"shared": [], "per-agent": ["--model.policies", per_agent]}
-
-
-def run(estimator: str, layout: list[str], seed: int, iterations: int, out: str, config: list[str],
-        extra: list[str]) -> dict:
-    from drmas.plots import read_scalars
-
-    logs = os.path.join(out, "runs", f"{estimator}-{'per' if layout else 'shared'}-seed{seed}")
-    cmd = [sys.executable, os.path.join(ROOT, "recipes", "search.py"), "fit", *config, "--data.estimator", estimator,
-           *layout, "--model.agent_grad_norms", "true", "--trainer.max_epochs", str(iterations),
-           "--data.val_tasks", "0", "--checkpoint.save_last", "false", "--seed_everything", str(seed),
-           "--data.seed", str(seed), "--model.seed", str(seed), "--trainer.logger.init_args.save_dir", logs, *extra]
-    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{estimator} {layout} seed {seed} failed:\n{proc.stderr[-4000:]}")
-    return read_scalars(os.path.join(logs, "search", "version_0"))
-
-
-def agent_norms(s: dict, agent: str) -> list[tuple[int, float]]:
-    """The agent's grad-norm series, whichever policy it was on."""
-    for tag, points in s.items():
-        if tag.startswith("train/") and tag.endswith(f"/{agent}/grad_norm"):
+def agent_series(scalars: dict, agent: str, name: str) -> list[tuple[int, float]]:
+    """``train/<policy>/<agent>/grad_norm`` (``name="grad_norm"``) or ``rollout/<agent>/<name>``."""
+    for tag, points in scalars.items():
+        if tag.endswith(f"/{agent}/{name}") and tag.count("/") == (3 if name == "grad_norm" else 2):
             return points
     return []
+
+
+def spikes(norms: list[float]) -> int:
+    """The spike monitor's count over one run's series of norms, with its default rule."""
+    from drmas.callbacks.grad_norm import GradNormSpikeMonitor
+
+    monitor = GradNormSpikeMonitor(plot=False)
+    return sum(monitor.record("agent", i, v) for i, v in enumerate(norms))
+
+
+def table(runs: dict[str, list[Run]], k: int) -> str:
+    from drmas.plots import read_scalars
+    from drmas.report import question_scores, read_validations, two_level_interval
+
+    lines = [f"| estimator | agent | grad norm median | p90 | max | spikes / 100 steps | baseline inflation | "
+             f"final val avg@{k} |", "|---|---|---|---|---|---|---|---|"]
+    for estimator, group in runs.items():
+        scalars = [read_scalars(r.run_dir) for r in group]
+        finals = []
+        for r in group:
+            records = read_validations(r.run_dir)
+            finals.append(question_scores(records[max(records)], None, f"avg@{k}"))
+        mean = statistics.mean(statistics.mean(f) for f in finals)
+        ci = two_level_interval(finals)
+        val = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        for agent in AGENTS:
+            series = [[v for _, v in agent_series(s, agent, "grad_norm")] for s in scalars]
+            norms = sorted(v for one in series for v in one)
+            if not norms:
+                continue
+            steps = sum(len(one) for one in series)
+            p90 = norms[min(len(norms) - 1, int(0.9 * (len(norms) - 1) + 0.5))]
+            inflation = [v for s in scalars for _, v in agent_series(s, agent, "baseline_inflation")]
+            shown = f"{statistics.mean(inflation):.2f}" if inflation else "-"
+            lines.append(f"| {estimator} | {agent} | {statistics.median(norms):.3f} | {p90:.3f} | {norms[-1]:.3f} | "
+                         f"{100 * sum(spikes(one) for one in series) / steps:.1f} | {shown} | {val} |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[Run]], name: str, ylabel: str, path: str) -> None:
+    """One panel per estimator, one line per agent: the mean over seeds per iteration."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from drmas.plots import read_scalars
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    for n, (estimator, group) in enumerate(runs.items()):
+        ax = fig.add_subplot(1, len(runs), n + 1)
+        scalars = [read_scalars(r.run_dir) for r in group]
+        for c, agent in enumerate(AGENTS):
+            by_step: dict[int, list[float]] = {}
+            for s in scalars:
+                for step, v in agent_series(s, agent, name):
+                    by_step.setdefault(step, []).append(v)
+            steps = sorted(by_step)
+            ax.plot(steps, [statistics.mean(by_step[i]) for i in steps], color=f"C{c}", label=agent)
+        ax.set_title(estimator)
+        ax.set_xlabel("RL iteration")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=6)
-    p.add_argument("--model", default=MODEL)
-    p.add_argument("--out", default="stability")
+    p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--group_size", type=int, default=8)
+    p.add_argument("--val_tasks", type=int, default=32, help="val questions per source (before and at the end)")
+    p.add_argument("--val_k", type=int, default=4)
     p.add_argument("--config", default=None, help="config file (default: the recipe's own default)")
+    p.add_argument("--out", default="studies/stability")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every run")
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
-    config = ["--config", os.path.abspath(args.config)] if args.config else []  # first: the flags override it
-    extra = [a for a in args.extra if a != "--"]
-    results: dict[tuple[str, str], list[dict]] = {}
-    combos = [(e, name, flags) for e in ("grpo_step", "drmas") for name, flags in layouts(args.model).items()]
-    for i, (estimator, name, flags) in enumerate(combos):
-        for j, seed in enumerate(args.seeds):
-            print(f"[{i * len(args.seeds) + j + 1}/{len(combos) * len(args.seeds)}] {estimator}, {name}, seed {seed}",
-                  flush=True)
-            results.setdefault((estimator, name), []).append(run(estimator, flags, seed, args.iterations, out, config, extra))
-    lines = ["| estimator | policies | agent | max grad norm | median grad norm | spikes / 100 steps | success (last) |",
-             "|---|---|---|---|---|---|---|"]
-    for (estimator, name), runs in results.items():
-        steps = sum(len(pts) for s in runs for tag, pts in s.items() if tag.endswith("/grad_norm")
-                    and tag.count("/") == 2)
-        spikes = sum(max((v for _, v in pts), default=0) for s in runs for tag, pts in s.items()
-                     if tag.endswith("/grad_norm_spikes"))
-        success = statistics.mean(s["rollout/success_rate"][-1][1] for s in runs)
-        for agent in AGENTS:
-            norms = [v for s in runs for _, v in agent_norms(s, agent)]
-            lines.append(f"| {estimator} | {name} | {agent} | {max(norms):.3f} | {statistics.median(norms):.3f} | "
-                         f"{100 * spikes / max(steps, 1):.1f} | {success:.3f} |")
-    table = "\n".join(lines)
-    with open(os.path.join(out, "stability.md"), "w") as f:
-        f.write(f"search recipe, role rewards, {args.iterations} iterations, seeds {args.seeds}\n\n{table}\n")
-    for estimator in ("grpo_step", "drmas"):
-        _plot(results, estimator, os.path.join(out, f"grad_norms_{estimator}.png"))
-    print(table)
-    print(f"\nwritten: {out}/stability.md, grad_norms_grpo_step.png, grad_norms_drmas.png")
+    config = ["--config", os.path.abspath(args.config)] if args.config else []
+    flags = [*config, "--data.group_size", str(args.group_size), "--model.agent_grad_norms", "true",
+             "--data.val_tasks", str(args.val_tasks), "--data.val_k", str(args.val_k),
+             *[a for a in args.extra if a != "--"]]
+    runs: dict[str, list[Run]] = {e: [] for e in ESTIMATORS}
+    order = []  # seed by seed, so an unfinished study already holds pairs
+    for seed in args.seeds:
+        for estimator in ESTIMATORS:
+            run = Run(f"{estimator}-seed{seed}", "search",
+                      [*flags, "--data.estimator", estimator, "--seed_everything", str(seed), "--data.seed", str(seed),
+                       "--model.seed", str(seed)], os.path.join(out, estimator, f"seed{seed}"), args.iterations)
+            runs[estimator].append(run)
+            order.append(run)
+    try:
+        Study(order).run_all()
+    except StudyStopped as stop:
+        raise SystemExit(f"study stopped: {stop}") from None
+    from drmas.report import write_report
 
-
-def _plot(results: dict, estimator: str, path: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    for k, name in enumerate(("shared", "per-agent")):
-        ax = fig.add_subplot(1, 2, k + 1)
-        for n, agent in enumerate(AGENTS):
-            series = [agent_norms(s, agent) for s in results.get((estimator, name), [])]
-            steps = sorted({i for pts in series for i, _ in pts})
-            means = [statistics.mean(v for pts in series for i, v in pts if i == step) for step in steps]
-            ax.plot(steps, means, marker="o", color=f"C{n}", label=agent)
-        ax.set_yscale("log")
-        ax.set_title(f"{estimator}, {name} policies")
-        ax.set_xlabel("RL iteration")
-        ax.set_ylabel("agent's grad norm")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
+    for estimator, group in runs.items():
+        write_report([r.run_dir for r in group], os.path.join(out, estimator))
+    text = table(runs, args.val_k)
+    machines = sorted({r.record["machine"] + ", " + r.record["precision"] for r in order})
+    write_text(os.path.join(out, "stability.md"),
+               f"search recipe, role rewards, one shared policy, group size {args.group_size}, {args.iterations} "
+               f"iterations, seeds {args.seeds}; machine(s): {'; '.join(machines)}\n\n{text}\n")
+    plot(runs, "grad_norm", "agent's grad norm (pre-clip)", os.path.join(out, "grad_norms.png"))
+    plot(runs, "baseline_inflation", "inflation under one baseline per task", os.path.join(out, "inflation.png"))
+    print(text)
+    print(f"\nwritten: {out}/stability.md, grad_norms.png, inflation.png, <estimator>/report.md")
 
 
 if __name__ == "__main__":

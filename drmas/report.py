@@ -3,8 +3,10 @@
     python -m drmas.report runs/search/version_0 runs/search/version_1 runs/search/version_2 -o report
 
 For each validation tag (``val/avg@k``, ``val/pass@k``, per source too) the mean over the runs at
-each validated iteration with a 95% interval (percentile bootstrap over the runs: with one run
-there is no interval); per agent the rollout reward and valid ratio, first and last iteration;
+each validated iteration with a 95% interval: a two-level percentile bootstrap (the runs, then the
+questions within each drawn run) where the runs wrote each question's result
+(``validation.jsonl``, which ``fit`` writes beside its events), else a bootstrap over the runs
+(with one run and no ``validation.jsonl`` there is no interval); per agent the rollout reward and valid ratio, first and last iteration;
 each policy's (and, where logged, each agent's) gradient norms: median, 90th percentile, max over
 every step of every run; and the seconds per phase of an iteration. Runs of several seeds of one
 configuration are what the intervals are meant for.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import random
 import re
@@ -23,7 +26,7 @@ from typing import Sequence
 from drmas.atomic import write_bytes, write_text
 from drmas.plots import read_scalars
 
-__all__ = ["bootstrap_interval", "main", "write_report"]
+__all__ = ["bootstrap_interval", "main", "question_scores", "read_validations", "two_level_interval", "write_report"]
 
 _VAL = re.compile(r"^val/(?:(?P<source>[^/]+)/)?(?P<metric>(?:avg|pass)@\d+)$")
 _AGENT = re.compile(r"^rollout/(?P<agent>[^/]+)/(?P<metric>reward_mean|valid_ratio)$")
@@ -40,6 +43,47 @@ def bootstrap_interval(values: Sequence[float], draws: int = 2000, seed: int = 0
     return means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]
 
 
+def two_level_interval(runs: Sequence[Sequence[float]], draws: int = 2000,
+                       seed: int = 0) -> tuple[float, float] | None:
+    """The 95% interval of the mean over runs of each run's mean over its questions: every draw
+    takes as many runs as there are, with replacement, and within each drawn run as many of its
+    questions, with replacement. Seeds and questions both vary, so both are in the interval."""
+    runs = [list(r) for r in runs if r]
+    if not runs or (len(runs) == 1 and len(runs[0]) < 2):
+        return None
+    rng = random.Random(seed)
+    means = []
+    for _ in range(draws):
+        picked = [runs[rng.randrange(len(runs))] for _ in runs]
+        means.append(sum(sum(rng.choice(r) for _ in r) / len(r) for r in picked) / len(picked))
+    means.sort()
+    return means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]
+
+
+def read_validations(run_dir: str) -> dict[int, dict]:
+    """``validation.jsonl`` of a run: iteration -> ``{"k": k, "tasks": [{uid, source, correct}]}``
+    (an iteration validated twice, by a resumed run, keeps its last line); {} without the file."""
+    path = os.path.join(run_dir, "validation.jsonl")
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                out[record["iteration"]] = record
+    return out
+
+
+def question_scores(record: dict, source: str | None, metric: str) -> list[float]:
+    """Each question's avg@k (correct / k) or pass@k (any correct) in one validation."""
+    k = record["k"]
+    tasks = [t for t in record["tasks"] if source is None or t["source"] == source]
+    if metric.startswith("avg@"):
+        return [t["correct"] / k for t in tasks]
+    return [float(t["correct"] > 0) for t in tasks]
+
+
 def _quantile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     position = q * (len(ordered) - 1)
@@ -48,8 +92,10 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabel: str) -> None:
-    """Mean over runs per step, one line per name, with the runs' min-max as a band."""
+def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabel: str,
+         bands: dict[str, dict[int, tuple[float, float]]] | None = None) -> None:
+    """Mean over runs per step, one line per name, with ``bands`` (name -> step -> (low, high))
+    where given, else the runs' min-max, as a band."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -61,7 +107,10 @@ def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabe
         means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
         color = f"C{n % 10}"
         ax.plot(steps, means, color=color, marker="o" if len(steps) < 8 else None, label=name)
-        if any(len(by_step[s]) > 1 for s in steps):
+        band = (bands or {}).get(name, {})
+        if band and all(s in band for s in steps):
+            ax.fill_between(steps, [band[s][0] for s in steps], [band[s][1] for s in steps], color=color, alpha=0.15)
+        elif any(len(by_step[s]) > 1 for s in steps):
             ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
                             alpha=0.15)
     ax.set_xlabel("RL iteration")
@@ -78,6 +127,7 @@ def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabe
 def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
     """Write ``out_dir/report.md`` and its PNGs from the runs' events; returns the Markdown."""
     runs = {d: read_scalars(d) for d in run_dirs}
+    questions = {d: read_validations(d) for d in run_dirs}
     os.makedirs(out_dir, exist_ok=True)
     lines = [f"# Learning report: {len(runs)} run(s)", "", *[f"- `{d}`" for d in runs], ""]
 
@@ -98,15 +148,26 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
                     times[t.group("phase")].append(value)
 
     if val:
-        lines += ["## Validation", "", "Mean over the runs, with its 95% bootstrap interval over the runs.", "",
-                  "| tag | iteration | mean | 95% interval | runs |", "|---|---|---|---|---|"]
+        lines += ["## Validation", "", "Mean over the runs, with its 95% bootstrap interval: over runs and questions "
+                  "(two levels) where every run recorded its questions (interval marked `q`), else over the runs.",
+                  "", "| tag | iteration | mean | 95% interval | runs |", "|---|---|---|---|---|"]
+        intervals: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
         for tag in sorted(val):
+            parts = _VAL.match(tag)
             for step in sorted(val[tag]):
                 values = val[tag][step]
-                ci = bootstrap_interval(values)
-                shown = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
+                records = [q[step] for q in questions.values() if step in q]
+                if len(records) == len(values):
+                    ci = two_level_interval([question_scores(r, parts.group("source"), parts.group("metric"))
+                                             for r in records])
+                    mark = " q"
+                else:
+                    ci, mark = bootstrap_interval(values), ""
+                if ci:
+                    intervals[tag][step] = ci
+                shown = f"[{ci[0]:.3f}, {ci[1]:.3f}]{mark}" if ci else "-"
                 lines.append(f"| {tag} | {step} | {sum(values) / len(values):.3f} | {shown} | {len(values)} |")
-        _png(os.path.join(out_dir, "validation.png"), val, "validation (band: the runs' range)", "score")
+        _png(os.path.join(out_dir, "validation.png"), val, "validation (band: 95% interval)", "score", intervals)
         lines += ["", "![validation](validation.png)", ""]
     if agents:
         lines += ["## Agents", "", "Rollout reward and valid ratio, mean over the runs.", "",

@@ -1,10 +1,11 @@
 """drmas.report: values read back from event files, means and bootstrap intervals over runs."""
 
+import json
 import os
 
 from torch.utils.tensorboard import SummaryWriter
 
-from drmas.report import bootstrap_interval, main
+from drmas.report import bootstrap_interval, main, read_validations, two_level_interval
 
 
 def write_run(path, val, reward, grad):
@@ -40,3 +41,36 @@ def test_one_run_has_no_interval():
     assert bootstrap_interval([0.4]) is None
     low, high = bootstrap_interval([0.0, 1.0, 0.0, 1.0])
     assert 0.0 <= low < 0.5 < high <= 1.0
+
+
+def test_the_two_level_interval_holds_seeds_and_questions():
+    # every question of every run scores 0.5: nothing varies
+    assert two_level_interval([[0.5] * 4] * 3) == (0.5, 0.5)
+    # runs that always score 1 or 0: a draw of two runs is (1, 1) or (0, 0) a quarter of the time each
+    assert two_level_interval([[1.0] * 3, [0.0] * 3]) == (0.0, 1.0)
+    # one run: the questions alone; one question of one run: nothing to draw
+    low, high = two_level_interval([[0.0, 1.0, 0.0, 1.0]])
+    assert 0.0 <= low < 0.5 < high <= 1.0
+    assert two_level_interval([[1.0]]) is None
+
+
+def test_a_report_from_recorded_questions_bootstraps_them(tmp_path):
+    for name in ("a", "b"):  # the logged means: 0.5 overall, 0.25 on onehop (its questions: 1 and 0 of 2)
+        write_run(tmp_path / name, {0: 0.0, 2: 0.5}, {1: 0.0, 2: 0.0}, {1: 1.0, 2: 1.0})
+        lines = [{"iteration": 0, "k": 2, "tasks": []},  # replaced by a second record (a resumed run)
+                 {"iteration": 0, "k": 2, "tasks": [{"uid": str(i), "source": "onehop" if i < 2 else "twohop",
+                                                      "correct": 0} for i in range(4)]},
+                 {"iteration": 2, "k": 2, "tasks": [{"uid": str(i), "source": "onehop" if i < 2 else "twohop",
+                                                      "correct": c} for i, c in enumerate((1, 0, 2, 1))]}]
+        (tmp_path / name / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert sorted(read_validations(str(tmp_path / "a"))) == [0, 2]
+    main([str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "out")])
+    text = (tmp_path / "out" / "report.md").read_text()
+    # the runs agree, but the questions differ: the interval comes from the questions
+    row = next(line for line in text.splitlines() if line.startswith("| val/avg@2 | 2 |"))
+    low, high = (float(x) for x in row.split("[")[1].split("]")[0].split(", "))
+    assert low < 0.5 < high and row.endswith("q | 2 |")
+    # onehop's question scores are 0.5 and 0: a draw's mean is 0 (or 0.5) when all four picks are
+    # 0 (or 0.5), 1/16 > 2.5% of the time
+    assert "| val/onehop/avg@2 | 2 | 0.250 | [0.000, 0.500] q | 2 |" in text
+    assert "| val/avg@2 | 0 | 0.000 | [0.000, 0.000] q | 2 |" in text

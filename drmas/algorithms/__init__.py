@@ -7,6 +7,7 @@ be reused and tested alone.
 from drmas.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     SAMPLING_MODES,
+    baseline_inflation,
     compute_advantages,
     estimators_for,
     group_advantages,
@@ -20,6 +21,7 @@ __all__ = [
     "AGGREGATIONS",
     "SAMPLING_MODES",
     "aggregate",
+    "baseline_inflation",
     "compute_advantages",
     "estimators_for",
     "group_advantages",

@@ -23,6 +23,7 @@ from drmas.registry import Registry
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "Sample",
+    "baseline_inflation",
     "SAMPLING_MODES",
     "compute_advantages",
     "estimators_for",
@@ -235,3 +236,27 @@ def compute_advantages(
         )
     out[torch.tensor(real, dtype=torch.long)] = adv.to(torch.float32)
     return out
+
+
+def baseline_inflation(samples: Sequence[Any]) -> dict[Hashable, float]:
+    """How much one baseline per task (``grpo_step``) inflates each agent's advantages: per task
+    group, ``sqrt(std_k^2 + (mean_k - mean)^2) / std`` for agent ``k`` (its rewards' mean and std
+    against the group's pooled ones, population moments), averaged over the groups where the
+    agent acts and the pooled std is not 0. It is the root mean square of agent ``k``'s advantages
+    under that baseline, which Dr. MAS's per-agent groups bring back to 1; within a group the
+    agents' squares, weighted by their sample shares, average to exactly 1."""
+    by_task: dict[Hashable, dict[Hashable, list[float]]] = {}
+    for s in samples:
+        if not getattr(s, "is_pad", False):
+            by_task.setdefault(s.task_uid, {}).setdefault(s.agent, []).append(float(s.reward))
+    factors: dict[Hashable, list[float]] = {}
+    for agents in by_task.values():
+        pooled = [r for rs in agents.values() for r in rs]
+        mean = sum(pooled) / len(pooled)
+        var = sum((r - mean) ** 2 for r in pooled) / len(pooled)
+        if var <= 0:
+            continue
+        for agent, rs in agents.items():
+            second = sum((r - mean) ** 2 for r in rs) / len(rs)  # = std_k^2 + (mean_k - mean)^2
+            factors.setdefault(agent, []).append(math.sqrt(second / var))
+    return {agent: sum(f) / len(f) for agent, f in factors.items()}

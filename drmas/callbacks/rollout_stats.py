@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import lightning as L
 
+from drmas.algorithms import baseline_inflation
 from drmas.data.rollouts import outcome_scalars
 from drmas.records import IterationPlan, RolloutResult
 
@@ -14,9 +15,12 @@ __all__ = ["RolloutStats", "rollout_scalars"]
 
 def rollout_scalars(result: RolloutResult) -> dict[str, float]:
     """``rollout/success_rate``, ``rollout/turns_mean``, ``rollout/<agent>/{reward_mean,valid_ratio}``
-    (as validation computes them), and per agent ``advantage_abs_mean``, ``response_tokens_mean``
-    and ``samples``."""
+    (as validation computes them), and per agent ``advantage_abs_mean``, ``response_tokens_mean``,
+    ``samples`` and ``baseline_inflation`` (what one baseline per task would do to its advantages,
+    whichever estimator trains: :func:`~drmas.algorithms.baseline_inflation`)."""
     out = outcome_scalars(result, "rollout")
+    for agent, factor in baseline_inflation(result.experiences).items():
+        out[f"rollout/{agent}/baseline_inflation"] = factor
     by_agent = defaultdict(list)
     for s in result.experiences:
         by_agent[s.agent].append(s)

@@ -17,17 +17,23 @@ the data module.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
+from drmas.atomic import write_text
 from drmas.data.rollouts import RolloutBackend, Rollouts
 from drmas.envs.base import Workflow
 from drmas.records import IterationPlan
 
-__all__ = ["RolloutDataModule"]
+__all__ = ["VALIDATION_FILE", "RolloutDataModule"]
+
+VALIDATION_FILE = "validation.jsonl"
+"""Beside a run's event files: one line per validation, each val task's correct count of ``k``."""
 
 
 def _identity(x: Any) -> Any:
@@ -143,7 +149,26 @@ class RolloutDataModule(L.LightningDataModule):
         scalars = self.rollouts.validate_all(backend, swap_probe=self.policy_swap_probe)
         if scalars:
             backend.log_scalars(scalars)
+            self._record_tasks(backend)
         return scalars
+
+    def _record_tasks(self, backend: RolloutBackend) -> None:
+        """Append each val task's correct count to ``<log dir>/validation.jsonl`` (rank 0): what a
+        bootstrap over questions (``python -m drmas.report``) needs, which the scalars average away.
+        A resumed run that validates an iteration again appends it again; readers keep the last."""
+        log_dir = self.trainer.log_dir
+        result = self.rollouts.last_validation
+        if backend.rank != 0 or not log_dir or result is None:
+            return
+        correct: dict[str, int] = {}
+        for ep in result.episodes:
+            correct[ep.task_uid] = correct.get(ep.task_uid, 0) + int(ep.success)
+        tasks = [{"uid": t.uid, "source": getattr(t, "source", None), "correct": correct.get(t.uid, 0)}
+                 for t in self.rollouts.val_task_list("val")]
+        line = json.dumps({"iteration": backend.iteration, "k": self.rollouts.val_k, "tasks": tasks})
+        path = os.path.join(log_dir, VALIDATION_FILE)
+        before = open(path).read() if os.path.exists(path) else ""
+        write_text(path, before + line + "\n")  # whole or not at all: a kill never leaves half a line
 
     def _iteration_end(self, trainer: L.Trainer) -> None:
         iteration = self._backend().iteration

@@ -9,11 +9,13 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
 from drmas.models import resolve_model_path
+from drmas.report import read_validations
 from forked import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +59,16 @@ def check_run(tmp: Path, agents: tuple[str, ...], iterations: int = 2, policy: s
         assert all(math.isfinite(v) for v in s[tag].values()), (tag, s[tag])
     assert sorted(s["rollout/success_rate"]) == list(range(1, iterations + 1))  # x-axis = RL iteration
     assert sorted(s["val/avg@2"]) == [0, iterations]  # before training and at the end
+    # each question's result, beside the events: its averages are the logged ones
+    records = read_validations(d)
+    assert sorted(records) == [0, iterations]
+    for step, record in records.items():
+        assert record["k"] == 2
+        scores = [t["correct"] / 2 for t in record["tasks"]]
+        assert sum(scores) / len(scores) == pytest.approx(s["val/avg@2"][step])
+        for source in {t["source"] for t in record["tasks"]} - {None}:
+            mine = [t["correct"] / 2 for t in record["tasks"] if t["source"] == source]
+            assert sum(mine) / len(mine) == pytest.approx(s[f"val/{source}/avg@2"][step])
     assert {f"completions/{a}/text_summary" for a in agents} <= set(s["_text"])
     assert os.path.getsize(os.path.join(d, "grad_norms.png")) > 0
     # what a user sees first in TensorBoard: no hp_metric placeholder, the grad-norm picture

@@ -1,0 +1,165 @@
+"""Studies that outlive a session: each run is one recipe process with its own log folder under
+the study's output folder, and a second call of the study with the same folder continues it.
+
+A run's state is read from its folder, nothing else:
+
+- finished: ``run.json`` says so (written when the process exits 0): its events are read back;
+- started: ``run.json`` without ``finished``: the run continues from its last checkpoint
+  (``--ckpt_path last``; the checkpoint is written atomically after every iteration, so a run
+  killed anywhere loses at most the iteration in flight);
+- new: no ``run.json``: it starts.
+
+``run.json`` records the machine and the precision a run started with; the run is always
+continued in that precision, and where this machine's default differs (a run started where bf16
+is native, continued where it is emulated) the study stops with the reason rather than mix two
+precisions in one curve. Every run logs to ``version_0`` of its folder, whichever call wrote it.
+
+The first run trained in a call measures its iterations from its checkpoint's writes and the
+study prints its expected wall time before going on; each run prints one line per iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from drmas.atomic import write_text  # noqa: E402
+
+__all__ = ["Run", "Study", "StudyStopped"]
+
+
+class StudyStopped(Exception):
+    """A run cannot go on here (another precision, or its process failed); the message says why."""
+
+
+@dataclass
+class Run:
+    """One recipe process of a study: ``recipes/<recipe>.py fit <args>`` logging to ``logs``."""
+
+    name: str
+    recipe: str
+    args: list[str]
+    logs: str
+    iterations: int
+    validations: int = 2
+    """How many times the run validates (before training, then every val_every and at the end)."""
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.logs, self.recipe, "version_0")
+
+    @property
+    def record(self) -> dict:
+        path = os.path.join(self.logs, "run.json")
+        return json.load(open(path)) if os.path.exists(path) else {}
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.record.get("finished"))
+
+    @property
+    def checkpoint(self) -> str:
+        return os.path.join(self.run_dir, "checkpoints", "last.ckpt")
+
+    def done_iterations(self) -> int:
+        """Iterations in its last checkpoint (0 before the first; all of them once finished)."""
+        if self.finished:
+            return self.iterations
+        if not os.path.exists(self.checkpoint):
+            return 0
+        import torch
+
+        state = torch.load(self.checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        return int(state["drmas"]["iteration"])
+
+
+@dataclass
+class Study:
+    """Runs to bring to their end, one after another, with progress and an expected wall time."""
+
+    runs: list[Run]
+    per_iteration_s: float | None = None
+    first_iteration_s: float | None = None
+    _started: float = field(default_factory=time.perf_counter)
+
+    def run_all(self) -> list[Run]:
+        """Bring every run to its end; the finished ones are returned in order."""
+        left = [r for r in self.runs if not r.finished]
+        print(f"{len(self.runs) - len(left)} of {len(self.runs)} runs finished before; {len(left)} to run", flush=True)
+        for n, run in enumerate(left):
+            print(f"[{n + 1}/{len(left)}] {run.name}: {'continuing' if run.record else 'starting'} "
+                  f"({(time.perf_counter() - self._started) / 60:.1f} min so far)", flush=True)
+            self._run(run, left[n:])
+        return self.runs
+
+    def expected_s(self, runs: list[Run]) -> float:
+        """Seconds the ``runs`` still need at the measured pace: each iteration, plus each
+        validation left (the first iteration's extra time: loading and one validation)."""
+        assert self.per_iteration_s is not None and self.first_iteration_s is not None
+        validation = max(0.0, self.first_iteration_s - self.per_iteration_s)
+        total = 0.0
+        for r in runs:
+            done = r.done_iterations()
+            left_vals = r.validations * (r.iterations - done) / r.iterations
+            total += (r.iterations - done) * self.per_iteration_s + left_vals * validation
+        return total
+
+    def _run(self, run: Run, rest: list[Run]) -> None:
+        from drmas.hardware import default_precision
+        from drmas.modules.run_state import machine
+
+        os.makedirs(run.logs, exist_ok=True)
+        record = run.record
+        here = default_precision()
+        if not record:
+            record = {"name": run.name, "machine": machine(), "precision": here, "args": run.args,
+                      "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            write_text(os.path.join(run.logs, "run.json"), json.dumps(record, indent=2) + "\n")
+        elif record["precision"] != here:
+            raise StudyStopped(
+                f"{run.name} started in {record['precision']} on {record['machine']}; this machine's default is "
+                f"{here} ({machine()}). Continuing it here would put two precisions in one curve: continue the "
+                f"study on a machine like the first, or delete {run.logs} to run it again here.")
+        cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{run.recipe}.py"), "fit", *run.args,
+               "--trainer.precision", record["precision"], "--trainer.max_epochs", str(run.iterations),
+               "--trainer.logger.init_args.save_dir", run.logs, "--trainer.logger.init_args.version", "0",
+               "--ckpt_path", "last", "--data.progress", "false"]
+        done = run.done_iterations()
+        with open(os.path.join(run.logs, "stdout.log"), "a") as out, open(os.path.join(run.logs, "stderr.log"), "a") as err:
+            proc = subprocess.Popen(cmd, cwd=run.logs, stdout=out, stderr=err)
+            self._watch(proc, run, done, rest)
+        if proc.returncode != 0:
+            tail = open(os.path.join(run.logs, "stderr.log")).read()[-3000:]
+            raise StudyStopped(f"{run.name} failed (exit {proc.returncode}); its logs: {run.logs}\n{tail}")
+        record.update(finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+        write_text(os.path.join(run.logs, "run.json"), json.dumps(record, indent=2) + "\n")
+
+    def _watch(self, proc: subprocess.Popen, run: Run, done: int, rest: list[Run]) -> None:
+        """Until the process ends: a line per iteration (seen as a rewrite of its checkpoint);
+        after the first two, the expected wall time of what is left, once per study call."""
+        start = last = time.perf_counter()
+        seen = os.stat(run.checkpoint).st_mtime if os.path.exists(run.checkpoint) else None
+        while proc.poll() is None:
+            time.sleep(2.0)
+            mtime = os.stat(run.checkpoint).st_mtime if os.path.exists(run.checkpoint) else None
+            if mtime is None or mtime == seen:
+                continue
+            seen, now = mtime, time.perf_counter()
+            done += 1
+            if self.first_iteration_s is None:
+                self.first_iteration_s = now - start
+            elif self.per_iteration_s is None:
+                self.per_iteration_s = now - last
+                left = self.expected_s(rest)
+                print(f"    measured: {self.first_iteration_s:.0f} s for the first iteration (loading and a "
+                      f"validation), {self.per_iteration_s:.0f} s for the next; expected wall time of the "
+                      f"{len(rest)} run(s) left: {left / 3600:.1f} h", flush=True)
+            print(f"    {run.name}: iteration {done}/{run.iterations} ({now - last:.0f} s)", flush=True)
+            last = now
