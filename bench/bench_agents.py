@@ -45,7 +45,7 @@ def main() -> None:
     from drmas.modules import MultiAgentRL, PolicyConfig
 
     sampling = SamplingParams(temperature=0.7, max_new_tokens=args.max_new_tokens)
-    module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL, train_sampling=sampling)}, engine=args.engine)
+    module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL, train_generation=sampling)}, engine=args.engine)
     train = os.path.join(EXAMPLE, "train.jsonl")
     builtin = SolverVerifierWorkflow(train_file=train, max_turns=2)
     endpoint = AgentsWorkflow(f"{os.path.join(EXAMPLE, 'math_team.py')}:episode", ["solver", "verifier"], train,

@@ -38,7 +38,7 @@ def rollout(args: argparse.Namespace) -> list:
     from drmas.modules import MultiAgentRL, PolicyConfig
 
     player = MultiAgentRL(policies={"shared": PolicyConfig(
-        model="tiny-random", train_sampling=SamplingParams(temperature=1.0, max_new_tokens=16))}, engine="hf")
+        model="tiny-random", train_generation=SamplingParams(temperature=1.0, max_new_tokens=16))}, engine="hf")
     estimator = "at_grpo" if args.sampling == "tree" else "drmas"
     rollouts = Rollouts(SearchWorkflow(max_turns=4), args.sampling, estimator, group_size=args.group_size,
                         tasks_per_iteration=args.tasks, val_tasks=0)

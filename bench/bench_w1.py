@@ -44,8 +44,8 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
            "--trainer.logger.init_args.save_dir", out, "--checkpoint.save_last", "false",
            "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
            "--model.engine", args.engine, "--model.policies.shared.micro_batch_size", "16",
-           "--model.policies.shared.train_sampling.temperature", "1.0",
-           "--model.policies.shared.train_sampling.max_new_tokens", "64",
+           "--model.policies.shared.train_generation.temperature", "1.0",
+           "--model.policies.shared.train_generation.max_new_tokens", "64",
            "--data.estimator", "grpo", "--data.group_size", "4", "--data.tasks_per_iteration", "4",
            "--data.val_tasks", "0", "--data.workflow.init_args.max_turns", "1",
            "--data.workflow.init_args.train_file", data]

@@ -3,7 +3,8 @@ the study's output folder, and a second call of the study with the same folder c
 
 A run's state is read from its folder, nothing else:
 
-- finished: ``run.json`` says so (written when the process exits 0): its events are read back;
+- finished: ``run.json`` says so (written when the process exits 0): its events are read back
+  (its resume checkpoint is deleted then; the final weights stay in its ``hf/`` folder);
 - started: ``run.json`` without ``finished``: the run continues from its last checkpoint
   (``--ckpt_path last``; the checkpoint is written atomically after every iteration, so a run
   killed anywhere loses at most the iteration in flight);
@@ -140,6 +141,8 @@ class Study:
             raise StudyStopped(f"{run.name} failed (exit {proc.returncode}); its logs: {run.logs}\n{tail}")
         record.update(finished=time.strftime("%Y-%m-%d %H:%M:%S"))
         write_text(os.path.join(run.logs, "run.json"), json.dumps(record, indent=2) + "\n")
+        if os.path.isfile(run.checkpoint):  # its weights stay in hf/; the optimiser's state is not needed again
+            os.remove(run.checkpoint)
 
     def _watch(self, proc: subprocess.Popen, run: Run, done: int, rest: list[Run]) -> None:
         """Until the process ends: a line per iteration (seen as a rewrite of its checkpoint);

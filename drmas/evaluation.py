@@ -3,7 +3,7 @@ checkpoint, on the val or test split, and write the numbers beside the logs.
 
 The policies are what the config says (``--model.policies.<p>.model`` may name the HF export of
 a run, ``hf/iter_<k>/<policy>``), with a Lightning checkpoint of ``fit`` (``--ckpt_path``)
-loaded over them. Each policy samples with its ``eval_sampling``. Written to the run's log dir:
+loaded over them. Each policy samples with its ``eval_generation``. Written to the run's log dir:
 ``eval_<split>.json`` (every scalar) and ``eval_<split>.md`` (a table per source).
 """
 
@@ -42,7 +42,7 @@ def load_weights(module: Any, ckpt_path: str) -> int:
 
 
 def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None, out_dir: str | None) -> dict[str, float]:
-    """Play the split's evaluation tasks with each policy's eval sampling; write and return the scalars."""
+    """Play the split's evaluation tasks with each policy's eval generation settings; write and return the scalars."""
     iteration = load_weights(module, ckpt_path) if ckpt_path else 0
     module.to(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     module.eval()

@@ -105,7 +105,7 @@ PY
         --trainer.devices 1 --trainer.strategy auto \
         --model.policies.shared.model /tmp/q8b --trainer.max_epochs 1 --data.group_size 2 \
         --data.tasks_per_iteration 2 --data.val_tasks 0 --checkpoint.save_last false \
-        --model.policies.shared.train_sampling.max_new_tokens 64 --hf_checkpoint.dirpath /tmp/hf8b \
+        --model.policies.shared.train_generation.max_new_tokens 64 --hf_checkpoint.dirpath /tmp/hf8b \
         --trainer.logger.init_args.save_dir /tmp/runs8b
     kill $SMI
     echo "8b peak GPU memory: $(sort -n "$OUT/8b_gpu_mem_mib.csv" | tail -1) MiB" >> "$OUT/summary.txt"

@@ -13,10 +13,10 @@ from drmas.cli import _resolve_argv_workflow, merge_recipe_section, resolve_work
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = {
-    "model": {"policies": {"shared": {"model": "m", "lr": 1e-6, "train_sampling": {"temperature": 1.0}}}},
+    "model": {"policies": {"shared": {"model": "m", "lr": 1e-6, "train_generation": {"temperature": 1.0}}}},
     "data": {"group_size": 4, "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 2}}},
     "recipes": {
-        "one": {"model": {"policies": {"shared": {"train_sampling": {"max_new_tokens": 9}}}},
+        "one": {"model": {"policies": {"shared": {"train_generation": {"max_new_tokens": 9}}}},
                 "data": {"workflow": {"init_args": {"y": 3}}}},
         "two": {"data": {"group_size": 8, "workflow": {"class_path": "B", "init_args": {"z": 0}}}},
     },
@@ -26,7 +26,7 @@ CONFIG = {
 def test_sections_merge_key_by_key_over_the_common_part():
     one = merge_recipe_section(CONFIG, "one")
     assert one["model"]["policies"]["shared"] == {"model": "m", "lr": 1e-6,
-                                                  "train_sampling": {"temperature": 1.0, "max_new_tokens": 9}}
+                                                  "train_generation": {"temperature": 1.0, "max_new_tokens": 9}}
     assert one["data"] == {"group_size": 4, "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 3}}}
     assert "recipes" not in one
 

@@ -6,7 +6,7 @@ be reused and tested alone.
 
 from drmas.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
-    SAMPLING_MODES,
+    SAMPLINGS,
     baseline_inflation,
     compute_advantages,
     estimators_for,
@@ -16,10 +16,20 @@ from drmas.algorithms.advantages import (
 from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_is_weights
 from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards, sample_reward
 
+
+
+def __getattr__(name: str):
+    if name == "SAMPLING_MODES":  # the old name, read for one release (warns)
+        from drmas.algorithms import advantages
+
+        return advantages.SAMPLING_MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
-    "SAMPLING_MODES",
+    "SAMPLINGS",
     "aggregate",
     "baseline_inflation",
     "compute_advantages",

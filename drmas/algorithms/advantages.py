@@ -12,6 +12,7 @@ to fill a batch) gets advantage 0 and never enters any group statistic.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
@@ -24,18 +25,25 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "Sample",
     "baseline_inflation",
-    "SAMPLING_MODES",
+    "SAMPLINGS",
     "compute_advantages",
     "estimators_for",
     "group_advantages",
     "register_estimator",
 ]
 
-SAMPLING_MODES = ("parallel", "tree")
+SAMPLINGS = ("parallel", "tree")
 """How a rollout samples: ``parallel`` (independent trajectories per task) or ``tree`` (K
 candidates per node, one executed)."""
 
 _SCALES = ("std", "none")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SAMPLING_MODES":  # the old name, read for one release
+        warnings.warn("SAMPLING_MODES is deprecated and will be removed: use SAMPLINGS", FutureWarning, stacklevel=2)
+        return SAMPLINGS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Sample(Protocol):
@@ -119,32 +127,37 @@ def group_advantages(
 
 Estimator = Callable[[Sequence[Any], str, float], Tensor]
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
-"""Estimators by name (``--data.estimator NAME``); each has ``sampling_modes``."""
+"""Estimators by name (``--data.estimator NAME``); each has ``samplings``."""
 
 
-def register_estimator(name: str, modes: Sequence[str] = SAMPLING_MODES) -> Callable[[Estimator], Estimator]:
+def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS, *,
+                       modes: Sequence[str] | None = None) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry,
-    for the sampling ``modes`` its groups make sense in (a domain may narrow them further with
+    for the ``samplings`` its groups make sense in (a domain may narrow them further with
     ``Workflow.estimators``).
 
     ``samples`` never contains padding; the function returns one advantage per sample.
     """
-    bad = set(modes) - set(SAMPLING_MODES)
-    if bad or not modes:
-        raise ValueError(f"estimator {name!r}: modes must be some of {SAMPLING_MODES}, got {list(modes)}")
+    if modes is not None:  # the old name, read for one release
+        warnings.warn("register_estimator(..., modes=...) is deprecated and will be removed: use samplings=...",
+                      FutureWarning, stacklevel=2)
+        samplings = modes
+    bad = set(samplings) - set(SAMPLINGS)
+    if bad or not samplings:
+        raise ValueError(f"estimator {name!r}: samplings must be some of {SAMPLINGS}, got {list(samplings)}")
 
     def deco(fn: Estimator) -> Estimator:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        fn.sampling_modes = tuple(modes)  # type: ignore[attr-defined]
+        fn.samplings = tuple(samplings)  # type: ignore[attr-defined]
         return ADVANTAGE_ESTIMATORS.register(name)(fn)
 
     return deco
 
 
-def estimators_for(mode: str) -> tuple[str, ...]:
-    """The registered estimators that accept sampling ``mode``, by name."""
-    return tuple(n for n in ADVANTAGE_ESTIMATORS if mode in ADVANTAGE_ESTIMATORS.get(n).sampling_modes)
+def estimators_for(sampling: str) -> tuple[str, ...]:
+    """The registered estimators that accept ``sampling``, by name."""
+    return tuple(n for n in ADVANTAGE_ESTIMATORS if sampling in ADVANTAGE_ESTIMATORS.get(n).samplings)
 
 
 def _rewards(samples: Sequence[Any]) -> Tensor:
@@ -170,7 +183,7 @@ def _per_trajectory(samples: Sequence[Any]) -> tuple[Tensor, Tensor, list[Hashab
 
 # Parallel trajectories never share an (env, agent, turn) node (at_grpo's groups); a tree has one
 # executed trajectory per task, so no trajectory-level groups (grpo, rloo).
-@register_estimator("grpo", modes=("parallel",))
+@register_estimator("grpo", samplings=("parallel",))
 def _grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Global baseline: one score per trajectory (its mean reward), grouped by task."""
     traj, score, tasks = _per_trajectory(samples)
@@ -190,7 +203,7 @@ def _drmas(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     return group_advantages(_rewards(samples), keys, scale, eps)
 
 
-@register_estimator("at_grpo", modes=("tree",))
+@register_estimator("at_grpo", samplings=("tree",))
 def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """AT-GRPO: each sample's own reward, grouped by (env, agent, turn).
 
@@ -201,7 +214,7 @@ def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     return group_advantages(_rewards(samples), keys, scale, eps)
 
 
-@register_estimator("rloo", modes=("parallel",))
+@register_estimator("rloo", samplings=("parallel",))
 def _rloo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Leave-one-out: trajectory score minus the mean of the other trajectories of its task.
 

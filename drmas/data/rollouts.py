@@ -35,7 +35,7 @@ import torch
 from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
-from drmas.envs.base import MODES, Workflow
+from drmas.envs.base import SAMPLINGS, Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
 from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
@@ -103,14 +103,14 @@ class Rollouts:
         max_failed_share: float = 0.5,
     ) -> None:
         """Arguments as :class:`~drmas.data.datamodule.RolloutDataModule`'s; the workflow's declared
-        modes and estimators are checked here, before anything runs."""
-        if sampling not in MODES:
-            raise ValueError(f"sampling must be one of {MODES}, got {sampling!r}")
+        samplings and estimators are checked here, before anything runs."""
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         name = type(workflow).__name__
-        if sampling not in workflow.modes:
+        if sampling not in workflow.samplings:
             why = f" ({workflow.why_not[sampling]})" if sampling in workflow.why_not else ""
             raise ValueError(f"{name} does not support sampling={sampling!r}{why}; it supports: "
-                             f"{', '.join(workflow.modes)}")
+                             f"{', '.join(workflow.samplings)}")
         if estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
         if estimator not in workflow.estimators(sampling):
@@ -124,7 +124,7 @@ class Rollouts:
             raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {val_tasks}, {val_k}")
         if not 0.0 <= max_failed_share <= 1.0:
             raise ValueError(f"max_failed_share must be in [0, 1], got {max_failed_share}")
-        if val_tasks and "parallel" not in workflow.modes:
+        if val_tasks and "parallel" not in workflow.samplings:
             raise ValueError(f"validation plays val_k independent trajectories per task (parallel mode), "
                              f"which {name} does not support: set val_tasks 0")
         self.workflow = workflow
@@ -211,16 +211,16 @@ class Rollouts:
         return scalars
 
     def _play(self, backend: RolloutBackend, desc: str, tasks: Sequence[Any], generate: GenerateFn, n: int,
-              mode: str, seed: int) -> tuple[RolloutResult, BaseException | None]:
+              sampling: str, seed: int) -> tuple[RolloutResult, BaseException | None]:
         """The workflow's rollout of this rank's ``tasks``, with a progress bar over its episodes
         where one is shown; and what stopped it, if anything did (a SIGTERM, an engine failure):
         raised only once every rank has heard of it, in :func:`_gather`."""
         if not tasks:
             return RolloutResult([], []), None
-        bar = EpisodeBar(len(tasks) * (n if mode == "parallel" else 1), desc, show_progress(self.progress, backend.rank))
+        bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc, show_progress(self.progress, backend.rank))
         try:
             extra = {"progress": bar} if bar.active else {}
-            return self.workflow.rollout(tasks, generate, n=n, mode=mode, seed=seed, **extra), None
+            return self.workflow.rollout(tasks, generate, n=n, sampling=sampling, seed=seed, **extra), None
         except BaseException as err:  # SIGTERM is a SystemExit
             return RolloutResult([], []), err
         finally:

@@ -13,6 +13,8 @@ the episodes; :class:`Workflow` is the bare interface for those that are not.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 import warnings
 from abc import ABC, abstractmethod
@@ -20,12 +22,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from drmas.algorithms import SAMPLING_MODES, estimators_for
+from drmas.algorithms import SAMPLINGS, estimators_for
 from drmas.records import ChatPrompt, Completion, EpisodeResult, GenerateFn, RolloutResult
 from drmas.registry import Registry
 
 __all__ = [
-    "MODES",
+    "SAMPLINGS",
     "WORKFLOWS",
     "ChatPrompt",
     "Completion",
@@ -40,7 +42,14 @@ __all__ = [
     "split_tasks",
 ]
 
-MODES = SAMPLING_MODES
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MODES":  # the old name, read for one release
+        warnings.warn("drmas.envs.base.MODES is deprecated and will be removed: use SAMPLINGS", FutureWarning,
+                      stacklevel=2)
+        return SAMPLINGS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -81,10 +90,29 @@ class Workflow(ABC):
 
     agents: tuple[str, ...] = ()
     """The agent roles, in acting order."""
-    modes: tuple[str, ...] = MODES
-    """The sampling modes :meth:`rollout` supports (``parallel``, ``tree``)."""
+    samplings: tuple[str, ...] = SAMPLINGS
+    """The samplings :meth:`rollout` plays (``parallel``, ``tree``)."""
     why_not: dict[str, str] = {}
-    """Why a mode is not in ``modes``, for the error that refuses it."""
+    """Why a sampling is not in ``samplings``, for the error that refuses it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Read a domain written against the old names for one release: ``modes`` for
+        ``samplings`` and a ``rollout(..., mode=...)`` for ``rollout(..., sampling=...)``."""
+        super().__init_subclass__(**kwargs)
+        if "modes" in cls.__dict__ and "samplings" not in cls.__dict__:
+            warnings.warn(f"{cls.__name__}.modes is deprecated and will be removed: name it samplings",
+                          FutureWarning, stacklevel=2)
+            cls.samplings = tuple(cls.__dict__["modes"])
+        own = cls.__dict__.get("rollout")
+        if own is not None and "mode" in inspect.signature(own).parameters:
+            warnings.warn(f"{cls.__name__}.rollout(..., mode=...) is deprecated and will be removed: name the "
+                          "argument sampling", FutureWarning, stacklevel=2)
+
+            @functools.wraps(own)
+            def rollout(self: Any, *args: Any, sampling: str = "parallel", **kw: Any) -> RolloutResult:
+                return own(self, *args, mode=kw.pop("mode", sampling), **kw)
+
+            cls.rollout = rollout  # type: ignore[method-assign]
 
     @abstractmethod
     def tasks(self, split: str) -> Sequence[Any]:
@@ -92,17 +120,17 @@ class Workflow(ABC):
 
     @abstractmethod
     def rollout(
-        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0
+        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, sampling: str = "parallel", seed: int = 0
     ) -> RolloutResult:
         """Play the tasks. ``parallel``: ``n`` independent trajectories per task. ``tree``: one
         executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt.
         A workflow may also accept ``progress``, a function called with each episode's success
         as it finishes (progress bars use it; it is only passed when a bar is shown)."""
 
-    def estimators(self, mode: str) -> tuple[str, ...]:
-        """The estimators this workflow accepts in ``mode``: by default every registered one
-        that declares the mode (``register_estimator(name, modes=...)``); a domain may narrow it."""
-        return estimators_for(mode)
+    def estimators(self, sampling: str) -> tuple[str, ...]:
+        """The estimators this workflow accepts with ``sampling``: by default every registered
+        one that declares it (``register_estimator(name, samplings=...)``); a domain may narrow it."""
+        return estimators_for(sampling)
 
     def scalars(self, counts: dict[str, float]) -> dict[str, float]:
         """The scalars logged for a rollout's :attr:`RolloutResult.counts` (summed over ranks);

@@ -1,6 +1,6 @@
 """One turn-based episode loop for every domain, in ``parallel`` and ``tree`` (AT-GRPO) mode.
 
-A domain subclasses :class:`TurnWorkflow` and declares its agents, its modes, its tasks, and
+A domain subclasses :class:`TurnWorkflow` and declares its agents, its samplings, its tasks, and
 per step: which agent acts (``state.agent``), that agent's prompt (:meth:`~TurnWorkflow.prompt`),
 how a candidate is scored on its own (:meth:`~TurnWorkflow.evaluate`, which must not touch the
 state), how the state advances with the executed candidate (:meth:`~TurnWorkflow.advance`, which
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from drmas.algorithms import sample_reward
-from drmas.envs.base import MODES, PromptTemplate, Workflow, pick_best, sample_groups
+from drmas.envs.base import SAMPLINGS, PromptTemplate, Workflow, pick_best, sample_groups
 from drmas.records import ChatPrompt, Completion, EpisodeResult, Experience, GenerateFn, RolloutResult
 
 __all__ = ["Action", "EpisodeState", "TurnWorkflow"]
@@ -143,14 +143,14 @@ class TurnWorkflow(Workflow):
     # ---- the loop ---------------------------------------------------------------------------
 
     def rollout(
-        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, mode: str = "parallel", seed: int = 0,
+        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, sampling: str = "parallel", seed: int = 0,
         progress: Callable[[bool], None] | None = None,
     ) -> RolloutResult:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-        if mode not in self.modes:
-            raise ValueError(f"{type(self).__name__} runs in {' or '.join(self.modes)} mode only, not {mode!r}")
-        tree = mode == "tree"
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {list(SAMPLINGS)}, got {sampling!r}")
+        if sampling not in self.samplings:
+            raise ValueError(f"{type(self).__name__} runs in {' or '.join(self.samplings)} mode only, not {sampling!r}")
+        tree = sampling == "tree"
         if tree:
             eps = [_Episode(self.initial_state(t), f"{t.uid}#tree") for t in tasks]
         else:

@@ -73,7 +73,7 @@ class PolicyGenerate:
         return self.module.policies[self.module.policy_of(agent)]
 
     def _params(self, policy: Any) -> Any:
-        return policy.config.train_sampling if self.train else policy.config.eval_sampling
+        return policy.config.train_generation if self.train else policy.config.eval_generation
 
     def check_stop(self) -> None:
         """Raise when this rank was preempted (SIGTERM)."""

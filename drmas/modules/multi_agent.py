@@ -71,7 +71,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             clip_high: PPO upper clip (ratio <= 1 + clip_high for positive advantages; DAPO: 0.28).
             dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages (None = off).
             agg: loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``
-                (normalised by each policy's ``train_sampling.max_new_tokens``).
+                (normalised by each policy's ``train_generation.max_new_tokens``).
             entropy_coef: entropy bonus weight (0 = off; computing entropy costs a full softmax).
             kl_coef: weight of the k3 KL penalty to each policy's initial weights (0 = off; > 0
                 keeps a frozen reference copy per policy (bf16 where native) and logs ``train/<policy>/kl``).
@@ -238,7 +238,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
         self.stop_signal.raise_if_any(self.world_size, self.device)  # every rank stops at the same micro-batch
         policy = self.policies[batch.policy]
-        sampling = policy.config.train_sampling
+        sampling = policy.config.train_generation
         logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
         mask = batch.response_mask
         # First PPO epoch: the weights are still those that sampled, so the current log-probs

@@ -61,10 +61,14 @@ class PolicyConfig:
     position at once, the memory-hungry way); see ``drmas.modules.logprobs``."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
-    train_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=64))
-    """Sampling during training rollouts."""
-    eval_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
-    """Sampling during validation."""
+    train_generation: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=64))
+    """Generation settings (vLLM's sampling parameters) of training rollouts."""
+    eval_generation: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
+    """Generation settings of validation and testing."""
+    train_sampling: SamplingParams | None = None
+    """Deprecated (one release): ``train_generation``."""
+    eval_sampling: SamplingParams | None = None
+    """Deprecated (one release): ``eval_generation``."""
     engine: dict[str, Any] = field(default_factory=dict)
     """This policy's own engine settings over the trainer's (vLLM: any ``--model.vllm`` key, e.g.
     ``{gpu_memory_utilization: 0.25}``; the fractions of all policies must add up to at most 1)."""
@@ -89,6 +93,12 @@ class PolicyConfig:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
+        for old, new in (("train_sampling", "train_generation"), ("eval_sampling", "eval_generation")):
+            if getattr(self, old) is not None:  # renamed; read for one release
+                warnings.warn(f"the policy setting {old} is deprecated and will be removed: name it {new}",
+                              FutureWarning, stacklevel=3)
+                setattr(self, new, getattr(self, old))
+                setattr(self, old, None)
         for key in ("gpu_memory_utilization", "kv_cache_gib"):  # moved into `engine`; read for one release
             value = getattr(self, key)
             if value is not None:

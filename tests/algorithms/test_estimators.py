@@ -221,7 +221,7 @@ def test_every_estimator_is_finite_at_the_edges(estimator, scale, rewards):
         assert torch.equal(adv, torch.zeros_like(adv))  # nothing to prefer: no signal, no noise
 
 
-def test_estimators_declare_the_sampling_modes_they_accept():
+def test_estimators_declare_the_samplings_they_accept():
     from drmas.algorithms import estimators_for
 
     assert {"drmas", "grpo", "grpo_step", "rloo"} <= set(estimators_for("parallel"))
@@ -229,7 +229,7 @@ def test_estimators_declare_the_sampling_modes_they_accept():
     assert {"at_grpo", "drmas", "grpo_step"} <= set(estimators_for("tree"))
     assert not {"grpo", "rloo"} & set(estimators_for("tree"))
 
-    @register_estimator("test_tree_only", modes=("tree",))
+    @register_estimator("test_tree_only", samplings=("tree",))
     def zeros(samples, scale, eps):
         return torch.zeros(len(samples))
 
@@ -241,7 +241,15 @@ def test_estimators_declare_the_sampling_modes_they_accept():
         with pytest.raises(ValueError, match="estimator 'test_tree_only' does not work with sampling='parallel'"):
             Rollouts(wf, sampling="parallel", estimator="test_tree_only")
         Rollouts(wf, sampling="tree", estimator="test_tree_only")  # accepted where it declared it
-        with pytest.raises(ValueError, match="modes must be some of"):
-            register_estimator("test_bad", modes=("beam",))
+        with pytest.raises(ValueError, match="samplings must be some of"):
+            register_estimator("test_bad", samplings=("beam",))
+        with pytest.warns(FutureWarning, match=r"modes=\.\.\.\) is deprecated and will be removed: use samplings"):
+            register_estimator("test_old_name", modes=("tree",))(zeros)
+        assert "test_old_name" in estimators_for("tree") and "test_old_name" not in estimators_for("parallel")
+        with pytest.warns(FutureWarning, match="use SAMPLINGS"):
+            from drmas.algorithms import SAMPLING_MODES
+        assert SAMPLING_MODES == ("parallel", "tree")
     finally:
         ADVANTAGE_ESTIMATORS.unregister("test_tree_only")
+        if "test_old_name" in ADVANTAGE_ESTIMATORS:
+            ADVANTAGE_ESTIMATORS.unregister("test_old_name")

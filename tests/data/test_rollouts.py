@@ -209,7 +209,7 @@ class Listed(Workflow):
     def tasks(self, split):
         return self.val
 
-    def rollout(self, tasks, generate, *, n, mode="parallel", seed=0):
+    def rollout(self, tasks, generate, *, n, sampling="parallel", seed=0):
         raise AssertionError("not played in these tests")
 
 
@@ -225,7 +225,7 @@ def test_tasks_without_a_source_are_one_group():
 
 def test_a_tree_only_workflow_cannot_validate():
     class TreeOnly(Listed):
-        modes = ("tree",)
+        samplings = ("tree",)
 
     with pytest.raises(ValueError, match="set val_tasks 0"):
         Rollouts(TreeOnly([]), sampling="tree", estimator="at_grpo", val_tasks=4)

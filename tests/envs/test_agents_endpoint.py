@@ -264,7 +264,7 @@ def test_tasks_splits_and_bad_arguments(tmp_path, tasks_file):
     with pytest.raises(ValueError, match="name the agents"):
         AgentsWorkflow(lambda t, c: 1.0, [], tasks_file)
     with pytest.raises(ValueError, match="opaque program cannot be copied"):
-        wf.rollout(wf.tasks("train"), Script(echo), n=2, mode="tree")
+        wf.rollout(wf.tasks("train"), Script(echo), n=2, sampling="tree")
 
 
 class Backend:

@@ -36,7 +36,7 @@ def test_parse_test_cases():
 
 def test_a_right_program_and_right_tests_solve_in_one_turn(wf):
     script = Script(lambda agent, p, i: ADD + "\n```" if agent == "coder" else GOOD_TESTS)
-    result = wf.rollout([TASK], script, n=2, mode="parallel")
+    result = wf.rollout([TASK], script, n=2, sampling="parallel")
     assert [(e.success, e.turns, e.team_reward) for e in result.episodes] == [(True, 1, 1.0)] * 2
     # coder: pass rate 1; tester: the reference passes both of its tests; team 1 x alpha 1
     assert sorted((s.agent, s.local_reward, s.reward) for s in result.experiences) == [
@@ -49,7 +49,7 @@ def test_a_wrong_program_is_caught_and_every_turn_is_played(wf):
     wrong = "a, b = map(int, input().split())\nprint(a * b)"
     # the second test (2, 2 -> 4) passes by chance; the first (2, 3 -> 5) does not
     script = Script(lambda agent, p, i: wrong + "\n```" if agent == "coder" else written_tests([("2 3", 5), ("2 2", 4)]))
-    result = wf.rollout([TASK], script, n=1, mode="parallel")
+    result = wf.rollout([TASK], script, n=1, sampling="parallel")
     (ep,) = result.episodes
     assert not ep.success and ep.turns == 2 and ep.team_reward == 0.25  # 0 0 -> 0 passes, 1/4
     assert [s.local_reward for s in by(result, "coder")] == [0.25, 0.25]
@@ -65,7 +65,7 @@ def test_a_wrong_program_is_caught_and_every_turn_is_played(wf):
 def test_wrong_expected_outputs_cost_the_tester(wf):
     # one right test, one wrong (the reference prints 5, the tester expects 6)
     script = Script(lambda agent, p, i: ADD + "\n```" if agent == "coder" else written_tests([("1 1", 2), ("2 3", 6)]))
-    result = wf.rollout([TASK], script, n=1, mode="parallel")
+    result = wf.rollout([TASK], script, n=1, sampling="parallel")
     assert [s.local_reward for s in by(result, "tester")] == [0.5, 0.5]
     # the right program fails the wrong test, so the episode goes on; the team reward is 1 all the same
     assert result.episodes[0].turns == 2 and result.episodes[0].success
@@ -74,7 +74,7 @@ def test_wrong_expected_outputs_cost_the_tester(wf):
 def test_missing_code_and_tests_are_invalid_with_the_penalty(wf):
     # the prefill opens the code block: an empty one is no program
     script = Script(lambda agent, p, i: "```" if agent == "coder" else "no tests here")
-    result = wf.rollout([TASK], script, n=1, mode="parallel")
+    result = wf.rollout([TASK], script, n=1, sampling="parallel")
     assert all(not s.valid for s in result.experiences)
     assert [s.reward for s in result.experiences] == pytest.approx([-0.1] * 4)
     assert "A teammate wrote no program yet." in script.prompts("tester")[0]
@@ -83,7 +83,7 @@ def test_missing_code_and_tests_are_invalid_with_the_penalty(wf):
 def test_a_crashing_program_and_a_task_without_reference(wf):
     task = CodeTask("add-1", TASK.question, TASK.tests, None, "t")
     script = Script(lambda agent, p, i: "raise SystemExit(2)\n```" if agent == "coder" else GOOD_TESTS)
-    result = wf.rollout([task], script, n=1, mode="parallel")
+    result = wf.rollout([task], script, n=1, sampling="parallel")
     assert [s.local_reward for s in result.experiences] == [0.0] * 4  # no reference: the tester earns 0
     assert all(s.valid for s in result.experiences)
     assert "got: error: exit code 2 | FAIL" in script.prompts("coder")[1]
@@ -98,7 +98,7 @@ def test_tree_executes_the_best_candidate(wf):
         return GOOD_TESTS
 
     script = Script(reply)
-    result = wf.rollout([TASK], script, n=3, mode="tree")
+    result = wf.rollout([TASK], script, n=3, sampling="tree")
     coders = by(result, "coder")
     assert [s.local_reward for s in coders] == [0.5, 0.5, 1.0]  # print(0) passes "0 0" and "-5 5"
     assert ADD in script.prompts("tester")[0]  # the tester sees candidate 2's program

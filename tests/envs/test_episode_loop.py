@@ -72,7 +72,7 @@ def by_turn(plan):
 
 def test_tree_scores_candidates_on_their_own_and_executes_the_best():
     script = by_turn({"proposer": [["1", "x", "3"]], "closer": [["go", "stop", "???"]]})
-    res = Count(alpha=2.0, format_penalty=0.5).rollout([Task("t", 3)], script, n=3, mode="tree")
+    res = Count(alpha=2.0, format_penalty=0.5).rollout([Task("t", 3)], script, n=3, sampling="tree")
     rewards = [(s.agent, s.turn, round(s.reward, 6)) for s in res.experiences]
     # proposer: role 0.1 * digit, "x" is invalid (-0.5); the best ("3") is executed: total 3;
     # closer at total 3: "stop" ends with team 1 -> 2 * 1; "go" does not end; "???" is invalid
@@ -92,21 +92,42 @@ def test_parallel_rewards_every_sample_with_the_episodes_team_reward(role_reward
     assert all(s.team_reward == 1.0 for s in res.experiences) and res.episodes[0].turns == 2
 
 
-def test_identical_prompts_are_one_request_and_modes_are_checked():
+def test_identical_prompts_are_one_request_and_samplings_are_checked():
     script = Script(lambda a, p, i: "1" if a == "proposer" else "stop")
     res = Count().rollout([Task("a", 1), Task("b", 1)], script, n=2)
     assert [(c[0], len(c[1]), c[2]) for c in script.calls] == [("proposer", 1, 4), ("closer", 1, 4)]
     assert [e.traj_uid for e in res.episodes] == ["a#0", "a#1", "b#0", "b#1"]
 
     class ParallelOnly(Count):
-        modes = ("parallel",)
+        samplings = ("parallel",)
 
     with pytest.raises(ValueError, match="ParallelOnly runs in parallel mode only, not 'tree'"):
-        ParallelOnly().rollout([Task("a", 1)], script, n=2, mode="tree")
-    with pytest.raises(ValueError, match=r"mode must be one of \['parallel', 'tree'\]"):
-        Count().rollout([Task("a", 1)], script, n=2, mode="beam")
+        ParallelOnly().rollout([Task("a", 1)], script, n=2, sampling="tree")
+    with pytest.raises(ValueError, match=r"sampling must be one of \['parallel', 'tree'\]"):
+        Count().rollout([Task("a", 1)], script, n=2, sampling="beam")
     with pytest.raises(ValueError, match="tie_break"):
         Count(tie_break="best")
+
+
+def test_a_domain_written_with_the_old_names_plays_for_one_release():
+    """``modes`` and ``rollout(..., mode=...)`` (now ``samplings``, ``sampling``): read, with a warning."""
+    with pytest.warns(FutureWarning) as caught:
+        class Old(Count):
+            modes = ("parallel",)
+
+            def rollout(self, tasks, generate, *, n, mode="parallel", seed=0, **kw):
+                self.played = mode
+                return super().rollout(tasks, generate, n=n, sampling=mode, seed=seed, **kw)
+
+    assert [str(w.message) for w in caught] == [
+        "Old.modes is deprecated and will be removed: name it samplings",
+        "Old.rollout(..., mode=...) is deprecated and will be removed: name the argument sampling"]
+    old = Old()
+    assert old.samplings == ("parallel",)
+    res = old.rollout([Task("a", 1)], Script(lambda a, p, i: "stop"), n=2, sampling="parallel")
+    assert old.played == "parallel" and len(res.episodes) == 2
+    with pytest.raises(ValueError, match="Old runs in parallel mode only, not 'tree'"):
+        old.rollout([Task("a", 1)], Script(lambda a, p, i: "stop"), n=2, sampling="tree")
     with pytest.raises(ValueError, match=r"templates for unknown agents \['judge'\]"):
         Count(templates={"judge": PromptTemplate("x")})
 

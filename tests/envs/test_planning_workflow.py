@@ -34,7 +34,7 @@ def test_a_tool_plan_copied_by_the_planner_solves_in_one_turn(wf):
     task = wf.tasks("train")[0]
     plan = ", ".join(shortest_plan(task.make()))
     script = Script(lambda agent, p, i: f"print('{plan}')\n```" if agent == "tool_user" else f"{plan}</actions>")
-    result = wf.rollout([task], script, n=1, mode="parallel")
+    result = wf.rollout([task], script, n=1, sampling="parallel")
     (ep,) = result.episodes
     assert ep.success and ep.turns == 1
     # both agents made all the progress (local 1) and the team solved it (alpha 1 x team 1)
@@ -47,7 +47,7 @@ def test_crashing_and_silent_programs_and_malformed_plans(wf):
     task = wf.tasks("train")[1]
     programs = iter(["raise SystemExit(3)\n```", "x = 1\n```"])  # crashes, then prints nothing
     script = Script(lambda agent, p, i: next(programs) if agent == "tool_user" else "</actions>")
-    result = wf.rollout([task], script, n=1, mode="parallel")
+    result = wf.rollout([task], script, n=1, sampling="parallel")
     (ep,) = result.episodes
     assert not ep.success and ep.turns == 2  # every turn played
     tool = [s for s in result.experiences if s.agent == "tool_user"]
@@ -64,7 +64,7 @@ def test_a_plan_cut_at_the_output_cap_is_never_used(wf):
     plan = ", ".join(shortest_plan(task.make()))
     flood = f"print('{plan}')\nprint('x' * 200_000)\n```"
     script = Script(lambda agent, p, i: flood if agent == "tool_user" else "</actions>")
-    result = wf.rollout([task], script, n=1, mode="parallel")
+    result = wf.rollout([task], script, n=1, sampling="parallel")
     assert [s.local_reward for s in result.experiences if s.agent == "tool_user"] == [-1.0, -1.0]
     assert script.prompts("planner")[0].split("It printed: ")[1].startswith("too much")
 
@@ -74,7 +74,7 @@ def test_illegal_moves_change_nothing_and_are_counted(wf):
     env = task.make()
     wall = next(a for a in "UDLR" if not env.copy().apply(a))
     script = Script(lambda agent, p, i: f"print('{wall}')\n```" if agent == "tool_user" else f"{wall}, {wall}</actions>")
-    result = wf.rollout([task], script, n=1, mode="parallel")
+    result = wf.rollout([task], script, n=1, sampling="parallel")
     assert result.episodes[0].info["illegal"] == 4 and result.episodes[0].info["progress"] == 0.0
     # no progress; an illegal move makes the plan invalid (the format penalty); the program itself was fine
     assert {(s.agent, s.valid, round(s.reward, 6)) for s in result.experiences} == {
@@ -86,7 +86,7 @@ def test_plans_are_parsed_strictly(wf):
     plan = shortest_plan(task.make())
     loose = "".join(plan).lower() + " please"  # not the documented "U, R, R" format
     script = Script(lambda agent, p, i: f"print('{loose}')\n```" if agent == "tool_user" else f"{loose}</actions>")
-    result = wf.rollout([task], script, n=1, mode="parallel")
+    result = wf.rollout([task], script, n=1, sampling="parallel")
     assert result.episodes[0].info["moves"] == 0  # nothing executed
     tool = next(s for s in result.experiences if s.agent == "tool_user")
     assert tool.local_reward == -1.0  # its program printed no action list
@@ -105,7 +105,7 @@ def test_tree_executes_the_best_candidate_and_shows_its_board(wf):
         return f"{path[0]}</actions>" if i == 1 else "</actions>"
 
     script = Script(reply)
-    result = wf.rollout([task], script, n=3, mode="tree")
+    result = wf.rollout([task], script, n=3, sampling="tree")
     boards = [p.split("Board:\n")[1].split("\n")[:4] for p in script.prompts("tool_user")]
     after = task.make()
     after.step([path[0]])

@@ -98,7 +98,7 @@ def test_tree_scores_each_candidate_and_executes_the_best(wf, task):
     tool = ["raise SystemExit(3)\n```", program("-12345"), program(task.answer)]
     reason = ["no box here", "\\boxed{-12345}", f"\\boxed{{{task.answer}}}"]
     script = Script(lambda a, p, i: tool[i] if a == "tool_user" else reason[i])
-    res = wf.rollout([task], script, n=3, mode="tree", seed=0)
+    res = wf.rollout([task], script, n=3, sampling="tree", seed=0)
     # tool: -1 / 0 / +1 (no team term: a tool step never ends the episode); the correct program is
     # executed, so only the third reasoner agrees with it: 1 + alpha * 1; the second disagrees (0)
     assert rewards(res) == [("tool_user", 0, -1.0), ("tool_user", 0, 0.0), ("tool_user", 0, 1.0),
@@ -122,7 +122,7 @@ def test_tree_state_advances_with_the_executed_candidate(wf, task):
         return ["nothing", f"candidate-{i} \\boxed{{-777}}", "nothing"][i]
 
     script = Script(fn)
-    res = wf.rollout([task], script, n=3, mode="tree", seed=0)
+    res = wf.rollout([task], script, n=3, sampling="tree", seed=0)
     turn1_tool = script.prompts("tool_user")[1]
     assert "candidate-1 \\boxed{-777}" in turn1_tool and "candidate-0" not in turn1_tool
     assert sorted({(s.agent, s.turn) for s in res.experiences}) == [
@@ -141,8 +141,8 @@ def test_bad_settings_are_refused(wf, task):
         ReasonerToolUserWorkflow(tie_break="best")
     with pytest.raises(ValueError, match="unknown agents"):
         ReasonerToolUserWorkflow(templates={"coder": None})
-    with pytest.raises(ValueError, match="mode"):
-        wf.rollout([task], Script(lambda a, p, i: ""), n=1, mode="beam")
+    with pytest.raises(ValueError, match="sampling"):
+        wf.rollout([task], Script(lambda a, p, i: ""), n=1, sampling="beam")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         ReasonerToolUserWorkflow(val_file="nope.jsonl")
 

@@ -55,7 +55,7 @@ def happy(task):
 
 def test_parallel_episode_routes_searches_and_answers(wf, task):
     script = Script(happy(task))
-    res = wf.rollout([task], script, n=2, mode="parallel")
+    res = wf.rollout([task], script, n=2, sampling="parallel")
     assert [e.success for e in res.episodes] == [True, True]
     assert [e.turns for e in res.episodes] == [2, 2]
     traj = [s for s in res.experiences if s.traj_uid == res.episodes[0].traj_uid]
@@ -72,7 +72,7 @@ def test_parallel_episode_routes_searches_and_answers(wf, task):
 
 def test_role_rewards_and_alpha_in_parallel_mode(task):
     wf = SearchWorkflow(max_turns=3, role_rewards=True, alpha=0.5)
-    res = wf.rollout([task], Script(happy(task)), n=1, mode="parallel")
+    res = wf.rollout([task], Script(happy(task)), n=1, sampling="parallel")
     # every action was right for its role: local 1, team 1 -> 0.5 * 1 + 1
     assert [s.reward for s in res.experiences] == [1.5, 1.5, 1.5, 1.5]
 
@@ -93,7 +93,7 @@ def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task)
         return text if text == "no closing tag" else text + closing[agent]
 
     script = Script(fn)
-    res = wf.rollout([task], script, n=3, mode="tree")
+    res = wf.rollout([task], script, n=3, sampling="tree")
     s = res.experiences
     assert [(x.agent, x.turn) for x in s] == [("verifier", 0)] * 3 + [("searcher", 0)] * 3 + [("verifier", 1)] * 3 + [("answerer", 1)] * 3
     assert len({x.env_uid for x in s}) == 1
@@ -111,7 +111,7 @@ def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task)
 
 def test_tree_keys_never_merge_two_tasks(wf):
     tasks = list(wf.tasks("train"))[:2]
-    res = wf.rollout(tasks, Script(lambda a, p, i: "no</verify>" if a == "verifier" else "x</search>"), n=2, mode="tree")
+    res = wf.rollout(tasks, Script(lambda a, p, i: "no</verify>" if a == "verifier" else "x</search>"), n=2, sampling="tree")
     envs = {s.task_uid: {x.env_uid for x in res.experiences if x.task_uid == s.task_uid} for s in res.experiences}
     assert len(envs) == 2 and all(len(v) == 1 for v in envs.values())
     assert envs[tasks[0].uid] != envs[tasks[1].uid]
@@ -125,7 +125,7 @@ def test_random_tie_break_is_seeded_and_only_picks_among_the_best(task):
 
     def executed(seed):
         script = Script(fn)
-        wf.rollout([task], script, n=4, mode="tree", seed=seed)
+        wf.rollout([task], script, n=4, sampling="tree", seed=seed)
         prompt = user_msg([c for c in script.calls if c[0] == "verifier"][1][1][0])
         return [i for i in range(4) if f"<search>{task.entity} {i}</search>" in prompt]
 
@@ -141,7 +141,7 @@ def test_random_tie_break_is_seeded_and_only_picks_among_the_best(task):
     ids=["no-tags", "unclosed", "10k-chars", "non-utf8", "empty-tags"],
 )
 def test_malformed_output_is_an_invalid_action_with_a_penalty(wf, task, bad):
-    res = wf.rollout([task], Script(lambda a, p, i: bad), n=1, mode="parallel")
+    res = wf.rollout([task], Script(lambda a, p, i: bad), n=1, sampling="parallel")
     # malformed verify = no; malformed search = nothing retrieved; last turn forces an answer
     assert [(s.agent, s.turn) for s in res.experiences] == [
         ("verifier", 0), ("searcher", 0), ("verifier", 1), ("searcher", 1), ("verifier", 2), ("answerer", 2)

@@ -55,7 +55,7 @@ def test_malformed_outputs_are_penalised_and_wrong_answers_get_no_team_reward(wf
 
 def test_tree_mode_and_bad_settings_are_refused(wf):
     with pytest.raises(ValueError, match="parallel mode only"):
-        wf.rollout(wf.tasks("train")[:1], Script(lambda a, p, i: ""), n=2, mode="tree")
+        wf.rollout(wf.tasks("train")[:1], Script(lambda a, p, i: ""), n=2, sampling="tree")
     with pytest.raises(ValueError, match="max_turns"):
         SolverVerifierWorkflow(max_turns=0)
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):

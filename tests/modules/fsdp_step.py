@@ -26,7 +26,7 @@ from drmas.modules.policy import deferred_weights
 def main(out: str, shard: bool) -> None:
     torch.manual_seed(0)
     cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=3,
-                       train_sampling=SamplingParams(temperature=1.0, max_new_tokens=8))
+                       train_generation=SamplingParams(temperature=1.0, max_new_tokens=8))
     # sharded: built on the meta device, each rank reading only its rows of the weights once
     # sharded; a wrong row would change the loss and the step
     with deferred_weights(shard):

@@ -35,8 +35,8 @@ def conversation(task, client):
 def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     # two model families, two temperatures: each agent's tokens come from its own policy
     module = MultiAgentRL(policies={
-        "w": PolicyConfig(model="tiny-random", train_sampling=SamplingParams(temperature=0.7, max_new_tokens=8)),
-        "c": PolicyConfig(model="tiny-random-qwen3", train_sampling=SamplingParams(temperature=1.0, max_new_tokens=6),
+        "w": PolicyConfig(model="tiny-random", train_generation=SamplingParams(temperature=0.7, max_new_tokens=8)),
+        "c": PolicyConfig(model="tiny-random-qwen3", train_generation=SamplingParams(temperature=1.0, max_new_tokens=6),
                           chat_template_kwargs={"enable_thinking": False})},
         agents={"writer": "w", "critic": "c"}, engine="hf")
     wf = AgentsWorkflow(conversation, ["writer", "critic"], tasks_file, val_share=0)
@@ -54,7 +54,7 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     with torch.no_grad():
         for batch in plan.micro_batches:
             policy = module.policies[batch.policy]
-            mine, _ = policy.token_logprobs(batch, policy.config.train_sampling.temperature)
+            mine, _ = policy.token_logprobs(batch, policy.config.train_generation.temperature)
             mask = batch.response_mask
             torch.testing.assert_close(mine[mask], batch.engine_logprobs[mask], atol=1e-4, rtol=0)
             checked += int(mask.sum())
@@ -74,10 +74,10 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
     # few steps can move the mass of the ~9% of tokens holding a "y"; at 0.1 a few dozen tokens
     # take most of it (the trainer computes log-probs at the same temperature)
     sampling = SamplingParams(temperature=0.1, max_new_tokens=16)
-    policies = {"w": PolicyConfig(model="tiny-random", lr=lr, micro_batch_size=32, ppo_epochs=4, train_sampling=sampling)}
+    policies = {"w": PolicyConfig(model="tiny-random", lr=lr, micro_batch_size=32, ppo_epochs=4, train_generation=sampling)}
     agents = {"writer": "w"}
     if frozen_critic:
-        policies["c"] = PolicyConfig(model="tiny-random", trainable=False, train_sampling=sampling)
+        policies["c"] = PolicyConfig(model="tiny-random", trainable=False, train_generation=sampling)
         agents["critic"] = "c"
     module = MultiAgentRL(policies=policies, agents=agents, engine="hf")
     # no window: a call waits for every episode's, so the batches (and the sampled tokens) never

@@ -24,7 +24,7 @@ ADV = {"pa": [1.0, -1.0, 0.5, -0.5], "pb": [-1.0, 1.0, -0.5, 0.5]}
 def module(kl_coef=0.0, **extra):
     torch.manual_seed(0)
     cfg = dict(model="tiny-random", lr=1e-2, grad_clip=0.0, lora=LORA, share_base=True,
-               train_sampling=SamplingParams(temperature=1.0, max_new_tokens=8), **extra)
+               train_generation=SamplingParams(temperature=1.0, max_new_tokens=8), **extra)
     return MultiAgentRL(policies={"pa": PolicyConfig(**cfg), "pb": PolicyConfig(**cfg)},
                         agents={"a": "pa", "b": "pb"}, engine="hf", is_cap=None, kl_coef=kl_coef)
 

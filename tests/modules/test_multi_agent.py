@@ -17,7 +17,7 @@ AGENTS = ("verifier", "searcher", "answerer")
 
 
 def tiny(**kw) -> PolicyConfig:
-    return PolicyConfig(model="tiny-random", lr=1e-2, train_sampling=SamplingParams(max_new_tokens=6), **kw)
+    return PolicyConfig(model="tiny-random", lr=1e-2, train_generation=SamplingParams(max_new_tokens=6), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +149,17 @@ def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
         MultiAgentRL(policies={"a": tiny(engine={"kv_cache": 1.0})}, engine="vllm")
 
 
+def test_the_old_generation_keys_are_read_for_one_release_with_a_warning():
+    from drmas.engines import SamplingParams
+
+    params = SamplingParams(temperature=0.3, max_new_tokens=7)
+    with pytest.warns(FutureWarning, match="the policy setting eval_sampling is deprecated and will be removed: "
+                                           "name it eval_generation"):
+        old = PolicyConfig(model="tiny-random", eval_sampling=params)
+    assert old.eval_generation == params and old.eval_sampling is None
+    assert old.train_generation == PolicyConfig().train_generation  # the other one keeps its default
+
+
 def test_the_old_per_policy_engine_keys_still_work_for_one_release_with_a_warning():
     with pytest.warns(FutureWarning, match=r"the policy setting gpu_memory_utilization is deprecated and will be "
                                            r"removed: use engine: \{gpu_memory_utilization: 0.25\}"):
@@ -221,8 +232,8 @@ def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():
     from drmas.records import ChatPrompt
 
     short = SamplingParams(temperature=1.0, max_new_tokens=3)
-    m = MultiAgentRL(policies={"llama": PolicyConfig(model="tiny-random", train_sampling=short),
-                               "qwen": PolicyConfig(model="tiny-random-qwen3", train_sampling=short,
+    m = MultiAgentRL(policies={"llama": PolicyConfig(model="tiny-random", train_generation=short),
+                               "qwen": PolicyConfig(model="tiny-random-qwen3", train_generation=short,
                                                     chat_template_kwargs={"enable_thinking": False})},
                      agents={"a": "llama", "b": "qwen"}, engine="hf")
     m.bind_agents(["a", "b"])
@@ -251,7 +262,7 @@ def test_prompts_of_one_call_keep_their_own_length_within_the_policys_budget():
     from drmas.records import ChatPrompt
 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
-    m = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", train_sampling=greedy)}, engine="hf")
+    m = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", train_generation=greedy)}, engine="hf")
     m.bind_agents(["a"])
     generate = m.generate_fn(train=True)
     ask = lambda limit: ChatPrompt((("user", "Count with me: 1 2 3"),), "", (), limit)  # noqa: E731

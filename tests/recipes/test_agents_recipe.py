@@ -10,9 +10,9 @@ from drmas.models import load_causal_lm
 
 EXAMPLE = ROOT / "examples" / "agents"
 POLICIES = ("{solver: {model: tiny-random, lr: 1.0e-3, micro_batch_size: 8, "
-            "train_sampling: {temperature: 1.0, max_new_tokens: 12}, eval_sampling: {temperature: 1.0, max_new_tokens: 12}}, "
+            "train_generation: {temperature: 1.0, max_new_tokens: 12}, eval_generation: {temperature: 1.0, max_new_tokens: 12}}, "
             "verifier: {model: tiny-random, trainable: false, "
-            "train_sampling: {temperature: 1.0, max_new_tokens: 12}, eval_sampling: {temperature: 1.0, max_new_tokens: 12}}}")
+            "train_generation: {temperature: 1.0, max_new_tokens: 12}, eval_generation: {temperature: 1.0, max_new_tokens: 12}}}")
 
 
 def test_the_example_team_trains_through_the_endpoint_with_a_frozen_verifier(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY, run_dir, run_recipe, scalars
 
-GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_sampling.temperature", "0", "--data.val_tasks", "2"]
+GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_generation.temperature", "0", "--data.val_tasks", "2"]
 
 
 def evaluate(tmp, subcommand, *args):

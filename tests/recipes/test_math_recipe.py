@@ -63,7 +63,7 @@ def test_a_team_of_two_model_families_on_the_vllm_engine_one_with_lora(tmp_path)
     """The solver is a Qwen3 (Qwen's tokenizer and chat template), fully trained; the verifier a
     LoRA adapter on a Llama with SmolLM2's tokenizer, served by vLLM as an adapter. Each policy
     encodes, samples (its own engine) and trains on its own."""
-    sampling = "train_sampling: {max_new_tokens: 8}"
+    sampling = "train_generation: {max_new_tokens: 8}"
     policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, chat_template_kwargs: {{enable_thinking: false}}, "
                 f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-2, lora: {{rank: 4}}, {sampling}}}}}")
     run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0")

@@ -51,7 +51,7 @@ def test_parallel_sampling_with_the_vllm_engine(tmp_path):
 def test_a_team_of_two_model_families_and_lora_adapters_on_one_base(tmp_path):
     """The verifier and the searcher train LoRA adapters on one shared Llama base (SmolLM2's
     tokenizer); the answerer is a Qwen3 with Qwen's tokenizer and chat template, fully trained."""
-    sampling = "train_sampling: {max_new_tokens: 8}"
+    sampling = "train_generation: {max_new_tokens: 8}"
     lora = f"model: tiny-random, lr: 1.0e-3, lora: {{rank: 4, target_modules: [q_proj, v_proj]}}, share_base: true, {sampling}"
     policies = (f"{{verifier: {{{lora}}}, searcher: {{{lora}}}, answerer: {{model: tiny-random-qwen3, lr: 1.0e-3, "
                 f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}}}")

@@ -46,6 +46,7 @@ def test_a_killed_study_continues_and_refuses_another_precision(tmp_path):
     s = read_scalars(str(run / "search" / "version_0"))  # one log folder for both calls
     assert [i for i, _ in s["rollout/success_rate"]] == [1, 2, 3] and [i for i, _ in s["val/avg@2"]] == [0, 3]
     assert json.loads((run / "run.json").read_text())["finished"]
+    assert not ckpt.exists() and (run / "search" / "version_0" / "hf").is_dir()  # weights kept, optimiser not
     gain = (out / "main" / "gain.md").read_text()
     assert "| avg@2 | all | 0.000 | 0.000 | +0.000 | [+0.000, +0.000] | no |" in gain
     assert (out / "main" / "validation.png").read_bytes()[:4] == b"\x89PNG"

@@ -55,7 +55,7 @@ def read_tasks(path: str) -> list[RowTask]:
 
 @WORKFLOWS.register("agents")
 class AgentsWorkflow(Workflow):
-    modes = ("parallel",)
+    samplings = ("parallel",)
     why_not = {"tree": "tree sampling copies an episode at a turn to sample candidates from one state, and an "
                        "opaque program cannot be copied"}
 
@@ -132,10 +132,10 @@ class AgentsWorkflow(Workflow):
             raise ValueError(f"no {split} tasks: give {split}_file")
         return self._splits[split]
 
-    def rollout(self, tasks: Sequence[RowTask], generate: GenerateFn, *, n: int, mode: str = "parallel",
+    def rollout(self, tasks: Sequence[RowTask], generate: GenerateFn, *, n: int, sampling: str = "parallel",
                 seed: int = 0, progress: Callable[[bool], None] | None = None) -> RolloutResult:
-        if mode not in self.modes:
-            raise ValueError(f"the agents workflow runs in parallel mode only: {self.why_not.get(mode, mode)}")
+        if sampling not in self.samplings:
+            raise ValueError(f"the agents workflow runs in parallel mode only: {self.why_not.get(sampling, sampling)}")
         if self._endpoint is None:
             self._endpoint = Endpoint(self.agents)
             self._endpoint.start()

@@ -110,7 +110,7 @@ class CodeState(EpisodeState):
 @WORKFLOWS.register("code")
 class CoderTesterWorkflow(TurnWorkflow):
     agents = AGENTS
-    modes = ("parallel", "tree")
+    samplings = ("parallel", "tree")
 
     def __init__(
         self,
@@ -187,12 +187,12 @@ class CoderTesterWorkflow(TurnWorkflow):
     def close(self) -> None:
         self.judge.close()
 
-    def rollout(self, tasks: Sequence[CodeTask], generate: Any, *, n: int, mode: str = "parallel", seed: int = 0,
+    def rollout(self, tasks: Sequence[CodeTask], generate: Any, *, n: int, sampling: str = "parallel", seed: int = 0,
                 **kwargs: Any) -> Any:
         # a benchmark is scored as its authors score it: on every golden test (the trainer's
         # generate function says whether it samples for training)
         self._all_golden = not getattr(generate, "train", True)
-        return super().rollout(tasks, generate, n=n, mode=mode, seed=seed, **kwargs)
+        return super().rollout(tasks, generate, n=n, sampling=sampling, seed=seed, **kwargs)
 
     def golden_tests(self, task: CodeTask) -> list[TestCase]:
         """The golden tests a program of ``task`` is judged on now."""

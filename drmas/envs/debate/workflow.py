@@ -70,7 +70,7 @@ class DebateState(EpisodeState):
 @WORKFLOWS.register("debate")
 class DebateWorkflow(TurnWorkflow):
     agents = AGENTS
-    modes = ("parallel",)
+    samplings = ("parallel",)
     why_not = {"tree": "the debaters' rewards are decided by the verdict at the episode's end, and tree "
                        "candidates are scored before any verdict exists"}
 

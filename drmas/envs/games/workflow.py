@@ -101,7 +101,7 @@ class PlanningState(EpisodeState):
 @WORKFLOWS.register("games")
 class PlanningWorkflow(TurnWorkflow):
     agents = AGENTS
-    modes = ("parallel", "tree")
+    samplings = ("parallel", "tree")
 
     def __init__(
         self,

@@ -73,7 +73,7 @@ class SolverVerifierState(EpisodeState):
 @WORKFLOWS.register("math_solver_verifier")
 class SolverVerifierWorkflow(TurnWorkflow):
     agents = ("solver", "verifier")
-    modes = ("parallel",)  # Dr. MAS's loop has no tree mode
+    samplings = ("parallel",)  # Dr. MAS's loop has no tree mode
 
     def __init__(
         self,
