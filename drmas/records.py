@@ -3,14 +3,14 @@
 What a workflow asks (:class:`ChatPrompt`) and gets back (:class:`Completion`), what one LLM
 call becomes for training (:class:`Experience`), how an episode ended (:class:`EpisodeResult`),
 what a rollout returns (:class:`RolloutResult`), the tensors of one forward pass
-(:class:`MicroBatch`), and what one RL iteration hands the trainer (:class:`IterationPlan`).
+(:class:`MicroBatch`), and what one RL iteration hands the trainer (:class:`PreparedIteration`).
 This module imports nothing of drmas, so every other module may import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Hashable, Protocol, Sequence
+from typing import Any, Hashable, Protocol, Sequence
 
 from torch import Tensor
 
@@ -22,9 +22,9 @@ __all__ = [
     "Experience",
     "GenerateFn",
     "GenerationSettings",
-    "IterationPlan",
     "MicroBatch",
     "PackedRows",
+    "PreparedIteration",
     "RolloutResult",
 ]
 
@@ -210,7 +210,7 @@ class BatchSpec:
 
 
 @dataclass
-class IterationPlan:
+class PreparedIteration:
     """One RL iteration as the rollout side hands it to the trainer and the callbacks."""
 
     iteration: int
@@ -229,3 +229,13 @@ class IterationPlan:
     @property
     def experiences(self) -> list[Experience]:
         return self.rollout.experiences
+
+
+def __getattr__(name: str) -> Any:
+    if name == "IterationPlan":  # the old name, read for one release
+        import warnings
+
+        warnings.warn("IterationPlan is deprecated and will be removed: use PreparedIteration", FutureWarning,
+                      stacklevel=2)
+        return PreparedIteration
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,16 +13,16 @@ from drmas.algorithms.advantages import (
     group_advantages,
     register_estimator,
 )
-from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_is_weights
+from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_importance_weights
 from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards, sample_reward
 
 
 
 def __getattr__(name: str):
-    if name == "SAMPLING_MODES":  # the old name, read for one release (warns)
-        from drmas.algorithms import advantages
+    if name in ("SAMPLING_MODES", "truncated_is_weights"):  # old names, read for one release (they warn)
+        from drmas.algorithms import advantages, losses
 
-        return advantages.SAMPLING_MODES
+        return getattr(advantages if name == "SAMPLING_MODES" else losses, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -40,5 +40,5 @@ __all__ = [
     "policy_loss",
     "register_estimator",
     "sample_reward",
-    "truncated_is_weights",
+    "truncated_importance_weights",
 ]

@@ -6,10 +6,13 @@ All tensors are token-level ``[B, T]`` (B sequences, T response positions) excep
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import torch
 from torch import Tensor
 
-__all__ = ["AGGREGATIONS", "aggregate", "policy_loss", "truncated_is_weights"]
+__all__ = ["AGGREGATIONS", "aggregate", "policy_loss", "truncated_importance_weights"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -44,7 +47,15 @@ def aggregate(values: Tensor, mask: Tensor, agg: str = "token-mean", norm_len: i
     return (per_seq * has_tokens).sum() / n_seq
 
 
-def truncated_is_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float = 2.0) -> Tensor:
+def __getattr__(name: str) -> Any:
+    if name == "truncated_is_weights":  # the old name, read for one release
+        warnings.warn("truncated_is_weights is deprecated and will be removed: use truncated_importance_weights",
+                      FutureWarning, stacklevel=2)
+        return truncated_importance_weights
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float = 2.0) -> Tensor:
     """Truncated importance weights ``min(exp(trainer - engine), cap)`` (no gradient).
 
     Corrects for the rollout engine sampling from slightly different numerics than the trainer
@@ -69,15 +80,16 @@ def policy_loss(
     kl_coef: float = 0.0,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
-    is_weights: Tensor | None = None,
+    importance_weights: Tensor | None = None,
     norm_len: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip policy loss (to minimise) and detached metrics.
 
     Per token, with ``r = exp(logprobs - old_logprobs)``:
     ``pg = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; with ``dual_clip = c > 1``,
     ``pg = min(pg, -A c)`` where ``A < 0`` (bounds the loss of very large ratios);
-    ``pg *= is_weights`` when given; then
+    ``pg *= importance_weights`` when given; then
     ``loss_t = pg + kl_coef * k3(ref, logprobs) - entropy_coef * entropy``,
     reduced with :func:`aggregate` (``agg``, ``norm_len``).
     ``k3 = exp(ref - logp) - (ref - logp) - 1`` is the low-variance KL estimator.
@@ -86,7 +98,12 @@ def policy_loss(
     (A > 0 and r > 1 + clip_high), ``clip_frac`` (their sum), ``approx_kl`` (k3 of the old
     policy against the current one), ``ratio_mean``, ``ratio_max``, and ``dual_clip_frac``,
     ``kl``, ``entropy`` when those terms are active. Fractions are over valid tokens.
+    ``is_weights``: the old name of ``importance_weights``, read for one release.
     """
+    if is_weights is not None:
+        warnings.warn("policy_loss(is_weights=...) is deprecated and will be removed: use importance_weights=...",
+                      FutureWarning, stacklevel=2)
+        importance_weights = is_weights
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip bounds must be non-negative, got {clip_low}, {clip_high}")
     if dual_clip is not None and dual_clip <= 1.0:
@@ -109,8 +126,8 @@ def policy_loss(
         entropy = torch.where(valid, entropy, zero)
     if ref_logprobs is not None:
         ref_logprobs = torch.where(valid, ref_logprobs, zero)
-    if is_weights is not None:
-        is_weights = torch.where(valid, is_weights, zero)
+    if importance_weights is not None:
+        importance_weights = torch.where(valid, importance_weights, zero)
 
     log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)
@@ -121,8 +138,8 @@ def policy_loss(
         pg3 = -adv * dual_clip
         dual_bound = (adv < 0) & (pg > pg3)
         pg = torch.where(adv < 0, torch.minimum(pg, pg3), pg)
-    if is_weights is not None:
-        pg = pg * is_weights.detach()
+    if importance_weights is not None:
+        pg = pg * importance_weights.detach()
     per_token = pg
     kl = None
     if ref_logprobs is not None:

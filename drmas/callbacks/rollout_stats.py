@@ -8,7 +8,7 @@ import lightning as L
 
 from drmas.algorithms import baseline_inflation
 from drmas.data.rollouts import outcome_scalars
-from drmas.records import IterationPlan, RolloutResult
+from drmas.records import PreparedIteration, RolloutResult
 
 __all__ = ["RolloutStats", "rollout_scalars"]
 
@@ -33,8 +33,8 @@ def rollout_scalars(result: RolloutResult) -> dict[str, float]:
 
 
 class RolloutStats(L.Callback):
-    """Logs the statistics and timings of each iteration's plan (the data module's ``plan``) at
-    the plan's iteration, and one completion per agent as text every ``log_completions_every``
+    """Logs the statistics and timings of each prepared iteration (the data module's ``current``)
+    at its iteration, and one completion per agent as text every ``log_completions_every``
     iterations."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -56,18 +56,18 @@ class RolloutStats(L.Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dm = trainer.datamodule
-        plan: IterationPlan | None = getattr(dm, "plan", None)
-        if plan is None:
+        prepared: PreparedIteration | None = getattr(dm, "current", None)
+        if prepared is None:
             return
-        pl_module.log_scalars({**rollout_scalars(plan.rollout), **plan.timings, **plan.scalars}, step=plan.iteration)
+        pl_module.log_scalars({**rollout_scalars(prepared.rollout), **prepared.timings, **prepared.scalars}, step=prepared.iteration)
         every = getattr(dm, "log_completions_every", 0)
-        if every and plan.iteration % every == 0 and trainer.is_global_zero:
-            self._log_text(trainer, plan)
+        if every and prepared.iteration % every == 0 and trainer.is_global_zero:
+            self._log_text(trainer, prepared)
 
     @staticmethod
-    def _log_text(trainer: L.Trainer, plan: IterationPlan) -> None:
+    def _log_text(trainer: L.Trainer, prepared: PreparedIteration) -> None:
         seen = set()
-        for s in plan.experiences:
+        for s in prepared.experiences:
             if s.agent in seen:
                 continue
             seen.add(s.agent)
@@ -75,4 +75,4 @@ class RolloutStats(L.Callback):
             for lg in trainer.loggers:
                 writer = getattr(lg, "experiment", None)
                 if hasattr(writer, "add_text"):
-                    writer.add_text(f"completions/{s.agent}", text, global_step=plan.iteration)
+                    writer.add_text(f"completions/{s.agent}", text, global_step=prepared.iteration)

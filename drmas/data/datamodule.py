@@ -2,8 +2,8 @@
 
 ``train_dataloader`` is called once per Lightning epoch (the recipe sets
 ``reload_dataloaders_every_n_epochs=1``): it starts the trainer's next iteration, asks
-:class:`~drmas.data.rollouts.Rollouts` for the iteration's plan (rollout with the current
-weights, advantages, micro-batches), keeps it as :attr:`RolloutDataModule.plan` for the
+:class:`~drmas.data.rollouts.Rollouts` to prepare the iteration (rollout with the current
+weights, advantages, micro-batches), keeps it as :attr:`RolloutDataModule.current` for the
 callbacks, and serves the micro-batches in training order.
 
 With several ranks (``--trainer.strategy fsdp``) every rank plays its own share of the tasks
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from drmas.atomic import write_text
 from drmas.data.rollouts import RolloutBackend, Rollouts
 from drmas.envs.base import Workflow
-from drmas.records import IterationPlan
+from drmas.records import PreparedIteration
 
 __all__ = ["VALIDATION_FILE", "RolloutDataModule"]
 
@@ -99,9 +99,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.val_before_training = val_before_training
         self.policy_swap_probe = policy_swap_probe
-        self.plan: IterationPlan | None = None
-        """The current iteration's plan (None before the first rollout)."""
-        self._plan_started = False  # whether training on ``plan`` has begun
+        self.current: PreparedIteration | None = None
+        """The current iteration, prepared for training (None before the first rollout)."""
+        self._current_started = False  # whether training on ``current`` has begun
         self._hook = _IterationHooks(self)
 
     def setup(self, stage: str) -> None:
@@ -132,16 +132,16 @@ class RolloutDataModule(L.LightningDataModule):
         return self.trainer.lightning_module
 
     def train_dataloader(self) -> DataLoader:
-        # A plan nobody trained on yet is served again instead of being replaced: on resume
+        # A prepared iteration nobody trained on yet is served again instead of being replaced: on resume
         # Lightning asks twice before the first resumed epoch starts, and a second rollout would
         # skip an iteration (and its random draws) that the uninterrupted run played.
-        if self.plan is None or self._plan_started:
+        if self.current is None or self._current_started:
             backend = self._backend()
             if backend.iteration == 0 and self.val_before_training:
                 self.validate()  # the "before" numbers, at step 0
             iteration = backend.begin_iteration()
-            self.plan, self._plan_started = self.rollouts.plan(backend, iteration), False
-        return DataLoader(self.plan.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity)
+            self.current, self._current_started = self.rollouts.prepare(backend, iteration), False
+        return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity)
 
     def validate(self) -> dict[str, float]:
         """Validate the current weights and log the scalars at the current iteration."""
@@ -178,13 +178,13 @@ class RolloutDataModule(L.LightningDataModule):
 
 
 class _IterationHooks(L.Callback):
-    """The data module's epoch hooks: its plan is in training; validation when due."""
+    """The data module's epoch hooks: its current iteration is in training; validation when due."""
 
     def __init__(self, dm: RolloutDataModule) -> None:
         self.dm = dm
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.dm._plan_started = True
+        self.dm._current_started = True
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.dm._iteration_end(trainer)

@@ -1,6 +1,6 @@
-"""The rollout side of an RL iteration, in plain Python: play tasks, score, route, validate.
+"""The rollout side of an RL iteration, in plain Python: play tasks, score, pack micro-batches, validate.
 
-:class:`Rollouts` turns a workflow into one :class:`~drmas.records.IterationPlan` per iteration:
+:class:`Rollouts` turns a workflow into one :class:`~drmas.records.PreparedIteration` per iteration:
 it draws the iteration's tasks, plays them with the trainer's ``generate`` function, computes
 advantages with the configured estimator, sets each sample's policy and packs every policy's
 micro-batches, PPO epoch after PPO epoch. It also runs validation (``val/avg@k``,
@@ -38,7 +38,7 @@ from drmas.data.progress import EpisodeBar, show_progress
 from drmas.envs.base import SAMPLINGS, Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
-from drmas.records import BatchSpec, Experience, GenerateFn, IterationPlan, MicroBatch, RolloutResult
+from drmas.records import BatchSpec, Experience, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
 
 __all__ = ["OutageError", "RolloutBackend", "Rollouts", "outcome_scalars"]
 
@@ -154,7 +154,7 @@ class Rollouts:
             raise ValueError(f"tasks_per_iteration ({self.tasks_per_iteration}) must be >= the number of ranks "
                              f"({world_size}): each rank plays whole tasks")
 
-    def plan(self, backend: RolloutBackend, iteration: int) -> IterationPlan:
+    def prepare(self, backend: RolloutBackend, iteration: int) -> PreparedIteration:
         """Sync the weights, play this rank's share of the iteration's tasks, gather every rank's
         samples, score them, and pack this rank's micro-batches."""
         if not self.agent_map:
@@ -181,7 +181,7 @@ class Rollouts:
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
         if prompt:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
-        return IterationPlan(iteration, result, self.route(result.experiences, backend), timings, scalars)
+        return PreparedIteration(iteration, result, self.micro_batches(result.experiences, backend), timings, scalars)
 
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
         """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``
@@ -226,7 +226,7 @@ class Rollouts:
         finally:
             bar.close()
 
-    def route(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
+    def micro_batches(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
         """This rank's micro-batches of each policy, PPO epoch by PPO epoch; a policy only ever sees
         its agents' samples, and its last micro-batch of each PPO epoch carries its optimiser step."""
         per_policy: dict[str, list[Experience]] = defaultdict(list)

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
-from drmas.algorithms import policy_loss, truncated_is_weights
+from drmas.algorithms import policy_loss, truncated_importance_weights
 from drmas.engines import ENGINES, Engine, VLLMConfig, VLLMEngine, vllm_available
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import EngineRouting
@@ -54,7 +54,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         agg: str = "token-mean",
         entropy_coef: float = 0.0,
         kl_coef: float = 0.0,
-        is_cap: float | None = 2.0,
+        importance_cap: float | None = 2.0,
+        is_cap: float | str | None = "unset",
         prefix_sharing: bool = True,
         agent_grad_norms: bool = False,
         seed: int = 0,
@@ -75,8 +76,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             entropy_coef: entropy bonus weight (0 = off; computing entropy costs a full softmax).
             kl_coef: weight of the k3 KL penalty to each policy's initial weights (0 = off; > 0
                 keeps a frozen reference copy per policy (bf16 where native) and logs ``train/<policy>/kl``).
-            is_cap: cap of the truncated importance weights between trainer and engine
+            importance_cap: cap of the truncated importance weights between trainer and engine
                 log-probs (None = no correction).
+            is_cap: deprecated (one release): ``importance_cap``.
             prefix_sharing: run prompt prefixes shared by several samples once in the update
                 (same log-probs and gradients; see ``drmas.packing``). Off for a model whose
                 attention cannot take the block mask (one warning) or without chunked log-probs.
@@ -87,12 +89,16 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             seed: seed of the engines' samplers.
         """
         super().__init__()
+        if is_cap != "unset":  # the old name, read for one release
+            warnings.warn("--model.is_cap is deprecated and will be removed: name it --model.importance_cap",
+                          FutureWarning, stacklevel=2)
+            importance_cap = None if is_cap is None else float(is_cap)
         if not policies:
             raise ValueError("at least one policy is needed")
         if engine != "auto" and engine not in ENGINES:
             raise ValueError(f"engine must be 'auto' or one of {ENGINES.names()}, got {engine!r}")
         # Plain values only: Lightning reads them back with torch.load(weights_only=True) on resume.
-        self.save_hyperparameters(ignore=["policies", "vllm"])
+        self.save_hyperparameters(ignore=["policies", "vllm", "is_cap"])
         self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
         self.hparams["vllm"] = dataclasses.asdict(vllm)
         self.automatic_optimization = False
@@ -110,7 +116,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available())
         self.vllm_config, self.seed = vllm, seed
         self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
-        self.is_cap, self.kl_coef = is_cap, kl_coef
+        self.importance_cap, self.kl_coef = importance_cap, kl_coef
         self.agent_grad_norms = agent_grad_norms
         self._agent_grads = AgentGradients()
         self.iteration = 0
@@ -250,15 +256,15 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                     self._old_logprobs[(batch.policy, i)] = old[row]
         else:
             old = torch.stack([self._old_logprobs[(batch.policy, i)] for i in batch.sample_index.tolist()])
-        is_weights = None
-        if self.is_cap is not None:
-            is_weights = truncated_is_weights(old, batch.engine_logprobs, self.is_cap) * mask
+        importance_weights = None
+        if self.importance_cap is not None:
+            importance_weights = truncated_importance_weights(old, batch.engine_logprobs, self.importance_cap) * mask
         ref = None
         if self.kl_coef > 0:
             with torch.no_grad():
                 ref, _ = self.token_logprobs(policy, batch, sampling.temperature, reference=True)
         loss, metrics = policy_loss(
-            logp, old, batch.advantages, mask, entropy=entropy, is_weights=is_weights,
+            logp, old, batch.advantages, mask, entropy=entropy, importance_weights=importance_weights,
             ref_logprobs=ref, kl_coef=self.kl_coef, norm_len=sampling.max_new_tokens, **self.loss_kwargs,
         )
         finite = bool(torch.isfinite(loss))
@@ -279,8 +285,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
             ran = batch.packed.tokens if batch.packed is not None and policy.chunk_tokens else batch.attention_mask.sum()
             bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
-            if is_weights is not None and mask.any():
-                bucket["is_weight_mean"].append((float(is_weights[mask].mean()), batch.loss_scale))
+            if importance_weights is not None and mask.any():
+                bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()), batch.loss_scale))
         out: dict[str, Any] = {}
         if batch.step_after:
             out["grad_norms"] = {batch.policy: self._step(policy)}

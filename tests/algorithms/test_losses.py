@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from drmas.algorithms import aggregate, policy_loss, truncated_is_weights
+from drmas.algorithms import aggregate, policy_loss, truncated_importance_weights
 
 
 def _lp(ratios):
@@ -133,11 +133,17 @@ def test_approx_kl_between_old_and_new_policy():
 def test_truncated_importance_weights_scale_the_policy_gradient():
     trainer = torch.log(torch.tensor([[1.0, 1.0]]))
     engine = torch.log(torch.tensor([[2.0, 0.1]]))
-    w = truncated_is_weights(trainer, engine, cap=2.0)
+    w = truncated_importance_weights(trainer, engine, cap=2.0)
     assert torch.allclose(w, torch.tensor([[0.5, 2.0]]))  # 10 is truncated to 2
     lp = torch.zeros(1, 2)
-    loss, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), is_weights=w)
+    loss, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), importance_weights=w)
     assert loss.item() == pytest.approx(-(0.5 + 2.0) / 2)
+    # the old names, for one release: the same numbers, with a warning naming the new one
+    with pytest.warns(FutureWarning, match="use truncated_importance_weights"):
+        from drmas.algorithms import truncated_is_weights
+    with pytest.warns(FutureWarning, match=r"use importance_weights=\.\.\."):
+        old, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), is_weights=truncated_is_weights(trainer, engine))
+    assert old.item() == loss.item()
 
 
 def test_shape_mismatch_is_a_clear_error():
@@ -157,7 +163,7 @@ def test_inf_or_nan_at_masked_positions_poison_neither_loss_nor_gradient(agg, po
     def run(values, old_values, extra):
         lp = values.clone().requires_grad_(True)
         loss, _ = policy_loss(lp, old_values, adv, mask, agg=agg, entropy=extra, entropy_coef=0.01,
-                              ref_logprobs=extra, kl_coef=0.1, is_weights=extra.abs())
+                              ref_logprobs=extra, kl_coef=0.1, importance_weights=extra.abs())
         loss.backward()
         return loss, lp.grad
 

@@ -175,7 +175,7 @@ def test_some_failed_searches_are_counted_and_the_iteration_trains_on(server):
     corpus = list(SearchWorkflow().retriever.corpus)
     url, _ = server(corpus, ["error", "error"])
     rollouts = Rollouts(search_workflow(url, max_turns=3), group_size=2, tasks_per_iteration=2, val_tasks=0)
-    plan = rollouts.plan(SearchBackend(), iteration=1)
+    plan = rollouts.prepare(SearchBackend(), iteration=1)
     searches = [s for s in plan.experiences if s.agent == "searcher"]
     failed = [s for s in searches if "failure" in s.info]
     assert len(searches) == 8 and len(failed) == 4 and {s.turn for s in failed} == {0}
@@ -190,12 +190,12 @@ def test_an_outage_stops_the_run_before_training(server):
     strict = Rollouts(search_workflow(url, max_turns=3), group_size=2, tasks_per_iteration=2, val_tasks=0,
                       max_failed_share=0.4)
     with pytest.raises(OutageError, match=r"iteration 1: 4 of 8 searcher actions failed .* max_failed_share=0.4") as e:
-        strict.plan(SearchBackend(), iteration=1)
+        strict.prepare(SearchBackend(), iteration=1)
     assert "HTTP 500" in str(e.value) and url in str(e.value)
     # the server down for good: every search fails, even at the default share of one half
     down = Rollouts(search_workflow(closed_port_url()), group_size=2, tasks_per_iteration=2, val_tasks=2, val_k=1)
     with pytest.raises(OutageError, match="4 of 4 searcher actions failed"):
-        down.plan(SearchBackend(), iteration=1)
+        down.prepare(SearchBackend(), iteration=1)
     with pytest.raises(OutageError, match=r"^val: (\d+) of \1 searcher actions failed"):  # validation too
         down.validate(SearchBackend())
     with pytest.raises(ValueError, match="max_failed_share must be in"):
@@ -230,7 +230,7 @@ def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
             return gen
 
     rollouts = Rollouts(Poisoned(bad.uid, value), group_size=4, tasks_per_iteration=2, val_tasks=0, seed=1)
-    plan = rollouts.plan(Backend(), iteration=1)
+    plan = rollouts.prepare(Backend(), iteration=1)
     assert plan.scalars["rollout/nonfinite_rewards"] == 4  # the broken task's four trajectories
     assert {s.task_uid for s in plan.experiences} == {good.uid}
     assert all(math.isfinite(s.reward) and math.isfinite(s.advantage) for s in plan.experiences)

@@ -1,5 +1,5 @@
 """The rollout side without Lightning or a model: a scripted backend stands in for the trainer
-(the contract is all ``Rollouts`` may use), a real workflow plays, and the plan is checked."""
+(the contract is all ``Rollouts`` may use), a real workflow plays, and the prepared iteration is checked."""
 
 import copy
 import threading
@@ -73,7 +73,7 @@ def test_a_plan_scores_routes_and_packs_by_the_backends_specs(workflow):
     rollouts = Rollouts(workflow, estimator="drmas", group_size=4, tasks_per_iteration=1, val_tasks=0, seed=3)
     task = rollouts.sample_tasks(1)[0]
     backend = ScriptedBackend(right_on_even(task))
-    plan = rollouts.plan(backend, iteration=1)
+    plan = rollouts.prepare(backend, iteration=1)
 
     assert plan.iteration == 1 and backend.syncs == 1
     assert set(plan.timings) == {"time/sync_s", "time/rollout_s", "time/advantage_s"}
@@ -103,10 +103,10 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
 
     rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
     backend = Cached(lambda agent, i: "\\boxed{1}")
-    assert rollouts.plan(backend, iteration=1).scalars == {
+    assert rollouts.prepare(backend, iteration=1).scalars == {
         "rollout/prefix_cache_hit_rate": 0.25, "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0,
         "rollout/nonfinite_rewards": 0.0}
-    assert rollouts.plan(ScriptedBackend(lambda agent, i: "\\boxed{1}"), iteration=1).scalars == {
+    assert rollouts.prepare(ScriptedBackend(lambda agent, i: "\\boxed{1}"), iteration=1).scalars == {
         "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0, "rollout/nonfinite_rewards": 0.0}
 
 
@@ -115,7 +115,7 @@ def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
     rollouts = Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=1, val_tasks=0)
     task = rollouts.sample_tasks(1)[0]
     fn = lambda agent, i: f"\\boxed{{{task.answer}}}" if agent == "solver" else "approve</verify>"  # noqa: E731
-    plan = rollouts.plan(ScriptedBackend(fn), iteration=1)
+    plan = rollouts.prepare(ScriptedBackend(fn), iteration=1)
     assert sorted((x.agent, x.policy) for x in plan.experiences) == [("solver", "p_solve")] * 2 + [("verifier", "p_check")] * 2
     check = [m for m in plan.micro_batches if m.policy == "p_check"]
     assert len(check) == 1 and check[0].step_after and check[0].ppo_epoch == 0  # one PPO epoch, one batch of 4
@@ -291,12 +291,12 @@ def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
                                 "approve</verify>" if i % 3 else "reject</verify>") for i in range(n)] for p in prompts]
         return gen
 
-    single = make().plan(_ranked_backends(1, generate)[0], iteration=1)
+    single = make().prepare(_ranked_backends(1, generate)[0], iteration=1)
     backends = _ranked_backends(2, generate)
     plans = [None, None]
 
     def play(rank):
-        plans[rank] = make().plan(backends[rank], iteration=1)
+        plans[rank] = make().prepare(backends[rank], iteration=1)
 
     threads = [threading.Thread(target=play, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
@@ -354,7 +354,7 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
 
     def play(rank):
         try:
-            Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0).plan(backends[rank], 1)
+            Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0).prepare(backends[rank], 1)
         except BaseException as err:
             raised[rank] = err
 

@@ -309,12 +309,12 @@ def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_tr
     try:
         rollouts = Rollouts(wf, estimator="grpo", group_size=2, tasks_per_iteration=4, val_tasks=0, max_failed_share=0.5)
         fail = {"task1"}
-        plan = rollouts.plan(Backend(Script(echo)), iteration=1)
+        plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
         assert plan.scalars["rollout/failed_episodes"] == 2.0 and plan.scalars["endpoint/requests"] == 8.0
         assert {s.task_uid for s in plan.experiences} == {"0", "2", "3"}
         fail = {"task0", "task1", "task2"}
         with pytest.raises(OutageError, match=r"6 of 8 episodes failed(.|\n)*ValueError: broken on task"):
-            rollouts.plan(Backend(Script(echo)), iteration=2)
+            rollouts.prepare(Backend(Script(echo)), iteration=2)
     finally:
         wf.close()
 

@@ -30,7 +30,7 @@ def main(out: str, shard: bool) -> None:
     # sharded: built on the meta device, each rank reading only its rows of the weights once
     # sharded; a wrong row would change the loss and the step
     with deferred_weights(shard):
-        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", is_cap=None, entropy_coef=0.01)
+        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None, entropy_coef=0.01)
     strategy = "auto"
     if shard:
         from drmas.modules.sharding import FSDP

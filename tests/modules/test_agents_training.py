@@ -42,7 +42,7 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     wf = AgentsWorkflow(conversation, ["writer", "critic"], tasks_file, val_share=0)
     try:
         rollouts = Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0)
-        plan = rollouts.plan(module, iteration=1)
+        plan = rollouts.prepare(module, iteration=1)
     finally:
         wf.close()
     assert {s.policy for s in plan.experiences} == {"w", "c"} and len(plan.experiences) == 8

@@ -14,7 +14,7 @@ def test_load_weights_restores_the_trained_policies(tmp_path):
     def module():
         torch.manual_seed(0)
         cfg = PolicyConfig(model="tiny-random", lr=1e-2, train_generation=SamplingParams(temperature=1.0, max_new_tokens=8))
-        return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", is_cap=None)
+        return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None)
 
     trained = module()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False,

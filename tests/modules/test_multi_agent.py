@@ -27,14 +27,14 @@ def workflow():
 
 def poison(dm: RolloutDataModule) -> RolloutDataModule:
     """Turns the advantages of the first micro-batch into NaN, as a numerical blow-up would."""
-    route = dm.rollouts.route
+    pack = dm.rollouts.micro_batches
 
     def poisoned(samples, backend):
-        batches = route(samples, backend)
+        batches = pack(samples, backend)
         batches[0].advantages[:] = float("nan")
         return batches
 
-    dm.rollouts.route = poisoned
+    dm.rollouts.micro_batches = poisoned
     return dm
 
 
@@ -71,13 +71,13 @@ def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
     assert module.policies["shared"].version == 2  # two PPO epochs, two optimiser steps
     assert not torch.equal(before, module.policies["shared"].model.lm_head.weight)
     scalars = next(h for h in module.history if "train/shared/samples" in h)
-    assert scalars["train/shared/samples"] == len(dm.plan.experiences)  # per PPO epoch
+    assert scalars["train/shared/samples"] == len(dm.current.experiences)  # per PPO epoch
 
 
 def test_routing_with_one_policy_per_agent(workflow):
     module = MultiAgentRL(policies={a: tiny() for a in AGENTS}, engine="hf")
     rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=2)
-    plan = rollouts.plan(module, iteration=1)  # the real module as the backend, real HF generation
+    plan = rollouts.prepare(module, iteration=1)  # the real module as the backend, real HF generation
     res, batches = plan.rollout, plan.micro_batches
     per_policy = {a: [s for s in res.experiences if s.agent == a] for a in AGENTS}
     for b in batches:
@@ -158,6 +158,10 @@ def test_the_old_generation_keys_are_read_for_one_release_with_a_warning():
         old = PolicyConfig(model="tiny-random", eval_sampling=params)
     assert old.eval_generation == params and old.eval_sampling is None
     assert old.train_generation == PolicyConfig().train_generation  # the other one keeps its default
+    for value, expected in ((3.0, 3.0), (None, None)):
+        with pytest.warns(FutureWarning, match="--model.is_cap is deprecated and will be removed: name it "
+                                               "--model.importance_cap"):
+            assert MultiAgentRL(policies={"a": tiny()}, engine="hf", is_cap=value).importance_cap == expected
 
 
 def test_the_old_per_policy_engine_keys_still_work_for_one_release_with_a_warning():

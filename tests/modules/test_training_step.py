@@ -54,7 +54,7 @@ def module(agg="token-mean", lr=1e-3, ppo_epochs=1, clip=0.2, micro_batch_size=4
     torch.manual_seed(0)
     cfg = PolicyConfig(model="tiny-random", lr=lr, grad_clip=0.0, ppo_epochs=ppo_epochs, micro_batch_size=micro_batch_size,
                        train_generation=SamplingParams(temperature=1.0, max_new_tokens=8))
-    return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", agg=agg, is_cap=None,
+    return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", agg=agg, importance_cap=None,
                         clip_low=clip, clip_high=clip, kl_coef=kl_coef)
 
 

@@ -77,7 +77,7 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
             assert s[f"train/{agent}/grad_norm"][it] > 0  # the entropy term moves the weights
         # iteration 2 samples from the weights after step 1, gathered from the shards into each
         # rank's vLLM engine: engine and trainer log-probs agree (stale weights would not)
-        assert math.isclose(s[f"train/{agent}/is_weight_mean"][2], 1.0, abs_tol=2e-3)
+        assert math.isclose(s[f"train/{agent}/importance_weight_mean"][2], 1.0, abs_tol=2e-3)
 
 
 def test_unknown_strategy_names_the_accepted_ones(tmp_path):
