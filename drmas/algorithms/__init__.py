@@ -16,14 +16,7 @@ from drmas.algorithms.advantages import (
 from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_importance_weights
 from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards, sample_reward
 
-
-
-def __getattr__(name: str):
-    if name in ("SAMPLING_MODES", "truncated_is_weights"):  # old names, read for one release (they warn)
-        from drmas.algorithms import advantages, losses
-
-        return getattr(advantages if name == "SAMPLING_MODES" else losses, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from drmas.registry import old_names
 
 
 __all__ = [
@@ -42,3 +35,7 @@ __all__ = [
     "sample_reward",
     "truncated_importance_weights",
 ]
+
+__getattr__ = old_names(__name__, {"SAMPLING_MODES": ("SAMPLINGS", lambda: SAMPLINGS),
+                                   "truncated_is_weights": ("truncated_importance_weights",
+                                                            lambda: truncated_importance_weights)})

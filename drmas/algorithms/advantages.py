@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from drmas.registry import Registry
+from drmas.registry import Registry, old_names
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -39,11 +39,7 @@ candidates per node, one executed)."""
 _SCALES = ("std", "none")
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SAMPLING_MODES":  # the old name, read for one release
-        warnings.warn("SAMPLING_MODES is deprecated and will be removed: use SAMPLINGS", FutureWarning, stacklevel=2)
-        return SAMPLINGS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {"SAMPLING_MODES": ("SAMPLINGS", lambda: SAMPLINGS)})
 
 
 class Sample(Protocol):

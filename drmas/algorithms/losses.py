@@ -7,10 +7,10 @@ All tensors are token-level ``[B, T]`` (B sequences, T response positions) excep
 from __future__ import annotations
 
 import warnings
-from typing import Any
-
 import torch
 from torch import Tensor
+
+from drmas.registry import old_names
 
 __all__ = ["AGGREGATIONS", "aggregate", "policy_loss", "truncated_importance_weights"]
 
@@ -45,14 +45,6 @@ def aggregate(values: Tensor, mask: Tensor, agg: str = "token-mean", norm_len: i
     else:
         per_seq = seq_sum / float(norm_len if norm_len is not None else values.shape[-1])
     return (per_seq * has_tokens).sum() / n_seq
-
-
-def __getattr__(name: str) -> Any:
-    if name == "truncated_is_weights":  # the old name, read for one release
-        warnings.warn("truncated_is_weights is deprecated and will be removed: use truncated_importance_weights",
-                      FutureWarning, stacklevel=2)
-        return truncated_importance_weights
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float = 2.0) -> Tensor:
@@ -180,3 +172,7 @@ def policy_loss(
         if entropy is not None:
             metrics["entropy"] = mean(entropy.detach())
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+__getattr__ = old_names(__name__, {"truncated_is_weights": ("truncated_importance_weights",
+                                                            lambda: truncated_importance_weights)})

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from drmas.algorithms import SAMPLINGS, estimators_for
 from drmas.records import ChatPrompt, Completion, EpisodeResult, GenerateFn, RolloutResult
-from drmas.registry import Registry
+from drmas.registry import Registry, old_names
 
 __all__ = [
     "SAMPLINGS",
@@ -44,12 +44,7 @@ __all__ = [
 
 
 
-def __getattr__(name: str) -> Any:
-    if name == "MODES":  # the old name, read for one release
-        warnings.warn("drmas.envs.base.MODES is deprecated and will be removed: use SAMPLINGS", FutureWarning,
-                      stacklevel=2)
-        return SAMPLINGS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {"MODES": ("SAMPLINGS", lambda: SAMPLINGS)})
 
 
 @dataclass
