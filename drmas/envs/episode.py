@@ -87,13 +87,26 @@ class TurnWorkflow(Workflow):
 
     def __init__(
         self,
+        *,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
-        role_rewards: bool = True,
         tie_break: str = "first",
         templates: dict[str, PromptTemplate] | None = None,
+        role_rewards: bool = True,
         default_templates: dict[str, PromptTemplate] | None = None,
     ) -> None:
+        """The options every turn-based domain takes; a domain's own ``__init__`` passes them on
+        with ``**options`` (so they are declared and documented here once) and sets the last two.
+
+        Args:
+            alpha: weight of the team reward in ``alpha * team + local``.
+            format_penalty: magnitude of the local penalty for a malformed action.
+            tie_break: how tree sampling picks among equally scored candidates: ``first``
+                (lowest index) or ``random`` (seeded).
+            templates: per-agent prompt templates replacing the defaults (by agent name).
+            role_rewards: add each agent's role reward to its local term (set by the domain).
+            default_templates: the domain's own templates (set by the domain).
+        """
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
         unknown = set(templates or {}) - set(self.agents)

@@ -4,10 +4,50 @@ in the sandbox (:mod:`drmas.envs.sandbox`), a missing program counting as a fail
 from __future__ import annotations
 
 import re
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
 
 from drmas.envs.sandbox import Result, SandboxPool
 
-__all__ = ["ProgramRunner", "parse_program", "run_failure"]
+__all__ = ["ProgramRunner", "SandboxSettings", "parse_program", "run_failure", "sandbox_settings"]
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How a domain runs model-written programs (docs/sandbox.md); every domain that runs them
+    takes one as ``sandbox``, e.g. ``--data.workflow.init_args.sandbox.time_limit_s 2``."""
+
+    time_limit_s: float = 5.0
+    """Wall-clock limit of each program (code: of a program on one test)."""
+    memory_mb: int = 512
+    """Address-space limit of each program."""
+    workers: int = 4
+    """Programs run at the same time."""
+    allow_unconfined: bool = False
+    """Run model-written programs even where the sandbox cannot confine them (not root and no
+    unprivileged user namespaces): they could then change any file of this user. Off by default:
+    such a machine refuses to run them."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.time_limit_s <= 0:
+            raise ValueError(f"sandbox workers must be >= 1 and time_limit_s > 0, got {self.workers} and "
+                             f"{self.time_limit_s}")
+
+
+_OLD_KEYS = {"code_timeout_s": "time_limit_s", "time_limit_s": "time_limit_s", "code_memory_mb": "memory_mb",
+             "sandbox_workers": "workers", "allow_unconfined": "allow_unconfined"}
+
+
+def sandbox_settings(sandbox: SandboxSettings, **old: Any) -> SandboxSettings:
+    """``sandbox`` with the flat workflow arguments it replaced (``code_timeout_s``,
+    ``time_limit_s``, ``code_memory_mb``, ``sandbox_workers``, ``allow_unconfined``) applied: read
+    for one release, each with a FutureWarning naming its new key."""
+    given = {k: v for k, v in old.items() if v is not None}
+    for key in given:
+        warnings.warn(f"the workflow argument {key!r} is now 'sandbox: {{{_OLD_KEYS[key]}: ...}}'; {key!r} will be "
+                      "removed in the next release", FutureWarning, stacklevel=3)
+    return replace(sandbox, **{_OLD_KEYS[k]: v for k, v in given.items()}) if given else sandbox
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -35,13 +75,8 @@ def run_failure(result: Result) -> str | None:
 class ProgramRunner:
     """A sandbox pool started on first use, with the workflow's limits."""
 
-    def __init__(
-        self, timeout_s: float = 5.0, memory_mb: int = 512, workers: int = 4, allow_unconfined: bool = False
-    ) -> None:
-        if workers < 1:
-            raise ValueError(f"sandbox_workers must be >= 1, got {workers}")
-        self.timeout_s, self.memory_mb, self.workers = timeout_s, memory_mb, workers
-        self.allow_unconfined = allow_unconfined
+    def __init__(self, settings: SandboxSettings = SandboxSettings()) -> None:  # noqa: B008 (frozen)
+        self.settings = settings
         self._pool: SandboxPool | None = None
 
     def run(
@@ -52,9 +87,10 @@ class ProgramRunner:
         stdins = stdins if stdins is not None else [""] * len(programs)
         real = [(p, s) for p, s in zip(programs, stdins, strict=True) if p is not None]
         if self._pool is None:
-            self._pool = SandboxPool(self.workers, self.allow_unconfined)
+            self._pool = SandboxPool(self.settings.workers, self.settings.allow_unconfined)
         results = iter(self._pool.run([p for p, _ in real], [s for _, s in real],
-                                      timeout_s=timeout_s or self.timeout_s, memory_mb=self.memory_mb))
+                                      timeout_s=timeout_s or self.settings.time_limit_s,
+                                      memory_mb=self.settings.memory_mb))
         missing = Result("", "no code block", 1, False)
         return [next(results) if p is not None else missing for p in programs]
 

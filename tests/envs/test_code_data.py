@@ -10,11 +10,12 @@ import pytest
 
 from drmas.envs.code import Judge, TestCase, embedded_problems, load_code_file
 from drmas.envs.code.loaders import load_code_source, parse_tests, tasks_from_rows
+from drmas.envs.programs import SandboxSettings
 
 
 @pytest.fixture(scope="module")
 def judge():
-    j = Judge(time_limit_s=1.0, workers=2)
+    j = Judge(SandboxSettings(time_limit_s=1.0, workers=2))
     yield j
     j.close()
 

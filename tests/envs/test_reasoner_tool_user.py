@@ -6,6 +6,7 @@ from scripted import Script
 from drmas.algorithms import compute_advantages
 from drmas.envs.math import ReasonerToolUserWorkflow
 from drmas.envs.math.reasoner_tool_user import parse_program, program_answer
+from drmas.envs.programs import SandboxSettings
 from drmas.envs.sandbox import Result
 
 
@@ -135,8 +136,8 @@ def test_tree_state_advances_with_the_executed_candidate(wf, task):
 def test_bad_settings_are_refused(wf, task):
     with pytest.raises(ValueError, match="max_turns"):
         ReasonerToolUserWorkflow(max_turns=0)
-    with pytest.raises(ValueError, match="sandbox_workers"):
-        ReasonerToolUserWorkflow(sandbox_workers=0)
+    with pytest.raises(ValueError, match="sandbox workers must be >= 1"):
+        ReasonerToolUserWorkflow(sandbox=SandboxSettings(workers=0))
     with pytest.raises(ValueError, match="tie_break"):
         ReasonerToolUserWorkflow(tie_break="best")
     with pytest.raises(ValueError, match="unknown agents"):

@@ -65,6 +65,7 @@ def test_tree_mode_and_bad_settings_are_refused(wf):
 def test_renamed_arguments_are_read_for_one_release_with_a_warning(tmp_path):
     from drmas.envs.code import CoderTesterWorkflow
     from drmas.envs.math import ReasonerToolUserWorkflow
+    from drmas.envs.programs import SandboxSettings
 
     with pytest.warns(FutureWarning, match="'max_loops' is now 'max_turns'"):
         assert SolverVerifierWorkflow(max_loops=3).max_turns == 3
@@ -76,3 +77,11 @@ def test_renamed_arguments_are_read_for_one_release_with_a_warning(tmp_path):
     missing = str(tmp_path / "gone.jsonl")
     with pytest.warns(FutureWarning, match="'val' is now 'val_file'"), pytest.raises(FileNotFoundError, match="gone.jsonl"):
         CoderTesterWorkflow(val=missing)  # the old name still reaches the loader
+    # the flat sandbox arguments, now one `sandbox` settings object
+    with pytest.warns(FutureWarning, match=r"'sandbox_workers' is now 'sandbox: \{workers: \.\.\.\}'"):
+        code = CoderTesterWorkflow(sandbox_workers=2)
+    assert (code.judge.runner.settings.workers, code.judge.time_limit_s) == (2, 1.0)  # the rest: the domain's
+    with pytest.warns(FutureWarning, match=r"'code_timeout_s' is now 'sandbox: \{time_limit_s: \.\.\.\}'"):
+        rtu = ReasonerToolUserWorkflow(code_timeout_s=3.0, sandbox=SandboxSettings(workers=3))
+    assert (rtu.programs.settings.time_limit_s, rtu.programs.settings.workers) == (3.0, 3)
+    rtu.close()

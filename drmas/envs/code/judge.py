@@ -15,7 +15,7 @@ from typing import Sequence
 
 from drmas.envs.code import driver
 from drmas.envs.code.task import TestCase
-from drmas.envs.programs import ProgramRunner, run_failure
+from drmas.envs.programs import ProgramRunner, SandboxSettings, run_failure
 
 __all__ = ["MAX_TESTS", "Judge", "Verdict", "pass_rate"]
 
@@ -44,12 +44,10 @@ def pass_rate(verdicts: Sequence[Verdict]) -> float:
 class Judge:
     """Runs (program, tests) jobs in the sandbox, several at a time."""
 
-    def __init__(self, time_limit_s: float = 2.0, memory_mb: int = 512, workers: int = 4,
-                 allow_unconfined: bool = False) -> None:
-        if time_limit_s <= 0:
-            raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
-        self.time_limit_s = time_limit_s
-        self.runner = ProgramRunner(time_limit_s, memory_mb, workers, allow_unconfined)
+    def __init__(self, settings: SandboxSettings = SandboxSettings(time_limit_s=2.0)) -> None:  # noqa: B008
+        """``settings.time_limit_s``: the limit of a program on one test."""
+        self.time_limit_s = settings.time_limit_s
+        self.runner = ProgramRunner(settings)
 
     def run(self, jobs: Sequence[tuple[str | None, Sequence[TestCase]]]) -> list[list[Verdict]]:
         """One list of verdicts per job, one verdict per test, in order; any number of tests (a

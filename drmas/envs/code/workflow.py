@@ -32,7 +32,7 @@ from drmas.envs.code.judge import MAX_TESTS, Judge, Verdict, pass_rate
 from drmas.envs.code.loaders import embedded_problems, load_code_source
 from drmas.envs.code.task import CodeTask, TestCase
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
-from drmas.envs.programs import parse_program
+from drmas.envs.programs import SandboxSettings, parse_program, sandbox_settings
 from drmas.records import Completion
 
 log = logging.getLogger(__name__)
@@ -118,19 +118,17 @@ class CoderTesterWorkflow(TurnWorkflow):
         val_file: SplitSource = None,
         test_file: SplitSource = None,
         max_turns: int = 4,
-        alpha: float = 1.0,
-        format_penalty: float = 0.1,
-        time_limit_s: float = 1.0,
-        code_memory_mb: int = 512,
-        sandbox_workers: int = 4,
-        allow_unconfined: bool = False,
+        sandbox: SandboxSettings = SandboxSettings(time_limit_s=1.0),  # noqa: B008 (frozen)
         max_golden_tests: int = 16,
         max_tests: int = 8,
-        tie_break: str = "first",
-        templates: dict[str, PromptTemplate] | None = None,
         train: SplitSource = None,
         val: SplitSource = None,
         test: SplitSource = None,
+        time_limit_s: float | None = None,
+        code_memory_mb: int | None = None,
+        sandbox_workers: int | None = None,
+        allow_unconfined: bool | None = None,
+        **options: Any,
     ) -> None:
         """
         Args:
@@ -139,20 +137,18 @@ class CoderTesterWorkflow(TurnWorkflow):
             val_file: the same for validation.
             test_file: the same for testing.
             max_turns: turns per episode (each: the coder, then the tester).
-            alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: magnitude of the extra penalty for a reply without a program or a test.
-            time_limit_s: wall-clock limit of a program on one test.
-            code_memory_mb: address-space limit of each program.
-            sandbox_workers: programs judged at the same time.
-            allow_unconfined: run model-written programs even where the sandbox cannot confine
-                them (not root and no unprivileged user namespaces): they could then change
-                any file of this user. Off by default: such a machine refuses to run them.
+            sandbox: how programs are judged: ``time_limit_s`` (of a program on one test),
+                memory, workers, ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
             max_golden_tests: golden tests judged per program in training (the first ones of
                 each task; 0 = all); validation and test always judge all of them.
             max_tests: test cases read from a tester's reply.
-            tie_break: tree sampling among equal scores: ``first`` or ``random`` (seeded).
-            templates: per-agent prompt templates replacing the defaults.
             train: deprecated name of ``train_file`` (read for one release); ``val``, ``test`` likewise.
+            time_limit_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
+                ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
+                (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
+            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
+                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
+                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
         """
         train_file = renamed("train", "train_file", train, train_file)
         val_file = renamed("val", "val_file", val, val_file)
@@ -162,7 +158,7 @@ class CoderTesterWorkflow(TurnWorkflow):
         if max_golden_tests < 0 or not 1 <= max_tests <= MAX_TESTS:
             raise ValueError(f"max_golden_tests must be >= 0 (0 = all) and max_tests in 1..{MAX_TESTS}, got "
                              f"{max_golden_tests} and {max_tests}")
-        super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
+        super().__init__(default_templates=default_templates(), **options)
         self._splits: dict[str, Sequence[CodeTask]] = {}
         for split, entries in (("train", train_file), ("val", val_file), ("test", test_file)):
             if not entries:
@@ -173,7 +169,9 @@ class CoderTesterWorkflow(TurnWorkflow):
                 raise ValueError(f"{split} data: duplicate task uids (the same file or data set given twice?)")
             self._splits[split] = tasks
         self.max_turns, self.max_golden_tests, self.max_tests = max_turns, max_golden_tests, max_tests
-        self.judge = Judge(time_limit_s, code_memory_mb, sandbox_workers, allow_unconfined)
+        sandbox = sandbox_settings(sandbox, time_limit_s=time_limit_s, code_memory_mb=code_memory_mb,
+                                   sandbox_workers=sandbox_workers, allow_unconfined=allow_unconfined)
+        self.judge = Judge(sandbox)
         self._all_golden = False  # set per rollout: validation and test judge every golden test
         capped = sum(len(t.tests) > max_golden_tests for t in self._splits["train"]) if max_golden_tests else 0
         if capped:

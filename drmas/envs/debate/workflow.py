@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
@@ -82,9 +82,7 @@ class DebateWorkflow(TurnWorkflow):
         test_file: str | list[str] | None = None,
         max_turns: int = 1,
         zero_sum: bool = True,
-        alpha: float = 1.0,
-        format_penalty: float = 0.1,
-        templates: dict[str, PromptTemplate] | None = None,
+        **options: Any,
     ) -> None:
         """
         Args:
@@ -94,14 +92,13 @@ class DebateWorkflow(TurnWorkflow):
             test_file: test problems, likewise.
             max_turns: rounds of arguments (one per debater each) before the verdict.
             zero_sum: the chosen debater gets +1 and the other -1 (False: +1 and 0).
-            alpha: weight of the team reward (the chosen answer is right) in ``alpha * team + local``.
-            format_penalty: magnitude of the local penalty for an argument without a box or a
-                reply without a verdict.
-            templates: per-agent prompt templates replacing the defaults.
+            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
+                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
+                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
         """
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        super().__init__(alpha, format_penalty, templates=templates, default_templates=default_templates())
+        super().__init__(default_templates=default_templates(), **options)
         self.max_turns, self.zero_sum = max_turns, zero_sum
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.games.base import GAMES, Game, make
-from drmas.envs.programs import ProgramRunner, parse_program, run_failure
+from drmas.envs.programs import ProgramRunner, SandboxSettings, parse_program, run_failure, sandbox_settings
 from drmas.records import Completion
 
 __all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
@@ -112,14 +112,12 @@ class PlanningWorkflow(TurnWorkflow):
         val_size: int = 100,
         test_size: int = 100,
         max_turns: int = 4,
-        alpha: float = 1.0,
-        format_penalty: float = 0.1,
-        code_timeout_s: float = 5.0,
-        code_memory_mb: int = 512,
-        sandbox_workers: int = 4,
-        allow_unconfined: bool = False,
-        tie_break: str = "first",
-        templates: dict[str, PromptTemplate] | None = None,
+        sandbox: SandboxSettings = SandboxSettings(),  # noqa: B008 (frozen)
+        code_timeout_s: float | None = None,
+        code_memory_mb: int | None = None,
+        sandbox_workers: int | None = None,
+        allow_unconfined: bool | None = None,
+        **options: Any,
     ) -> None:
         """
         Args:
@@ -130,22 +128,20 @@ class PlanningWorkflow(TurnWorkflow):
             val_size: puzzles in the val split.
             test_size: puzzles in the test split.
             max_turns: turns per episode (each: the tool user, then the planner).
-            alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: magnitude of the extra penalty for a malformed reply.
-            code_timeout_s: wall-clock limit of each program in the sandbox.
-            code_memory_mb: address-space limit of each program.
-            sandbox_workers: programs run at the same time.
-            allow_unconfined: run model-written programs even where the sandbox cannot confine
-                them (not root and no unprivileged user namespaces): they could then change
-                any file of this user. Off by default: such a machine refuses to run them.
-            tie_break: tree sampling among equal scores: ``first`` or ``random`` (seeded).
-            templates: per-agent prompt templates replacing the defaults.
+            sandbox: how the tool user's programs run: time and memory limits, workers,
+                ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
+            code_timeout_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
+                ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
+                (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
+            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
+                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
+                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
         """
         if game not in GAMES:
             raise ValueError(f"game must be one of {GAMES.names()}, got {game!r}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
+        super().__init__(default_templates=default_templates(), **options)
         args = {k: v for k, v in {"size": size, "boxes": boxes}.items() if k in GAMES.get(game).options}
         make(game, seed=0, **args)  # a bad size fails here, naming the value
         name = f"{game}-{size}" + (f"x{boxes}" if "boxes" in args else "")
@@ -155,7 +151,9 @@ class PlanningWorkflow(TurnWorkflow):
                                 for seed in range(starts[split], starts[split] + counts[split])]
                         for split in starts}
         self.game, self.max_turns = game, max_turns
-        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers, allow_unconfined)
+        sandbox = sandbox_settings(sandbox, code_timeout_s=code_timeout_s, code_memory_mb=code_memory_mb,
+                                   sandbox_workers=sandbox_workers, allow_unconfined=allow_unconfined)
+        self.programs = ProgramRunner(sandbox)
 
     def tasks(self, split: str) -> Sequence[GameTask]:
         return split_tasks(self._splits, split)

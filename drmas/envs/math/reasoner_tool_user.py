@@ -26,7 +26,7 @@ or seeded random) and the next prompt is built from the advanced state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
@@ -34,7 +34,7 @@ from drmas.envs.math.grading import extract_boxed, same_answer
 from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
 from drmas.envs.math.splits import math_splits
 from drmas.envs.math.task import MathTask
-from drmas.envs.programs import ProgramRunner, parse_program, run_failure
+from drmas.envs.programs import ProgramRunner, SandboxSettings, parse_program, run_failure, sandbox_settings
 from drmas.envs.sandbox import Result
 from drmas.records import Completion
 
@@ -113,15 +113,13 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
         max_turns: int = 4,
-        alpha: float = 1.0,
-        format_penalty: float = 0.1,
-        code_timeout_s: float = 5.0,
-        code_memory_mb: int = 512,
-        sandbox_workers: int = 4,
-        allow_unconfined: bool = False,
-        tie_break: str = "first",
-        templates: dict[str, PromptTemplate] | None = None,
+        sandbox: SandboxSettings = SandboxSettings(),  # noqa: B008 (frozen)
+        code_timeout_s: float | None = None,
+        code_memory_mb: int | None = None,
+        sandbox_workers: int | None = None,
+        allow_unconfined: bool | None = None,
         turns: int | None = None,
+        **options: Any,
     ) -> None:
         """
         Args:
@@ -131,26 +129,25 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
             max_turns: turns per episode (each: the tool user, then the reasoner).
-            alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: magnitude of the extra penalty for a malformed action.
-            code_timeout_s: wall-clock limit of each program in the sandbox.
-            code_memory_mb: address-space limit of each program.
-            sandbox_workers: programs run at the same time.
-            allow_unconfined: run model-written programs even where the sandbox cannot confine
-                them (not root and no unprivileged user namespaces): they could then change
-                any file of this user. Off by default: such a machine refuses to run them.
-            tie_break: how tree sampling picks among equally scored candidates: ``first``
-                (lowest index) or ``random`` (seeded).
-            templates: per-agent prompt templates replacing the defaults (by agent name).
+            sandbox: how the tool user's programs run: time and memory limits, workers,
+                ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
+            code_timeout_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
+                ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
+                (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
             turns: deprecated name of ``max_turns`` (read for one release).
+            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
+                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
+                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
         """
         max_turns = renamed("turns", "max_turns", turns, max_turns)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        super().__init__(alpha, format_penalty, True, tie_break, templates, default_templates())
+        super().__init__(default_templates=default_templates(), **options)
         self.max_turns = max_turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
-        self.programs = ProgramRunner(code_timeout_s, code_memory_mb, sandbox_workers, allow_unconfined)
+        sandbox = sandbox_settings(sandbox, code_timeout_s=code_timeout_s, code_memory_mb=code_memory_mb,
+                                   sandbox_workers=sandbox_workers, allow_unconfined=allow_unconfined)
+        self.programs = ProgramRunner(sandbox)
 
     def tasks(self, split: str) -> Sequence[MathTask]:
         return split_tasks(self._splits, split)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
@@ -82,10 +82,8 @@ class SolverVerifierWorkflow(TurnWorkflow):
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
         max_turns: int = 2,
-        alpha: float = 1.0,
-        format_penalty: float = 0.1,
-        templates: dict[str, PromptTemplate] | None = None,
         max_loops: int | None = None,
+        **options: Any,
     ) -> None:
         """
         Args:
@@ -95,15 +93,15 @@ class SolverVerifierWorkflow(TurnWorkflow):
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
             max_turns: solver attempts; every attempt but the last is checked by the verifier.
-            alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: magnitude of the local penalty for a malformed action.
-            templates: per-agent prompt templates replacing the defaults (by agent name).
             max_loops: deprecated name of ``max_turns`` (read for one release).
+            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
+                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
+                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
         """
         max_turns = renamed("max_loops", "max_turns", max_loops, max_turns)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        super().__init__(alpha, format_penalty, templates=templates, default_templates=default_templates())
+        super().__init__(default_templates=default_templates(), **options)
         self.max_turns = max_turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 

@@ -32,9 +32,9 @@ failed action (``rollout/searcher/failed_actions``); too many stop the run (see
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.search.answers import contains_answer, exact_match
 from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1
@@ -79,12 +79,9 @@ class SearchWorkflow(TurnWorkflow):
         retriever_url: str | None = None,
         topk: int = 3,
         max_turns: int = 4,
-        alpha: float = 1.0,
-        format_penalty: float = 0.1,
         role_rewards: bool = False,
         think: bool = False,
-        tie_break: str = "first",
-        templates: dict[str, PromptTemplate] | None = None,
+        **options: Any,
     ) -> None:
         """
         Args:
@@ -101,18 +98,16 @@ class SearchWorkflow(TurnWorkflow):
             retriever_url: full URL of the server's ``/retrieve`` endpoint for ``http``.
             topk: passages returned per search.
             max_turns: turns per episode (each: verifier, then searcher or answerer).
-            alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: magnitude of the local penalty for a malformed action.
             role_rewards: in parallel mode, add the role rewards to the local term.
             think: prefill the searcher and answerer with ``<think>`` (the parser accepts an
                 optional think block either way).
-            tie_break: how tree sampling picks among equally scored candidates: ``first``
-                (lowest index) or ``random`` (seeded).
-            templates: per-agent prompt templates replacing the defaults (by agent name).
+            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
+                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
+                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
         """
         if max_turns < 1 or topk < 1:
             raise ValueError(f"max_turns and topk must be >= 1, got {max_turns}, {topk}")
-        super().__init__(alpha, format_penalty, role_rewards, tie_break, templates, default_templates(think))
+        super().__init__(role_rewards=role_rewards, default_templates=default_templates(think), **options)
         self.topk, self.max_turns = topk, max_turns
 
         files = {"train": train_file, "val": val_file, "test": test_file}
