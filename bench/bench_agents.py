@@ -62,14 +62,14 @@ def main() -> None:
                 t0 = time.perf_counter()
                 result = wf.rollout(all_tasks[tasks], generate, n=args.group)
                 seconds = time.perf_counter() - t0
-                tokens = sum(len(s.response_ids) for s in result.experiences)
+                tokens = sum(len(s.response_ids) for s in result.samples)
                 failed = [e for e in result.episodes if "failure" in e.info]
                 if failed:
                     raise SystemExit(f"{name}: {len(failed)} episodes failed: {failed[0].info['failure']}")
                 print(f"round {r}{' (warm-up)' if r == 0 else ''} {name:9s} {seconds:6.1f} s  "
-                      f"{len(result.experiences):3d} samples  {tokens:5d} tokens", flush=True)
+                      f"{len(result.samples):3d} samples  {tokens:5d} tokens", flush=True)
                 if r:
-                    for i, v in enumerate((seconds, len(result.experiences), tokens)):
+                    for i, v in enumerate((seconds, len(result.samples), tokens)):
                         totals[name][i] += v
     finally:
         endpoint.close()

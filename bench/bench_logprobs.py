@@ -35,7 +35,7 @@ def one(args: argparse.Namespace) -> dict:
     from drmas.data.batching import make_micro_batches
     from drmas.models import load_causal_lm
     from drmas.modules.logprobs import full_logprobs, response_logprobs
-    from drmas.records import Experience
+    from drmas.records import Sample
 
     torch.manual_seed(0)
     model, tok = load_causal_lm(args.model)
@@ -43,7 +43,7 @@ def one(args: argparse.Namespace) -> dict:
     if not args.no_gradient_checkpointing:  # as large-model configs run; leaves the logits as the peak
         model.gradient_checkpointing_enable()
     vocab = model.config.vocab_size
-    samples = [Experience("t", str(i), str(i), "a", 0, "p", torch.randint(100, vocab, (args.prompt,)).tolist(),
+    samples = [Sample("t", str(i), str(i), "a", 0, "p", torch.randint(100, vocab, (args.prompt,)).tolist(),
                           torch.randint(100, vocab, (args.response,)).tolist(), [0.0] * args.response, advantage=1.0)
                for i in range(args.seqs)]
     b = make_micro_batches(samples, "p", args.seqs, tok.pad_token_id or 0)[0]

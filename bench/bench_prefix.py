@@ -42,7 +42,7 @@ def rollout(args: argparse.Namespace) -> list:
     estimator = "at_grpo" if args.sampling == "tree" else "drmas"
     rollouts = Rollouts(SearchWorkflow(max_turns=4), args.sampling, estimator, group_size=args.group_size,
                         tasks_per_iteration=args.tasks, val_tasks=0)
-    return rollouts.prepare(player, 1).experiences
+    return rollouts.prepare(player, 1).samples
 
 
 def update(model, batches) -> tuple[float, float]:

@@ -63,7 +63,7 @@ def examples(result: Any) -> dict[str, str]:
     """Each agent's first completion of the evaluation (its first task's first episode): what
     the policy says, to read beside the numbers."""
     out: dict[str, str] = {}
-    for s in result.experiences if result is not None else ():
+    for s in result.samples if result is not None else ():
         out.setdefault(s.agent, s.text)
     return out
 

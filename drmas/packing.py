@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from drmas.records import Experience, PackedRows
+from drmas.records import Sample, PackedRows
 
 __all__ = ["MIN_SHARED_TOKENS", "group_by_prefix", "pack_shared_prefixes", "pad_samples", "prefix_order"]
 
@@ -29,7 +29,7 @@ MIN_SHARED_TOKENS = 16
 """Shorter common prefixes are not worth a group."""
 
 
-def pad_samples(samples: Sequence[Experience], pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def pad_samples(samples: Sequence[Sample], pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Right-padded ``input_ids``, ``attention_mask``, ``response_mask`` and engine log-probs of
     ``samples``, one row each, as long as the longest (response positions: see MicroBatch)."""
     length = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -55,12 +55,12 @@ def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     return n
 
 
-def prefix_order(samples: Sequence[Experience], indices: Sequence[int]) -> list[int]:
+def prefix_order(samples: Sequence[Sample], indices: Sequence[int]) -> list[int]:
     """``indices`` ordered by their samples' tokens, so that shared prefixes are adjacent."""
     return sorted(indices, key=lambda i: (list(samples[i].prompt_ids), list(samples[i].response_ids), i))
 
 
-def group_by_prefix(samples: Sequence[Experience], min_shared: int = MIN_SHARED_TOKENS) -> list[tuple[int, list[int]]]:
+def group_by_prefix(samples: Sequence[Sample], min_shared: int = MIN_SHARED_TOKENS) -> list[tuple[int, list[int]]]:
     """``(prefix length, positions)`` of consecutive samples sharing a prompt prefix.
 
     A sample joins the current group when their common prompt prefix is at least ``min_shared``
@@ -79,7 +79,7 @@ def group_by_prefix(samples: Sequence[Experience], min_shared: int = MIN_SHARED_
     return groups
 
 
-def pack_shared_prefixes(samples: Sequence[Experience], pad_id: int,
+def pack_shared_prefixes(samples: Sequence[Sample], pad_id: int,
                          min_shared: int = MIN_SHARED_TOKENS) -> PackedRows | None:
     """The samples (in this order) packed by :func:`group_by_prefix`; None when no group has two
     samples (nothing to share)."""

@@ -1,7 +1,7 @@
 """The record types every layer passes around, at the bottom of the package.
 
 What a workflow asks (:class:`ChatPrompt`) and gets back (:class:`Completion`), what one LLM
-call becomes for training (:class:`Experience`), how an episode ended (:class:`EpisodeResult`),
+call becomes for training (:class:`Sample`), how an episode ended (:class:`EpisodeResult`),
 what a rollout returns (:class:`RolloutResult`), the tensors of one forward pass
 (:class:`MicroBatch`), and what one RL iteration hands the trainer (:class:`PreparedIteration`).
 This module imports nothing of drmas, so every other module may import it.
@@ -9,6 +9,7 @@ This module imports nothing of drmas, so every other module may import it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Hashable, Protocol, Sequence
 
@@ -19,13 +20,13 @@ __all__ = [
     "ChatPrompt",
     "Completion",
     "EpisodeResult",
-    "Experience",
     "GenerateFn",
     "GenerationSettings",
     "MicroBatch",
     "PackedRows",
     "PreparedIteration",
     "RolloutResult",
+    "Sample",
 ]
 
 
@@ -83,11 +84,10 @@ class GenerateFn(Protocol):
 
 
 @dataclass
-class Experience:
-    """One agent's LLM call with everything the estimators and the trainer need.
-
-    Padding samples (``is_pad``) are never packed into micro-batches and never enter statistics.
-    """
+class Sample:
+    """One training sample: one agent's LLM call with everything the estimators and the trainer
+    need. Duplicates (``is_duplicate``) are never packed into micro-batches and never enter
+    statistics."""
 
     task_uid: Hashable
     traj_uid: Hashable
@@ -107,7 +107,7 @@ class Experience:
     reward: float = 0.0
     """The score the estimators use (alpha * team + local, set by the workflow)."""
     advantage: float = 0.0
-    is_pad: bool = False
+    is_duplicate: bool = False
     """A duplicate added to fill a batch: trained with zero weight, never in any statistic."""
     info: dict = field(default_factory=dict)
 
@@ -128,10 +128,16 @@ class EpisodeResult:
 class RolloutResult:
     """What playing a batch of tasks returns: every sample, and how each episode ended."""
 
-    experiences: list[Experience]
+    samples: list[Sample]
     episodes: list[EpisodeResult]
     counts: dict[str, float] = field(default_factory=dict)
     """Additive counts the workflow reports (summed over ranks; see ``Workflow.scalars``)."""
+
+    @property
+    def experiences(self) -> list[Sample]:
+        """Deprecated (one release): :attr:`samples`."""
+        _warn_renamed("RolloutResult.experiences", "RolloutResult.samples")
+        return self.samples
 
 
 @dataclass
@@ -182,7 +188,7 @@ class MicroBatch:
     """Run the optimiser step of ``policy`` after this micro-batch's backward."""
     packed: PackedRows | None = None
     """The same samples with shared prefixes packed (None: run them as they are)."""
-    padding: bool = False
+    stand_in: bool = False
     """A zero-weight stand-in that keeps this rank's passes in step with the other ranks'
     (sharded training needs every rank to run the same number of forward/backward passes)."""
     agent: str | None = None
@@ -227,15 +233,17 @@ class PreparedIteration:
     and, when the engines keep a prefix cache, ``rollout/prefix_cache_hit_rate``."""
 
     @property
-    def experiences(self) -> list[Experience]:
-        return self.rollout.experiences
+    def samples(self) -> list[Sample]:
+        return self.rollout.samples
+
+
+def _warn_renamed(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated and will be removed: use {new}", FutureWarning, stacklevel=3)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "IterationPlan":  # the old name, read for one release
-        import warnings
-
-        warnings.warn("IterationPlan is deprecated and will be removed: use PreparedIteration", FutureWarning,
-                      stacklevel=2)
-        return PreparedIteration
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    renames = {"IterationPlan": PreparedIteration, "Experience": Sample}  # old names, read for one release
+    if name not in renames:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _warn_renamed(name, renames[name].__name__)
+    return renames[name]

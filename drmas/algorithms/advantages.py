@@ -5,7 +5,7 @@ They differ only in how samples are grouped and which score enters the group sta
 the statistics themselves live in :func:`group_advantages`.
 
 A sample is any object with the attributes ``reward``, ``task_uid``, ``traj_uid``, ``env_uid``,
-``agent`` and ``turn``. A sample whose optional attribute ``is_pad`` is true (a duplicate added
+``agent`` and ``turn``. A sample whose optional attribute ``is_duplicate`` is true (a duplicate added
 to fill a batch) gets advantage 0 and never enters any group statistic.
 """
 
@@ -229,13 +229,13 @@ def compute_advantages(
 ) -> Tensor:
     """One advantage per sample (float32, aligned with ``samples``) from a registered estimator.
 
-    Samples with a true ``is_pad`` attribute get 0 and are left out of every statistic.
+    Samples with a true ``is_duplicate`` attribute get 0 and are left out of every statistic.
     """
     fn = ADVANTAGE_ESTIMATORS.get(estimator)  # a KeyError listing the registered ones
     if scale not in _SCALES:
         raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
     out = torch.zeros(len(samples), dtype=torch.float32)
-    real = [i for i, s in enumerate(samples) if not getattr(s, "is_pad", False)]
+    real = [i for i, s in enumerate(samples) if not getattr(s, "is_duplicate", False)]
     if not real:
         return out
     adv = fn([samples[i] for i in real], scale, eps)
@@ -256,7 +256,7 @@ def baseline_inflation(samples: Sequence[Any]) -> dict[Hashable, float]:
     agents' squares, weighted by their sample shares, average to exactly 1."""
     by_task: dict[Hashable, dict[Hashable, list[float]]] = {}
     for s in samples:
-        if not getattr(s, "is_pad", False):
+        if not getattr(s, "is_duplicate", False):
             by_task.setdefault(s.task_uid, {}).setdefault(s.agent, []).append(float(s.reward))
     factors: dict[Hashable, list[float]] = {}
     for agents in by_task.values():

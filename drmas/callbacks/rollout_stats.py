@@ -19,10 +19,10 @@ def rollout_scalars(result: RolloutResult) -> dict[str, float]:
     ``samples`` and ``baseline_inflation`` (what one baseline per task would do to its advantages,
     whichever estimator trains: :func:`~drmas.algorithms.baseline_inflation`)."""
     out = outcome_scalars(result, "rollout")
-    for agent, factor in baseline_inflation(result.experiences).items():
+    for agent, factor in baseline_inflation(result.samples).items():
         out[f"rollout/{agent}/baseline_inflation"] = factor
     by_agent = defaultdict(list)
-    for s in result.experiences:
+    for s in result.samples:
         by_agent[s.agent].append(s)
     for agent, samples in by_agent.items():
         n = len(samples)
@@ -67,7 +67,7 @@ class RolloutStats(L.Callback):
     @staticmethod
     def _log_text(trainer: L.Trainer, prepared: PreparedIteration) -> None:
         seen = set()
-        for s in prepared.experiences:
+        for s in prepared.samples:
             if s.agent in seen:
                 continue
             seen.add(s.agent)

@@ -9,12 +9,12 @@ from typing import Sequence
 import torch
 
 from drmas.packing import group_by_prefix, pack_shared_prefixes, pad_samples, prefix_order
-from drmas.records import Experience, MicroBatch
+from drmas.records import Sample, MicroBatch
 
 __all__ = ["make_micro_batches", "shard_prefix_groups", "shard_samples"]
 
 
-def shard_samples(samples: Sequence[Experience], world_size: int, prefix_sharing: bool = False,
+def shard_samples(samples: Sequence[Sample], world_size: int, prefix_sharing: bool = False,
                   micro_batch_size: int = 1) -> list[list[int]]:
     """Positions of ``samples`` per rank. Deterministic, so every rank computes the same split.
 
@@ -35,7 +35,7 @@ def shard_samples(samples: Sequence[Experience], world_size: int, prefix_sharing
     return shares
 
 
-def shard_prefix_groups(samples: Sequence[Experience], world_size: int, micro_batch_size: int) -> list[list[int]]:
+def shard_prefix_groups(samples: Sequence[Sample], world_size: int, micro_batch_size: int) -> list[list[int]]:
     """Positions of ``samples`` per rank, keeping samples that share a prompt prefix together
     (a task's tree candidates, its parallel trajectories' turns) and balancing the tokens that run
     once the ranks' micro-batches are packed.
@@ -72,14 +72,14 @@ def shard_prefix_groups(samples: Sequence[Experience], world_size: int, micro_ba
     return [order[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
-def _packed_tokens(chunk: Sequence[Experience]) -> int:
+def _packed_tokens(chunk: Sequence[Sample]) -> int:
     """Tokens one micro-batch of these samples runs with shared prefixes packed."""
     return sum(length + sum(len(chunk[i].prompt_ids) + len(chunk[i].response_ids) - length for i in members)
                for length, members in group_by_prefix(chunk))
 
 
 def make_micro_batches(
-    samples: Sequence[Experience],
+    samples: Sequence[Sample],
     policy: str,
     micro_batch_size: int,
     pad_id: int,
@@ -99,7 +99,7 @@ def make_micro_batches(
     accumulation over the micro-batches gives exactly the loss of the whole batch. With several
     ranks the scale is multiplied by ``world_size`` because sharded training averages the ranks'
     gradients, and every rank gets the same number of micro-batches: a rank with fewer samples
-    runs zero-weight padding micro-batches (``padding=True``) so its passes stay in step.
+    runs zero-weight stand-in micro-batches (``stand_in=True``) so its passes stay in step.
 
     ``prefix_sharing``: samples are ordered by their tokens instead of their length, so that those
     sharing a prompt prefix fall into the same micro-batch, and each micro-batch carries them
@@ -117,7 +117,7 @@ def make_micro_batches(
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if by_agent and world_size > 1:
         raise ValueError("micro-batches split by agent (per-agent gradient norms) need one rank")
-    real = [i for i, s in enumerate(samples) if not s.is_pad and s.response_ids]
+    real = [i for i, s in enumerate(samples) if not s.is_duplicate and s.response_ids]
     if not real:
         return []
     total_tokens = sum(len(samples[i].response_ids) for i in real)
@@ -149,13 +149,13 @@ def make_micro_batches(
     passes = len(out) if world_size == 1 else max(math.ceil(len(share) / micro_batch_size) for share in shares)
     while len(out) < passes:
         # index -1: never a real sample's slot among the kept old log-probs
-        out.append(_micro_batch([samples[real[0]]], [-1], policy, pad_id, 0.0, ppo_epoch, padding=True))
+        out.append(_micro_batch([samples[real[0]]], [-1], policy, pad_id, 0.0, ppo_epoch, stand_in=True))
     out[-1].step_after = True
     return out
 
 
-def _micro_batch(chunk: list[Experience], idx: list[int], policy: str, pad_id: int, scale: float,
-                 ppo_epoch: int, padding: bool = False) -> MicroBatch:
+def _micro_batch(chunk: list[Sample], idx: list[int], policy: str, pad_id: int, scale: float,
+                 ppo_epoch: int, stand_in: bool = False) -> MicroBatch:
     ids, attn, resp, elp = pad_samples(chunk, pad_id)
     return MicroBatch(
         policy=policy,
@@ -167,5 +167,5 @@ def _micro_batch(chunk: list[Experience], idx: list[int], policy: str, pad_id: i
         sample_index=torch.tensor(idx, dtype=torch.long),
         loss_scale=scale,
         ppo_epoch=ppo_epoch,
-        padding=padding,
+        stand_in=stand_in,
     )

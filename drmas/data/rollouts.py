@@ -38,7 +38,7 @@ from drmas.data.progress import EpisodeBar, show_progress
 from drmas.envs.base import SAMPLINGS, Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
-from drmas.records import BatchSpec, Experience, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
+from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
 
 __all__ = ["OutageError", "RolloutBackend", "Rollouts", "outcome_scalars"]
 
@@ -172,16 +172,16 @@ class Rollouts:
         scalars.update(self.workflow.scalars(result.counts))
         result, scalars["rollout/nonfinite_rewards"] = _drop_nonfinite(result, iteration)
         t2 = time.perf_counter()
-        for s in result.experiences:
+        for s in result.samples:
             s.policy = self.agent_map[s.agent]
-        adv = compute_advantages(result.experiences, self.estimator, self.scale)
-        for s, a in zip(result.experiences, adv.tolist()):
+        adv = compute_advantages(result.samples, self.estimator, self.scale)
+        for s, a in zip(result.samples, adv.tolist()):
             s.advantage = a
         t3 = time.perf_counter()
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
         if prompt:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
-        return PreparedIteration(iteration, result, self.micro_batches(result.experiences, backend), timings, scalars)
+        return PreparedIteration(iteration, result, self.micro_batches(result.samples, backend), timings, scalars)
 
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
         """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``
@@ -195,7 +195,7 @@ class Rollouts:
                 f"{self.max_failed_share} allows; stopping. The first failure:\n{broken[0]}")
         total: dict[str, int] = defaultdict(int)
         failed: dict[str, list[str]] = defaultdict(list)
-        for s in result.experiences:
+        for s in result.samples:
             total[s.agent] += 1
             if "failure" in s.info:
                 failed[s.agent].append(s.info["failure"])
@@ -226,10 +226,10 @@ class Rollouts:
         finally:
             bar.close()
 
-    def micro_batches(self, samples: Sequence[Experience], backend: RolloutBackend) -> list[MicroBatch]:
+    def micro_batches(self, samples: Sequence[Sample], backend: RolloutBackend) -> list[MicroBatch]:
         """This rank's micro-batches of each policy, PPO epoch by PPO epoch; a policy only ever sees
         its agents' samples, and its last micro-batch of each PPO epoch carries its optimiser step."""
-        per_policy: dict[str, list[Experience]] = defaultdict(list)
+        per_policy: dict[str, list[Sample]] = defaultdict(list)
         for s in samples:
             per_policy[s.policy].append(s)
         specs = {name: spec for name in dict.fromkeys(self.agent_map.values())
@@ -325,8 +325,8 @@ def outcome_scalars(result: RolloutResult, prefix: str) -> dict[str, float]:
     if result.episodes:
         out[f"{prefix}/success_rate"] = sum(e.success for e in result.episodes) / len(result.episodes)
         out[f"{prefix}/turns_mean"] = sum(e.turns for e in result.episodes) / len(result.episodes)
-    per_agent: dict[str, list[Experience]] = defaultdict(list)
-    for s in result.experiences:
+    per_agent: dict[str, list[Sample]] = defaultdict(list)
+    for s in result.samples:
         per_agent[s.agent].append(s)
     for agent, samples in per_agent.items():
         rewards = [s.reward for s in samples if math.isfinite(s.reward)]
@@ -356,10 +356,10 @@ class _Rerouted:
 def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResult, float]:
     """``result`` without the samples whose reward is NaN or infinite (a broken reward function
     would otherwise poison every advantage of their group), and how many were dropped."""
-    kept = [s for s in result.experiences if math.isfinite(s.reward)]
-    dropped = len(result.experiences) - len(kept)
+    kept = [s for s in result.samples if math.isfinite(s.reward)]
+    dropped = len(result.samples) - len(kept)
     if dropped:
-        agents = sorted({s.agent for s in result.experiences if not math.isfinite(s.reward)})
+        agents = sorted({s.agent for s in result.samples if not math.isfinite(s.reward)})
         log.warning("iteration %d: %d sample(s) of %s with a NaN or infinite reward dropped (not trained on)",
                     iteration, dropped, ", ".join(agents))
         result = RolloutResult(kept, result.episodes)
@@ -392,6 +392,6 @@ def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseExceptio
     for r, _, _ in parts:
         for key, value in r.counts.items():
             counts[key] += value
-    return (RolloutResult([s for r, _, _ in parts for s in r.experiences], [e for r, _, _ in parts for e in r.episodes],
+    return (RolloutResult([s for r, _, _ in parts for s in r.samples], [e for r, _, _ in parts for e in r.episodes],
                           dict(counts)),
             (sum(n for _, (n, _), _ in parts), sum(c for _, (_, c), _ in parts)))

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from drmas.algorithms import sample_reward
 from drmas.envs.base import SAMPLINGS, PromptTemplate, Workflow, pick_best, sample_groups
-from drmas.records import ChatPrompt, Completion, EpisodeResult, Experience, GenerateFn, RolloutResult
+from drmas.records import ChatPrompt, Completion, EpisodeResult, Sample, GenerateFn, RolloutResult
 
 __all__ = ["Action", "EpisodeState", "TurnWorkflow"]
 
@@ -76,7 +76,7 @@ class Action:
 class _Episode:
     state: EpisodeState
     traj_uid: str
-    samples: list[Experience] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
 
 
 class TurnWorkflow(Workflow):
@@ -205,9 +205,9 @@ class TurnWorkflow(Workflow):
             ep.samples.extend(recs)
             self.advance(agent, ep.state, acts[pick_best([s.reward for s in recs], self.tie_break, rng)])
 
-    def _record(self, ep: _Episode, agent: str, c: Completion, a: Action) -> Experience:
+    def _record(self, ep: _Episode, agent: str, c: Completion, a: Action) -> Sample:
         """The candidate as a sample, with its tree score (parallel mode rescores at the end)."""
-        s = Experience(
+        s = Sample(
             task_uid=ep.state.task.uid, traj_uid=ep.traj_uid, env_uid=ep.traj_uid, agent=agent, turn=ep.state.turn,
             policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
             text=c.text, valid=a.valid, info={"role_reward": a.role_reward},

@@ -277,7 +277,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             self._bad_loss = True  # every rank skips this step (_step agrees on it)
             if self.world_size > 1:  # a sharded backward is a collective: run it, with a finite loss
                 self.manual_backward(torch.nan_to_num(loss, 0.0, 0.0, 0.0) * batch.loss_scale)
-        if not batch.padding:  # a stand-in pass that keeps ranks in step has no statistics
+        if not batch.stand_in:  # a stand-in pass that keeps ranks in step has no statistics
             bucket = self._metrics[batch.policy]
             for k, v in metrics.items():
                 bucket[k].append((float(v), batch.loss_scale))

@@ -78,7 +78,7 @@ def test_at_grpo_groups_by_env_agent_turn_and_never_merges_tasks():
 
 
 def test_padding_never_enters_the_statistics():
-    pad = S("q", "t3", "A", 0, 1000.0, is_pad=True)
+    pad = S("q", "t3", "A", 0, 1000.0, is_duplicate=True)
     for name in ADVANTAGE_ESTIMATORS:
         base = compute_advantages(BATCH, name)
         padded = compute_advantages(BATCH + [pad], name)
@@ -203,10 +203,10 @@ def test_drmas_zero_mean_per_task_agent_group(rows):
 
 
 def _edge_batch(rewards):
-    from drmas.records import Experience
+    from drmas.records import Sample
 
     agents = ["a", "b"]
-    return [Experience(f"t{i // 4}", f"t{i // 4}#{i % 2}", f"t{i // 4}#{i % 2}", agents[i % 2], (i // 2) % 2, "p",
+    return [Sample(f"t{i // 4}", f"t{i // 4}#{i % 2}", f"t{i // 4}#{i % 2}", agents[i % 2], (i // 2) % 2, "p",
                        [1], [2], [0.0], reward=r) for i, r in enumerate(rewards)]
 
 

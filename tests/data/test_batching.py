@@ -3,12 +3,12 @@ import torch
 
 from drmas.algorithms import policy_loss
 from drmas.data.batching import make_micro_batches, shard_samples
-from drmas.records import Experience
+from drmas.records import Sample
 
 
 def E(prompt, response, adv=0.0, pad=False):
-    return Experience("t", "j", "e", "a", 0, "p", list(prompt), list(response), [-0.1 * (i + 1) for i in range(len(response))],
-                      advantage=adv, is_pad=pad)
+    return Sample("t", "j", "e", "a", 0, "p", list(prompt), list(response), [-0.1 * (i + 1) for i in range(len(response))],
+                      advantage=adv, is_duplicate=pad)
 
 
 SAMPLES = [E([1, 2, 3], [4, 5], 1.0), E([1], [6], -1.0), E([1, 2, 3, 4, 5], [7, 8, 9], 0.5), E([1], [2], 9.0, pad=True)]
@@ -54,7 +54,7 @@ def test_ranks_get_equal_passes_with_zero_weight_padding():
     # 3 real samples of costs 5, 2, 8: rank 0 trains the 8 and pads, rank 1 trains 2 then 5
     assert [[m.sample_index.tolist() for m in mbs] for mbs in ranks] == [[[2], [-1]], [[1], [0]]]
     pad = ranks[0][1]
-    assert pad.padding and pad.loss_scale == 0.0 and pad.step_after and not ranks[0][0].step_after
+    assert pad.stand_in and pad.loss_scale == 0.0 and pad.step_after and not ranks[0][0].step_after
     # token shares of 6 response tokens, times 2 ranks: the averaged gradient is the whole batch's
     assert [m.loss_scale for m in ranks[0][:1] + ranks[1]] == pytest.approx([6 / 6, 2 / 6, 4 / 6])
 
@@ -69,23 +69,23 @@ def prefix_plan():
     out = []
     for t in range(3):
         prompt = tok(300 + 40 * t)
-        out += [Experience(f"tree{t}", f"c{k}", f"c{k}", "a", 0, "p", prompt, tok(length(10, 40)), [0.0] * 40)
+        out += [Sample(f"tree{t}", f"c{k}", f"c{k}", "a", 0, "p", prompt, tok(length(10, 40)), [0.0] * 40)
                 for k in range(4)]
     for t in range(5):
         first = tok(200 + 30 * t)
         for j in range(4):
             r1 = tok(length(8, 30))
-            out.append(Experience(f"par{t}", f"j{j}", f"j{j}", "a", 0, "p", first, r1, [0.0] * 40))
-            out.append(Experience(f"par{t}", f"j{j}", f"j{j}", "a", 1, "p", first + r1 + tok(60), tok(length(8, 30)),
+            out.append(Sample(f"par{t}", f"j{j}", f"j{j}", "a", 0, "p", first, r1, [0.0] * 40))
+            out.append(Sample(f"par{t}", f"j{j}", f"j{j}", "a", 1, "p", first + r1 + tok(60), tok(length(8, 30)),
                                   [0.0] * 40))
-    out += [Experience(f"x{i}", "x", "x", "a", 0, "p", tok(length(50, 150)), tok(20), [0.0] * 40) for i in range(6)]
+    out += [Sample(f"x{i}", "x", "x", "a", 0, "p", tok(length(50, 150)), tok(20), [0.0] * 40) for i in range(6)]
     for s in out:
         s.engine_logprobs = s.engine_logprobs[: len(s.response_ids)]
     return out
 
 
 def tokens_run(batches):
-    return sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in batches if not b.padding)
+    return sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in batches if not b.stand_in)
 
 
 @pytest.mark.parametrize("micro_batch_size", [4, 8])

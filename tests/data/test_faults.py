@@ -176,12 +176,12 @@ def test_some_failed_searches_are_counted_and_the_iteration_trains_on(server):
     url, _ = server(corpus, ["error", "error"])
     rollouts = Rollouts(search_workflow(url, max_turns=3), group_size=2, tasks_per_iteration=2, val_tasks=0)
     plan = rollouts.prepare(SearchBackend(), iteration=1)
-    searches = [s for s in plan.experiences if s.agent == "searcher"]
+    searches = [s for s in plan.samples if s.agent == "searcher"]
     failed = [s for s in searches if "failure" in s.info]
     assert len(searches) == 8 and len(failed) == 4 and {s.turn for s in failed} == {0}
     assert plan.scalars["rollout/failed_actions"] == 4 and plan.scalars["rollout/searcher/failed_actions"] == 4
     assert all(s.valid for s in failed)  # no format penalty for the server's fault
-    assert sum(m.input_ids.shape[0] for m in plan.micro_batches) == len(plan.experiences)  # all trained on
+    assert sum(m.input_ids.shape[0] for m in plan.micro_batches) == len(plan.samples)  # all trained on
 
 
 def test_an_outage_stops_the_run_before_training(server):
@@ -232,10 +232,10 @@ def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
     rollouts = Rollouts(Poisoned(bad.uid, value), group_size=4, tasks_per_iteration=2, val_tasks=0, seed=1)
     plan = rollouts.prepare(Backend(), iteration=1)
     assert plan.scalars["rollout/nonfinite_rewards"] == 4  # the broken task's four trajectories
-    assert {s.task_uid for s in plan.experiences} == {good.uid}
-    assert all(math.isfinite(s.reward) and math.isfinite(s.advantage) for s in plan.experiences)
+    assert {s.task_uid for s in plan.samples} == {good.uid}
+    assert all(math.isfinite(s.reward) and math.isfinite(s.advantage) for s in plan.samples)
     # the kept samples' advantages are exactly those of the clean samples alone
-    expected = compute_advantages(plan.experiences, "drmas", "std").tolist()
-    assert [s.advantage for s in plan.experiences] == pytest.approx(expected)
-    assert sorted(s.reward for s in plan.experiences) == [0.0, 0.0, 1.0, 1.0]
+    expected = compute_advantages(plan.samples, "drmas", "std").tolist()
+    assert [s.advantage for s in plan.samples] == pytest.approx(expected)
+    assert sorted(s.reward for s in plan.samples) == [0.0, 0.0, 1.0, 1.0]
     assert sum(m.input_ids.shape[0] for m in plan.micro_batches) == 4

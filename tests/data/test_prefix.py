@@ -3,13 +3,13 @@ response token's logits come from."""
 
 from drmas.data.batching import make_micro_batches
 from drmas.packing import group_by_prefix, pack_shared_prefixes
-from drmas.records import Experience
+from drmas.records import Sample
 
 P = list(range(100, 116))  # a 16-token prompt
 
 
 def E(prompt, response):
-    return Experience("t", "j", "e", "a", 0, "p", list(prompt), list(response), [0.0] * len(response))
+    return Sample("t", "j", "e", "a", 0, "p", list(prompt), list(response), [0.0] * len(response))
 
 
 def test_two_samples_of_one_prompt_share_it():

@@ -78,7 +78,7 @@ def test_a_plan_scores_routes_and_packs_by_the_backends_specs(workflow):
     assert plan.iteration == 1 and backend.syncs == 1
     assert set(plan.timings) == {"time/sync_s", "time/rollout_s", "time/advantage_s"}
     assert backend.calls == [("solver", 1, 4, True)]  # the four trajectories share one request
-    s = plan.experiences
+    s = plan.samples
     assert [x.policy for x in s] == ["p_solve"] * 4
     assert [x.reward for x in s] == [1.0, 0.0, 1.0, 0.0]
     # drmas: (r - 0.5) / unbiased std of {1, 0, 1, 0} = +-0.5 / sqrt(1/3)
@@ -116,12 +116,12 @@ def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
     task = rollouts.sample_tasks(1)[0]
     fn = lambda agent, i: f"\\boxed{{{task.answer}}}" if agent == "solver" else "approve</verify>"  # noqa: E731
     plan = rollouts.prepare(ScriptedBackend(fn), iteration=1)
-    assert sorted((x.agent, x.policy) for x in plan.experiences) == [("solver", "p_solve")] * 2 + [("verifier", "p_check")] * 2
+    assert sorted((x.agent, x.policy) for x in plan.samples) == [("solver", "p_solve")] * 2 + [("verifier", "p_check")] * 2
     check = [m for m in plan.micro_batches if m.policy == "p_check"]
     assert len(check) == 1 and check[0].step_after and check[0].ppo_epoch == 0  # one PPO epoch, one batch of 4
     assert (check[0].input_ids == 5).any() and not (check[0].input_ids == 0).any()
     # every sample is rewarded alike (right and approved): all advantages are exactly 0
-    assert all(x.advantage == 0.0 for x in plan.experiences)
+    assert all(x.advantage == 0.0 for x in plan.samples)
 
 
 def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
@@ -307,10 +307,10 @@ def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
     assert not played[0] & played[1] and played[0] | played[1] == {t.uid for t in tasks}
     # the same advantages as one process playing the same completions, on every rank, not all 0
     key = lambda x: (x.task_uid, x.traj_uid, x.agent, x.turn)  # noqa: E731
-    want = {key(x): x.advantage for x in single.experiences}
-    assert any(abs(a) > 0.1 for a in want.values()) and {x.agent for x in single.experiences} == {"solver", "verifier"}
+    want = {key(x): x.advantage for x in single.samples}
+    assert any(abs(a) > 0.1 for a in want.values()) and {x.agent for x in single.samples} == {"solver", "verifier"}
     for plan in plans:
-        assert {key(x): x.advantage for x in plan.experiences} == pytest.approx(want, abs=1e-6)
+        assert {key(x): x.advantage for x in plan.samples} == pytest.approx(want, abs=1e-6)
     # the ranks' passes line up one for one, and together train every sample once per PPO epoch
     steps = [[(m.policy, m.ppo_epoch, m.step_after) for m in plan.micro_batches] for plan in plans]
     assert steps[0] == steps[1]
@@ -318,11 +318,11 @@ def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
     for plan in plans:
         for m in plan.micro_batches:
             entry = by_policy.setdefault((m.policy, m.ppo_epoch), [[], 0.0])
-            entry[0] += [] if m.padding else m.sample_index.tolist()
+            entry[0] += [] if m.stand_in else m.sample_index.tolist()
             entry[1] += m.loss_scale
-            assert m.loss_scale == 0.0 if m.padding else m.loss_scale > 0
+            assert m.loss_scale == 0.0 if m.stand_in else m.loss_scale > 0
     for (policy, _), (trained, scale) in by_policy.items():
-        n = sum(x.policy == policy for x in single.experiences)
+        n = sum(x.policy == policy for x in single.samples)
         assert sorted(trained) == list(range(n))
         assert scale == pytest.approx(2.0)  # each rank's share x 2: FSDP averages the two gradients
 
@@ -388,3 +388,15 @@ def test_the_swap_probe_keeps_what_the_generate_function_answers():
     assert swapped("solver", ["p"], 2) == [["verifier", "verifier"]] and swapped.train is False
     assert swapped.settings("solver") == "settings of verifier" and swapped.prompt_tokens("verifier", None) == 6
     assert not hasattr(_Rerouted(lambda a, p, n: [], {}), "settings")  # nothing the inner one lacks
+
+
+def test_the_old_record_names_are_read_for_one_release():
+    from drmas import records
+
+    with pytest.warns(FutureWarning, match="Experience is deprecated and will be removed: use Sample"):
+        assert records.Experience is records.Sample
+    with pytest.warns(FutureWarning, match="IterationPlan is deprecated and will be removed: use PreparedIteration"):
+        assert records.IterationPlan is records.PreparedIteration
+    result = records.RolloutResult([], [])
+    with pytest.warns(FutureWarning, match="RolloutResult.experiences is deprecated .*: use RolloutResult.samples"):
+        assert result.experiences is result.samples

@@ -63,8 +63,8 @@ def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(task
     finally:
         wf.close()
     assert len(result.episodes) == 12 and all(e.success and e.turns == 3 for e in result.episodes)
-    assert len(result.experiences) == 36
-    for s in result.experiences:
+    assert len(result.samples) == 36
+    for s in result.samples:
         task = s.traj_uid.split("#")[0]
         assert s.task_uid == task and s.env_uid == s.traj_uid
         assert f"task{task}" in s.text  # the episode's own task, through its own URL
@@ -147,7 +147,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     prompt = [p for agent, ps, _ in script.calls for p in ps if p.messages[-1][1] == "ok"][0]
     assert prompt.stop == ("!",) and prompt.max_new_tokens == 5
     assert wf.scalars(result.counts)["endpoint/sampling_overrides"] == 1.0
-    assert len([s for s in result.experiences if s.task_uid == "0"]) == 1  # refused calls leave no sample
+    assert len([s for s in result.samples if s.task_uid == "0"]) == 1  # refused calls leave no sample
 
 
 def test_failed_episodes_leave_no_samples_and_a_timed_out_url_answers_410(tasks_file):
@@ -181,7 +181,7 @@ def test_failed_episodes_leave_no_samples_and_a_timed_out_url_answers_410(tasks_
         why = {e.task_uid: e.info.get("failure", "") for e in result.episodes}
         assert "RuntimeError: the program broke" in why["0"] and "Traceback" in why["0"]
         assert "'stranger'" in why["1"] and "timeout of 1 s" in why["2"] and why["3"] == ""
-        assert {s.task_uid for s in result.experiences} == {"3"}
+        assert {s.task_uid for s in result.samples} == {"3"}
         assert [e.success for e in result.episodes] == [False, False, False, True]
     finally:
         wf.close()
@@ -190,7 +190,7 @@ def test_failed_episodes_leave_no_samples_and_a_timed_out_url_answers_410(tasks_
         result = wf.rollout(wf.tasks("train")[:1], Script(echo), n=2)
     finally:
         wf.close()
-    assert all("made no call" in e.info["failure"] for e in result.episodes) and not result.experiences
+    assert all("made no call" in e.info["failure"] for e in result.episodes) and not result.samples
 
 
 def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
@@ -211,7 +211,7 @@ def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
     finally:
         wf.close()
     assert result.episodes[0].success, result.episodes[0].info
-    assert [(s.agent, s.text) for s in result.experiences] == [("critic", "fine")]
+    assert [(s.agent, s.text) for s in result.samples] == [("critic", "fine")]
 
 
 def test_async_programs_and_concurrent_calls(tasks_file):
@@ -232,7 +232,7 @@ def test_async_programs_and_concurrent_calls(tasks_file):
     finally:
         wf.close()
     assert all(e.success for e in result.episodes)
-    assert sorted((s.agent, s.reward) for s in result.experiences) == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4
+    assert sorted((s.agent, s.reward) for s in result.samples) == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4
 
 
 def test_what_an_episode_may_return():
@@ -311,7 +311,7 @@ def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_tr
         fail = {"task1"}
         plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
         assert plan.scalars["rollout/failed_episodes"] == 2.0 and plan.scalars["endpoint/requests"] == 8.0
-        assert {s.task_uid for s in plan.experiences} == {"0", "2", "3"}
+        assert {s.task_uid for s in plan.samples} == {"0", "2", "3"}
         fail = {"task0", "task1", "task2"}
         with pytest.raises(OutageError, match=r"6 of 8 episodes failed(.|\n)*ValueError: broken on task"):
             rollouts.prepare(Backend(Script(echo)), iteration=2)
@@ -335,5 +335,5 @@ def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason
             Rollouts(wf, sampling="tree", estimator="at_grpo")
     finally:
         wf.close()
-    assert [e.success for e in result.episodes] == [True, True] and len(result.experiences) == 4
+    assert [e.success for e in result.episodes] == [True, True] and len(result.samples) == 4
     assert [(a, n) for a, _, n in evaluating.calls] == [("critic", 4)]  # two episodes' identical prompts, merged

@@ -26,7 +26,7 @@ def wf():
 
 
 def by(result, agent):
-    return [s for s in result.experiences if s.agent == agent]
+    return [s for s in result.samples if s.agent == agent]
 
 
 def test_parse_test_cases():
@@ -40,7 +40,7 @@ def test_a_right_program_and_right_tests_solve_in_one_turn(wf):
     result = wf.rollout([TASK], script, n=2, sampling="parallel")
     assert [(e.success, e.turns, e.team_reward) for e in result.episodes] == [(True, 1, 1.0)] * 2
     # coder: pass rate 1; tester: the reference passes both of its tests; team 1 x alpha 1
-    assert sorted((s.agent, s.local_reward, s.reward) for s in result.experiences) == [
+    assert sorted((s.agent, s.local_reward, s.reward) for s in result.samples) == [
         ("coder", 1.0, 2.0)] * 2 + [("tester", 1.0, 2.0)] * 2
     assert "A teammate's program:\n```python\n" + ADD in script.prompts("tester")[0]
     assert "2 3" not in script.prompts("coder")[0]  # golden tests are never shown
@@ -76,8 +76,8 @@ def test_missing_code_and_tests_are_invalid_with_the_penalty(wf):
     # the prefill opens the code block: an empty one is no program
     script = Script(lambda agent, p, i: "```" if agent == "coder" else "no tests here")
     result = wf.rollout([TASK], script, n=1, sampling="parallel")
-    assert all(not s.valid for s in result.experiences)
-    assert [s.reward for s in result.experiences] == pytest.approx([-0.1] * 4)
+    assert all(not s.valid for s in result.samples)
+    assert [s.reward for s in result.samples] == pytest.approx([-0.1] * 4)
     assert "A teammate wrote no program yet." in script.prompts("tester")[0]
 
 
@@ -85,8 +85,8 @@ def test_a_crashing_program_and_a_task_without_reference(wf):
     task = CodeTask("add-1", TASK.question, TASK.tests, None, "t")
     script = Script(lambda agent, p, i: "raise SystemExit(2)\n```" if agent == "coder" else GOOD_TESTS)
     result = wf.rollout([task], script, n=1, sampling="parallel")
-    assert [s.local_reward for s in result.experiences] == [0.0] * 4  # no reference: the tester earns 0
-    assert all(s.valid for s in result.experiences)
+    assert [s.local_reward for s in result.samples] == [0.0] * 4  # no reference: the tester earns 0
+    assert all(s.valid for s in result.samples)
     assert "got: error: exit code 2 | FAIL" in script.prompts("coder")[1]
 
 
@@ -105,9 +105,9 @@ def test_tree_executes_the_best_candidate(wf):
     assert ADD in script.prompts("tester")[0]  # the tester sees candidate 2's program
     (ep,) = result.episodes
     assert ep.success and ep.turns == 1  # candidate 2 passes the tester's tests: done
-    adv = compute_advantages(result.experiences, "at_grpo")
+    adv = compute_advantages(result.samples, "at_grpo")
     groups = {}
-    for s, a in zip(result.experiences, adv.tolist()):
+    for s, a in zip(result.samples, adv.tolist()):
         groups.setdefault((s.env_uid, s.agent, s.turn), []).append(a)
     assert all(abs(sum(g)) < 1e-6 for g in groups.values()) and adv.abs().sum() > 0
 

@@ -15,7 +15,7 @@ RIGHT, WRONG = "2 + 3 = 5.\n\\boxed{5}", "2 x 3 = 6.\n\\boxed{6}"
 def play(verdict, a=RIGHT, b=WRONG, **kwargs):
     script = Script(lambda agent, p, i: {"debater_a": a, "debater_b": b, "judge": verdict}[agent])
     result = DebateWorkflow(**kwargs).rollout([TASK], script, n=1)
-    return {(s.agent, s.turn): (s.valid, s.local_reward, s.reward) for s in result.experiences}, result, script
+    return {(s.agent, s.turn): (s.valid, s.local_reward, s.reward) for s in result.samples}, result, script
 
 
 def test_the_verdict_decides_the_debaters_rewards():

@@ -73,13 +73,13 @@ def by_turn(plan):
 def test_tree_scores_candidates_on_their_own_and_executes_the_best():
     script = by_turn({"proposer": [["1", "x", "3"]], "closer": [["go", "stop", "???"]]})
     res = Count(alpha=2.0, format_penalty=0.5).rollout([Task("t", 3)], script, n=3, sampling="tree")
-    rewards = [(s.agent, s.turn, round(s.reward, 6)) for s in res.experiences]
+    rewards = [(s.agent, s.turn, round(s.reward, 6)) for s in res.samples]
     # proposer: role 0.1 * digit, "x" is invalid (-0.5); the best ("3") is executed: total 3;
     # closer at total 3: "stop" ends with team 1 -> 2 * 1; "go" does not end; "???" is invalid
     assert rewards == [("proposer", 0, 0.1), ("proposer", 0, -0.5), ("proposer", 0, 0.3),
                        ("closer", 0, 0.0), ("closer", 0, 2.0), ("closer", 0, -0.5)]
     assert res.episodes[0].success and res.episodes[0].turns == 1
-    assert [c[2] for c in script.calls] == [3, 3] and {s.env_uid for s in res.experiences} == {"t#tree"}
+    assert [c[2] for c in script.calls] == [3, 3] and {s.env_uid for s in res.samples} == {"t#tree"}
 
 
 @pytest.mark.parametrize("role_rewards, expected", [(False, [2.0, 2.0, 2.0, 2.0]), (True, [2.0, 2.0, 2.3, 2.0])])
@@ -87,9 +87,9 @@ def test_parallel_rewards_every_sample_with_the_episodes_team_reward(role_reward
     # two turns: propose 0, go; propose 3, stop -> total 3 = target
     script = by_turn({"proposer": [["0"], ["3"]], "closer": [["go"], ["stop"]]})
     res = Count(alpha=2.0, role_rewards=role_rewards).rollout([Task("t", 3)], script, n=1)
-    assert [(s.agent, s.turn) for s in res.experiences] == [("proposer", 0), ("closer", 0), ("proposer", 1), ("closer", 1)]
-    assert [round(s.reward, 6) for s in res.experiences] == expected
-    assert all(s.team_reward == 1.0 for s in res.experiences) and res.episodes[0].turns == 2
+    assert [(s.agent, s.turn) for s in res.samples] == [("proposer", 0), ("closer", 0), ("proposer", 1), ("closer", 1)]
+    assert [round(s.reward, 6) for s in res.samples] == expected
+    assert all(s.team_reward == 1.0 for s in res.samples) and res.episodes[0].turns == 2
 
 
 def test_identical_prompts_are_one_request_and_samplings_are_checked():

@@ -38,7 +38,7 @@ def test_a_tool_plan_copied_by_the_planner_solves_in_one_turn(wf):
     (ep,) = result.episodes
     assert ep.success and ep.turns == 1
     # both agents made all the progress (local 1) and the team solved it (alpha 1 x team 1)
-    assert sorted((s.agent, s.local_reward, s.reward) for s in result.experiences) == [
+    assert sorted((s.agent, s.local_reward, s.reward) for s in result.samples) == [
         ("planner", 1.0, 2.0), ("tool_user", 1.0, 2.0)]
     assert f"It printed: {plan}" in script.prompts("planner")[0]  # the planner saw the program's output
 
@@ -50,8 +50,8 @@ def test_crashing_and_silent_programs_and_malformed_plans(wf):
     result = wf.rollout([task], script, n=1, sampling="parallel")
     (ep,) = result.episodes
     assert not ep.success and ep.turns == 2  # every turn played
-    tool = [s for s in result.experiences if s.agent == "tool_user"]
-    plans = [s for s in result.experiences if s.agent == "planner"]
+    tool = [s for s in result.samples if s.agent == "tool_user"]
+    plans = [s for s in result.samples if s.agent == "planner"]
     assert [s.local_reward for s in tool] == [-1.0, -1.0] and all(s.valid for s in tool)
     # an empty <actions></actions> is a malformed plan: no progress, the format penalty
     assert all(not s.valid and s.reward == pytest.approx(-0.1) for s in plans)
@@ -65,7 +65,7 @@ def test_a_plan_cut_at_the_output_cap_is_never_used(wf):
     flood = f"print('{plan}')\nprint('x' * 200_000)\n```"
     script = Script(lambda agent, p, i: flood if agent == "tool_user" else "</actions>")
     result = wf.rollout([task], script, n=1, sampling="parallel")
-    assert [s.local_reward for s in result.experiences if s.agent == "tool_user"] == [-1.0, -1.0]
+    assert [s.local_reward for s in result.samples if s.agent == "tool_user"] == [-1.0, -1.0]
     assert script.prompts("planner")[0].split("It printed: ")[1].startswith("too much")
 
 
@@ -77,7 +77,7 @@ def test_illegal_moves_change_nothing_and_are_counted(wf):
     result = wf.rollout([task], script, n=1, sampling="parallel")
     assert result.episodes[0].info["illegal"] == 4 and result.episodes[0].info["progress"] == 0.0
     # no progress; an illegal move makes the plan invalid (the format penalty); the program itself was fine
-    assert {(s.agent, s.valid, round(s.reward, 6)) for s in result.experiences} == {
+    assert {(s.agent, s.valid, round(s.reward, 6)) for s in result.samples} == {
         ("planner", False, -0.1), ("tool_user", True, 0.0)}
 
 
@@ -88,9 +88,9 @@ def test_plans_are_parsed_strictly(wf):
     script = Script(lambda agent, p, i: f"print('{loose}')\n```" if agent == "tool_user" else f"{loose}</actions>")
     result = wf.rollout([task], script, n=1, sampling="parallel")
     assert result.episodes[0].info["moves"] == 0  # nothing executed
-    tool = next(s for s in result.experiences if s.agent == "tool_user")
+    tool = next(s for s in result.samples if s.agent == "tool_user")
     assert tool.local_reward == -1.0  # its program printed no action list
-    assert all(not s.valid for s in result.experiences if s.agent == "planner")
+    assert all(not s.valid for s in result.samples if s.agent == "planner")
 
 
 def test_tree_executes_the_best_candidate_and_shows_its_board(wf):
@@ -110,9 +110,9 @@ def test_tree_executes_the_best_candidate_and_shows_its_board(wf):
     after = task.make()
     after.step([path[0]])
     assert boards[1] == after.observation.split("\n")  # the second turn sees candidate 1's board
-    adv = compute_advantages(result.experiences, "at_grpo")
+    adv = compute_advantages(result.samples, "at_grpo")
     got = {}
-    for s, a in zip(result.experiences, adv.tolist()):
+    for s, a in zip(result.samples, adv.tolist()):
         got.setdefault((s.agent, s.turn), []).append((round(s.reward, 4), a))
     # by hand, per (task, agent, turn): the tool user's three candidates score alike (advantage 0);
     # the planner's are low, high, low: deviations -d, 2d, -d over an unbiased std of sqrt(3) d,

@@ -27,7 +27,7 @@ def task(wf):
 
 
 def rewards(res):
-    return [(s.agent, s.turn, round(s.reward, 6)) for s in res.experiences]
+    return [(s.agent, s.turn, round(s.reward, 6)) for s in res.samples]
 
 
 def test_parsers():
@@ -88,7 +88,7 @@ def test_crashing_silent_and_missing_programs(wf, task):
     # tool: -1 (crash), -1 (prints nothing), -1 - 0.1 (no code); reasoner: 0 - 0.1 every turn; team 0
     assert rewards(res) == [("tool_user", 0, -1.0), ("reasoner", 0, -0.1), ("tool_user", 1, -1.0),
                             ("reasoner", 1, -0.1), ("tool_user", 2, -1.1), ("reasoner", 2, -0.1)]
-    assert [s.valid for s in res.experiences] == [True, False, True, False, False, False]
+    assert [s.valid for s in res.samples] == [True, False, True, False, False, False]
     reasoner_prompts = script.prompts("reasoner")
     assert "It printed an error: ValueError: boom." in reasoner_prompts[0]
     assert "It printed nothing." in reasoner_prompts[1]
@@ -105,9 +105,9 @@ def test_tree_scores_each_candidate_and_executes_the_best(wf, task):
     assert rewards(res) == [("tool_user", 0, -1.0), ("tool_user", 0, 0.0), ("tool_user", 0, 1.0),
                             ("reasoner", 0, -0.1), ("reasoner", 0, 0.0), ("reasoner", 0, 2.0)]
     assert [c[2] for c in script.calls] == [3, 3]
-    assert len({s.env_uid for s in res.experiences}) == 1
+    assert len({s.env_uid for s in res.samples}) == 1
     assert res.episodes[0].success and res.episodes[0].turns == 1
-    adv = compute_advantages(res.experiences, "at_grpo")
+    adv = compute_advantages(res.samples, "at_grpo")
     for g in (adv[:3], adv[3:]):  # agent-and-turn groups have zero mean
         assert float(g.sum()) == pytest.approx(0.0, abs=1e-6) and float(g[2]) > 0
 
@@ -126,10 +126,10 @@ def test_tree_state_advances_with_the_executed_candidate(wf, task):
     res = wf.rollout([task], script, n=3, sampling="tree", seed=0)
     turn1_tool = script.prompts("tool_user")[1]
     assert "candidate-1 \\boxed{-777}" in turn1_tool and "candidate-0" not in turn1_tool
-    assert sorted({(s.agent, s.turn) for s in res.experiences}) == [
+    assert sorted({(s.agent, s.turn) for s in res.samples}) == [
         ("reasoner", 0), ("reasoner", 1), ("tool_user", 0), ("tool_user", 1)]
     # on the last turn every reasoner candidate ends the episode: team term for the right ones
-    last = [s for s in res.experiences if s.agent == "reasoner" and s.turn == 1]
+    last = [s for s in res.samples if s.agent == "reasoner" and s.turn == 1]
     assert [s.reward for s in last] == [2.0, 2.0, 2.0] and res.episodes[0].success
 
 
@@ -152,5 +152,5 @@ def test_the_workflow_plays_again_after_close(task):
     w = ReasonerToolUserWorkflow(max_turns=1)
     script = Script(lambda a, p, i: program(task.answer) if a == "tool_user" else f"\\boxed{{{task.answer}}}")
     for _ in range(2):  # close() frees the sandbox workers; the next rollout starts new ones
-        assert [s.reward for s in w.rollout([task], script, n=1).experiences] == [2.0, 2.0]
+        assert [s.reward for s in w.rollout([task], script, n=1).samples] == [2.0, 2.0]
         w.close()

@@ -58,7 +58,7 @@ def test_parallel_episode_routes_searches_and_answers(wf, task):
     res = wf.rollout([task], script, n=2, sampling="parallel")
     assert [e.success for e in res.episodes] == [True, True]
     assert [e.turns for e in res.episodes] == [2, 2]
-    traj = [s for s in res.experiences if s.traj_uid == res.episodes[0].traj_uid]
+    traj = [s for s in res.samples if s.traj_uid == res.episodes[0].traj_uid]
     assert [(s.agent, s.turn) for s in traj] == [("verifier", 0), ("searcher", 0), ("verifier", 1), ("answerer", 1)]
     # team reward for every sample, no format penalty, role rewards off by default
     assert all(s.team_reward == 1.0 and s.local_reward == 0.0 and s.reward == 1.0 and s.valid for s in traj)
@@ -74,7 +74,7 @@ def test_role_rewards_and_alpha_in_parallel_mode(task):
     wf = SearchWorkflow(max_turns=3, role_rewards=True, alpha=0.5)
     res = wf.rollout([task], Script(happy(task)), n=1, sampling="parallel")
     # every action was right for its role: local 1, team 1 -> 0.5 * 1 + 1
-    assert [s.reward for s in res.experiences] == [1.5, 1.5, 1.5, 1.5]
+    assert [s.reward for s in res.samples] == [1.5, 1.5, 1.5, 1.5]
 
 
 def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task):
@@ -94,7 +94,7 @@ def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task)
 
     script = Script(fn)
     res = wf.rollout([task], script, n=3, sampling="tree")
-    s = res.experiences
+    s = res.samples
     assert [(x.agent, x.turn) for x in s] == [("verifier", 0)] * 3 + [("searcher", 0)] * 3 + [("verifier", 1)] * 3 + [("answerer", 1)] * 3
     assert len({x.env_uid for x in s}) == 1
     # scores: verifier routing, searcher found-the-answer (-0.1 when malformed), answerer EM + alpha * team
@@ -112,7 +112,7 @@ def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task)
 def test_tree_keys_never_merge_two_tasks(wf):
     tasks = list(wf.tasks("train"))[:2]
     res = wf.rollout(tasks, Script(lambda a, p, i: "no</verify>" if a == "verifier" else "x</search>"), n=2, sampling="tree")
-    envs = {s.task_uid: {x.env_uid for x in res.experiences if x.task_uid == s.task_uid} for s in res.experiences}
+    envs = {s.task_uid: {x.env_uid for x in res.samples if x.task_uid == s.task_uid} for s in res.samples}
     assert len(envs) == 2 and all(len(v) == 1 for v in envs.values())
     assert envs[tasks[0].uid] != envs[tasks[1].uid]
 
@@ -143,10 +143,10 @@ def test_random_tie_break_is_seeded_and_only_picks_among_the_best(task):
 def test_malformed_output_is_an_invalid_action_with_a_penalty(wf, task, bad):
     res = wf.rollout([task], Script(lambda a, p, i: bad), n=1, sampling="parallel")
     # malformed verify = no; malformed search = nothing retrieved; last turn forces an answer
-    assert [(s.agent, s.turn) for s in res.experiences] == [
+    assert [(s.agent, s.turn) for s in res.samples] == [
         ("verifier", 0), ("searcher", 0), ("verifier", 1), ("searcher", 1), ("verifier", 2), ("answerer", 2)
     ]
-    assert all(not s.valid and s.reward == pytest.approx(-0.1) for s in res.experiences)
+    assert all(not s.valid and s.reward == pytest.approx(-0.1) for s in res.samples)
     assert res.episodes[0].success is False and res.episodes[0].turns == 3
 
 

@@ -21,8 +21,8 @@ def test_approved_right_answer_ends_after_one_loop(wf):
     task = wf.tasks("train")[0]
     script = Script(lambda a, p, i: f"so \\boxed{{{task.answer}}}" if a == "solver" else "approve</verify> ok")
     res = wf.rollout([task], script, n=2)
-    assert [(s.agent, s.turn) for s in res.experiences] == [("solver", 0), ("verifier", 0)] * 2
-    assert all(s.reward == 1.0 and s.valid for s in res.experiences)
+    assert [(s.agent, s.turn) for s in res.samples] == [("solver", 0), ("verifier", 0)] * 2
+    assert all(s.reward == 1.0 and s.valid for s in res.samples)
     assert [e.success for e in res.episodes] == [True, True] and res.episodes[0].turns == 1
     assert script.calls[0][2] == 2  # both trajectories share the first solver prompt
 
@@ -38,18 +38,18 @@ def test_rejection_feeds_back_and_the_last_loop_is_unchecked(wf):
 
     script = Script(fn)
     res = wf.rollout([task], script, n=1)
-    assert [(s.agent, s.turn) for s in res.experiences] == [("solver", 0), ("verifier", 0), ("solver", 1)]
+    assert [(s.agent, s.turn) for s in res.samples] == [("solver", 0), ("verifier", 0), ("solver", 1)]
     second_prompt = [c for c in script.calls if c[0] == "solver"][1][1][0].messages[-1][1]
     assert "the sum is off" in second_prompt and "\\boxed{-1}" in second_prompt
     # the final answer is right, so every sample gets the team reward, the verifier's too
-    assert [s.reward for s in res.experiences] == [1.0, 1.0, 1.0]
+    assert [s.reward for s in res.samples] == [1.0, 1.0, 1.0]
 
 
 def test_malformed_outputs_are_penalised_and_wrong_answers_get_no_team_reward(wf):
     task = wf.tasks("train")[0]
     res = wf.rollout([task], Script(lambda a, p, i: "I am not sure" if a == "solver" else "hmm"), n=1)
-    assert [(s.agent, s.valid) for s in res.experiences] == [("solver", False), ("verifier", False), ("solver", False)]
-    assert all(s.reward == pytest.approx(-0.1) for s in res.experiences)
+    assert [(s.agent, s.valid) for s in res.samples] == [("solver", False), ("verifier", False), ("solver", False)]
+    assert all(s.reward == pytest.approx(-0.1) for s in res.samples)
     assert res.episodes[0].success is False
 
 

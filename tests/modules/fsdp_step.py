@@ -49,7 +49,7 @@ def main(out: str, shard: bool) -> None:
     module.sync_weights()
     engine = module.engines["p"]
     engine_diff = max(float((engine.model.state_dict()[n] - w).abs().max()) for n, w in weights.items())
-    shares = module.gather_objects([(b.sample_index.tolist(), b.padding) for b in dm.batches])
+    shares = module.gather_objects([(b.sample_index.tolist(), b.stand_in) for b in dm.batches])
     if trainer.is_global_zero:
         logged = next(h for h in module.history if "train/p/loss" in h)
         torch.save({"loss": logged["train/p/loss"], "grad_norm": logged["train/p/grad_norm"],

@@ -45,10 +45,10 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
         plan = rollouts.prepare(module, iteration=1)
     finally:
         wf.close()
-    assert {s.policy for s in plan.experiences} == {"w", "c"} and len(plan.experiences) == 8
-    assert all(s.reward == pytest.approx(1.0 - len(s.response_ids) / 10) for s in plan.experiences if s.valid)
+    assert {s.policy for s in plan.samples} == {"w", "c"} and len(plan.samples) == 8
+    assert all(s.reward == pytest.approx(1.0 - len(s.response_ids) / 10) for s in plan.samples if s.valid)
     qwen = module.policies["c"].tokenizer
-    critic = [s for s in plan.experiences if s.agent == "critic"]
+    critic = [s for s in plan.samples if s.agent == "critic"]
     assert all(qwen.decode(s.prompt_ids).startswith("<|im_start|>user\nSay something") for s in critic)
     checked = 0
     with torch.no_grad():
@@ -58,7 +58,7 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
             mask = batch.response_mask
             torch.testing.assert_close(mine[mask], batch.engine_logprobs[mask], atol=1e-4, rtol=0)
             checked += int(mask.sum())
-    assert checked == sum(len(s.response_ids) for s in plan.experiences)
+    assert checked == sum(len(s.response_ids) for s in plan.samples)
 
 
 def short_answers(task, client):

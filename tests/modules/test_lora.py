@@ -15,7 +15,7 @@ from drmas.engines.hf import HFEngine
 from drmas.models.lora import LoraSettings, save_adapter
 from drmas.modules import MultiAgentRL, PolicyConfig, VLLMConfig
 from drmas.engines import Placement, VLLMEngine
-from drmas.records import Experience
+from drmas.records import Sample
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
 ADV = {"pa": [1.0, -1.0, 0.5, -0.5], "pb": [-1.0, 1.0, -0.5, 0.5]}
@@ -33,7 +33,7 @@ def batches(m, policies):
     out = []
     for name in policies:
         agent = {"pa": "a", "pb": "b"}[name]
-        samples = [Experience("t", f"{name}{i}", f"{name}{i}", agent, 0, name, PROMPT, r, [0.0] * len(r), advantage=a)
+        samples = [Sample("t", f"{name}{i}", f"{name}{i}", agent, 0, name, PROMPT, r, [0.0] * len(r), advantage=a)
                    for i, (r, a) in enumerate(zip(RESPONSES, ADV[name]))]
         out += make_micro_batches(samples, name, 4, m.batch_spec(name).pad_id)
     return out
@@ -92,7 +92,7 @@ def test_each_adapter_moves_only_from_its_own_samples(trained):
 
 
 def _trainer_logprobs(m, name, prompt, response):
-    s = Experience("t", "j", "j", "a", 0, name, prompt, response, [0.0] * len(response))
+    s = Sample("t", "j", "j", "a", 0, name, prompt, response, [0.0] * len(response))
     b = make_micro_batches([s], name, 1, m.batch_spec(name).pad_id)[0]
     with torch.no_grad():
         logp, _ = m.token_logprobs(m.policies[name], b, 1.0)
@@ -145,7 +145,7 @@ def test_the_kl_reference_of_a_lora_policy_is_its_base():
     m = module(kl_coef=0.1)
     assert all(p.reference is None for p in m.policies.values())  # no copy of the base
     fit(m, ["pa"])
-    s = Experience("t", "j", "j", "a", 0, "pa", PROMPT, RESPONSES[0], [0.0] * 3)
+    s = Sample("t", "j", "j", "a", 0, "pa", PROMPT, RESPONSES[0], [0.0] * 3)
     b = make_micro_batches([s], "pa", 1, m.batch_spec("pa").pad_id)[0]
     with torch.no_grad():
         ref, _ = m.token_logprobs(m.policies["pa"], b, 1.0, reference=True)

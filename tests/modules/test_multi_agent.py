@@ -71,7 +71,7 @@ def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
     assert module.policies["shared"].version == 2  # two PPO epochs, two optimiser steps
     assert not torch.equal(before, module.policies["shared"].model.lm_head.weight)
     scalars = next(h for h in module.history if "train/shared/samples" in h)
-    assert scalars["train/shared/samples"] == len(dm.current.experiences)  # per PPO epoch
+    assert scalars["train/shared/samples"] == len(dm.current.samples)  # per PPO epoch
 
 
 def test_routing_with_one_policy_per_agent(workflow):
@@ -79,7 +79,7 @@ def test_routing_with_one_policy_per_agent(workflow):
     rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=2)
     plan = rollouts.prepare(module, iteration=1)  # the real module as the backend, real HF generation
     res, batches = plan.rollout, plan.micro_batches
-    per_policy = {a: [s for s in res.experiences if s.agent == a] for a in AGENTS}
+    per_policy = {a: [s for s in res.samples if s.agent == a] for a in AGENTS}
     for b in batches:
         own = per_policy[b.policy]
         # every row of a policy's micro-batch is one of its own agent's samples, token for token

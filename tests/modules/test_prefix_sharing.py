@@ -11,7 +11,7 @@ import torch
 from drmas.data.batching import make_micro_batches
 from drmas.engines import SamplingParams
 from drmas.modules import MultiAgentRL, PolicyConfig
-from drmas.records import Experience
+from drmas.records import Sample
 
 g = torch.Generator().manual_seed(0)
 
@@ -24,14 +24,14 @@ def rollout():
     """Tree: 3 candidates of one 24-token prompt. Parallel: 2 trajectories of one task, whose
     second turns extend the first turn's prompt differently. One sample sharing nothing."""
     tree, first = tokens(24), tokens(20)
-    out = [Experience("t1", f"c{k}", "e1", "a", 0, "p", tree, tokens(2 + k), [0.0] * (2 + k), advantage=a)
+    out = [Sample("t1", f"c{k}", "e1", "a", 0, "p", tree, tokens(2 + k), [0.0] * (2 + k), advantage=a)
            for k, a in enumerate((1.0, -0.5, -0.5))]
     for j, a in enumerate((0.8, -0.8)):
         r1, r2 = tokens(3 + j), tokens(4)
-        out.append(Experience("t2", f"j{j}", f"j{j}", "a", 0, "p", first, r1, [0.0] * len(r1), advantage=a))
+        out.append(Sample("t2", f"j{j}", f"j{j}", "a", 0, "p", first, r1, [0.0] * len(r1), advantage=a))
         second = first + r1 + tokens(6)
-        out.append(Experience("t2", f"j{j}", f"j{j}", "a", 1, "p", second, r2, [0.0] * 4, advantage=a))
-    out.append(Experience("t3", "x", "x", "a", 0, "p", tokens(18), tokens(5), [0.0] * 5, advantage=0.3))
+        out.append(Sample("t2", f"j{j}", f"j{j}", "a", 1, "p", second, r2, [0.0] * 4, advantage=a))
+    out.append(Sample("t3", "x", "x", "a", 0, "p", tokens(18), tokens(5), [0.0] * 5, advantage=0.3))
     return out
 
 
@@ -131,7 +131,7 @@ def test_a_sliding_window_model_packs_only_samples_that_fit_its_window(tmp_path,
 
     def group(prompt_len):  # three samples sharing a prompt
         prompt = tokens(prompt_len)
-        return [Experience("t", f"c{k}", "e", "a", 0, "p", prompt, tokens(4 + k), [0.0] * (4 + k)) for k in range(3)]
+        return [Sample("t", f"c{k}", "e", "a", 0, "p", prompt, tokens(4 + k), [0.0] * (4 + k)) for k in range(3)]
 
     def logprobs(batch, packed):
         return response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0,

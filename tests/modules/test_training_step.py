@@ -10,7 +10,7 @@ from drmas.data.batching import make_micro_batches
 from drmas.engines import SamplingParams
 from drmas.hardware import fast_dtype
 from drmas.modules import MultiAgentRL, PolicyConfig
-from drmas.records import Experience
+from drmas.records import Sample
 
 PROMPT = [1, 504, 2000, 31, 2]
 # four responses of different lengths; advantages of both signs
@@ -19,7 +19,7 @@ ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
 
 
 def samples(advantages=ADVANTAGES):
-    return [Experience("t", f"j{i}", f"j{i}", "a", 0, "p", PROMPT, r, [0.0] * len(r), advantage=a)
+    return [Sample("t", f"j{i}", f"j{i}", "a", 0, "p", PROMPT, r, [0.0] * len(r), advantage=a)
             for i, (r, a) in enumerate(zip(RESPONSES, advantages))]
 
 

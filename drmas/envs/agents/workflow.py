@@ -24,7 +24,7 @@ from drmas.envs.agents.episodes import EpisodeRun, failure_of, load_episode
 from drmas.envs.agents.server import Endpoint
 from drmas.envs.base import WORKFLOWS, Workflow
 from drmas.envs.files import read_records
-from drmas.records import EpisodeResult, Experience, GenerateFn, RolloutResult
+from drmas.records import EpisodeResult, Sample, GenerateFn, RolloutResult
 
 __all__ = ["AgentsWorkflow", "RowTask", "read_tasks"]
 
@@ -180,7 +180,7 @@ class AgentsWorkflow(Workflow):
                 valid = c.finish_reason == "stop"
                 local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid, self.alpha,
                                               self.format_penalty)
-                samples.append(Experience(
+                samples.append(Sample(
                     task_uid=run.task.uid, traj_uid=run.traj_uid, env_uid=run.traj_uid, agent=rec.agent, turn=rec.turn,
                     policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
                     text=c.text, valid=valid, team_reward=outcome.team, local_reward=local, reward=reward))
