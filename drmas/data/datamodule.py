@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import lightning as L
@@ -103,6 +104,13 @@ class RolloutDataModule(L.LightningDataModule):
         """The current iteration, prepared for training (None before the first rollout)."""
         self._current_started = False  # whether training on ``current`` has begun
         self._hook = _IterationHooks(self)
+
+    @property
+    def plan(self) -> PreparedIteration | None:
+        """Deprecated (one release): :attr:`current`."""
+        warnings.warn("RolloutDataModule.plan is deprecated and will be removed: use RolloutDataModule.current",
+                      FutureWarning, stacklevel=2)
+        return self.current
 
     def setup(self, stage: str) -> None:
         reload = self.trainer.reload_dataloaders_every_n_epochs

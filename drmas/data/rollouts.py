@@ -27,6 +27,7 @@ import logging
 import math
 import random
 import time
+import warnings
 from collections import defaultdict
 from typing import Any, Protocol, Sequence
 
@@ -182,6 +183,12 @@ class Rollouts:
         if prompt:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
         return PreparedIteration(iteration, result, self.micro_batches(result.samples, backend), timings, scalars)
+
+    def plan(self, backend: RolloutBackend, iteration: int) -> PreparedIteration:
+        """Deprecated (one release): :meth:`prepare`."""
+        warnings.warn("Rollouts.plan is deprecated and will be removed: use Rollouts.prepare", FutureWarning,
+                      stacklevel=2)
+        return self.prepare(backend, iteration)
 
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
         """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``

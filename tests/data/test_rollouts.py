@@ -400,3 +400,10 @@ def test_the_old_record_names_are_read_for_one_release():
     result = records.RolloutResult([], [])
     with pytest.warns(FutureWarning, match="RolloutResult.experiences is deprecated .*: use RolloutResult.samples"):
         assert result.experiences is result.samples
+    backend = ScriptedBackend(lambda agent, i: "\\boxed{1}")
+    rollouts = Rollouts(SolverVerifierWorkflow(max_turns=1), estimator="drmas", group_size=2, tasks_per_iteration=1,
+                        val_tasks=0)
+    with pytest.warns(FutureWarning, match="Rollouts.plan is deprecated .*: use Rollouts.prepare"):
+        assert rollouts.plan(backend, iteration=1).iteration == 1
+    with pytest.warns(FutureWarning, match="RolloutDataModule.plan is deprecated .*: use RolloutDataModule.current"):
+        assert RolloutDataModule(SolverVerifierWorkflow(max_turns=1), val_tasks=0).plan is None
