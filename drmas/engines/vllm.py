@@ -84,6 +84,7 @@ class VLLMEngine(Engine):
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm = import_vllm()
+        console.quiet_numa_binding()
         self._vllm = vllm
         self.on_gpu = torch.cuda.is_available()
         os.environ.update(launcher_env(rank, local_rank, world_size, self.on_gpu))
