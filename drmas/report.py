@@ -6,7 +6,8 @@ For each validation tag (``val/avg@k``, ``val/pass@k``, per source too) the mean
 each validated iteration with a 95% interval: a two-level percentile bootstrap (the runs, then the
 questions within each drawn run) where the runs wrote each question's result
 (``validation.jsonl``, which ``fit`` writes beside its events), else a bootstrap over the runs
-(with one run and no ``validation.jsonl`` there is no interval); per agent the rollout reward and valid ratio, first and last iteration;
+(with one run and no ``validation.jsonl`` there is no interval); per agent the rollout reward
+and valid ratio, first and last iteration;
 each policy's (and, where logged, each agent's) gradient norms: median, 90th percentile, max over
 every step of every run; and the seconds per phase of an iteration. Runs of several seeds of one
 configuration are what the intervals are meant for.

@@ -140,9 +140,9 @@ class RolloutDataModule(L.LightningDataModule):
         return self.trainer.lightning_module
 
     def train_dataloader(self) -> DataLoader:
-        # A prepared iteration nobody trained on yet is served again instead of being replaced: on resume
-        # Lightning asks twice before the first resumed epoch starts, and a second rollout would
-        # skip an iteration (and its random draws) that the uninterrupted run played.
+        # A prepared iteration nobody trained on yet is served again instead of being replaced:
+        # on resume Lightning asks twice before the first resumed epoch starts, and a second
+        # rollout would skip an iteration (and its random draws) that the uninterrupted run played.
         if self.current is None or self._current_started:
             backend = self._backend()
             if backend.iteration == 0 and self.val_before_training:

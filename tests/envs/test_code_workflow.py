@@ -20,7 +20,7 @@ def written_tests(pairs):
 
 @pytest.fixture
 def wf():
-    w = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(workers=2))
+    w = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2))
     yield w
     w.close()
 
@@ -131,8 +131,8 @@ def test_the_largest_settings_judge_every_test_in_runs_of_at_most_64():
     almost = "a, b = map(int, input().split())\nprint(a + b if a < 65 else 0)\n```"
     tests = written_tests([(f"{a} 2", a + 2) for a in range(63)] + [("70 2", 72)])  # the last one fails
     script = Script(lambda agent, p, i: almost if agent == "coder" else tests)
-    wf = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(workers=2), max_golden_tests=0, max_tests=64)
-    capped = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(workers=2), max_golden_tests=64, max_tests=64)
+    wf = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2), max_golden_tests=0, max_tests=64)
+    capped = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2), max_golden_tests=64, max_tests=64)
     try:
         result = wf.rollout([many], script, n=1)
         assert [s.local_reward for s in by(result, "coder")] == [65 / 70] * 2
