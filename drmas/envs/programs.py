@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 from drmas.envs.sandbox import Result, SandboxPool
 
@@ -93,6 +93,12 @@ class ProgramRunner:
                                       memory_mb=self.settings.memory_mb))
         missing = Result("", "no code block", 1, False)
         return [next(results) if p is not None else missing for p in programs]
+
+    def run_replies(self, texts: Sequence[str]) -> list[tuple[str | None, Result]]:
+        """The tool user's step in every domain that has one: each reply's program (its first
+        code block, None without one) and its run, in order."""
+        programs = [parse_program(t) for t in texts]
+        return list(zip(programs, self.run(programs)))
 
     def close(self) -> None:
         if self._pool is not None:

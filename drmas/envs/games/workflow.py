@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.games.base import GAMES, Game, make
-from drmas.envs.programs import ProgramRunner, SandboxSettings, parse_program, run_failure, sandbox_settings
+from drmas.envs.programs import ProgramRunner, SandboxSettings, run_failure, sandbox_settings
 from drmas.records import Completion
 
 __all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
@@ -175,8 +175,7 @@ class PlanningWorkflow(TurnWorkflow):
     def evaluate(self, agent: str, states: Sequence[PlanningState], completions: Sequence[Completion]) -> list[Action]:
         out = []
         if agent == "tool_user":
-            programs = [parse_program(c.text) for c in completions]
-            for st, prog, run in zip(states, programs, self.programs.run(programs)):
+            for st, (prog, run) in zip(states, self.programs.run_replies([c.text for c in completions])):
                 printed = run.stdout.strip()[-500:] if run.ok else ""  # a cut output is no plan
                 actions = st.env.parse_actions(printed) if printed else None
                 local = -1.0  # failed, silent, or not an action list

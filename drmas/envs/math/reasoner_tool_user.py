@@ -173,9 +173,8 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
     def evaluate(self, agent: str, states: Sequence[ToolTeamState], completions: Sequence[Completion]) -> list[Action]:
         if agent == "tool_user":
             # local: +1 correct output, 0 wrong, -1 failed or silent; a tool step never ends the episode
-            programs = [parse_program(c.text) for c in completions]
             out = []
-            for st, prog, run in zip(states, programs, self.programs.run(programs)):
+            for st, (prog, run) in zip(states, self.programs.run_replies([c.text for c in completions])):
                 answer = program_answer(run)
                 local = -1.0 if answer is None else float(same_answer(answer, st.task.answer))
                 out.append(Action(prog is not None, local, value=(prog, run, answer)))
