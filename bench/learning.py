@@ -2,7 +2,7 @@
 default) over several seeds, at a horizon where learning can show, with intervals over seeds and
 questions; resumable across sessions (see ``bench/study.py``).
 
-    python bench/learning.py                                   # 3 seeds x 30 iterations (~2 h, native bf16)
+    python bench/learning.py                                   # 3 seeds x 30 iterations (~1 h a seed, native bf16)
     python bench/learning.py --out studies/learning            # the same folder again: continues
     python bench/learning.py --name lr3e-6 --seeds 0 -- --model.policies.shared.lr 3.0e-6   # a variant
 
