@@ -95,7 +95,8 @@ class Study:
         left = [r for r in self.runs if not r.finished]
         print(f"{len(self.runs) - len(left)} of {len(self.runs)} runs finished before; {len(left)} to run", flush=True)
         for n, run in enumerate(left):
-            print(f"[{n + 1}/{len(left)}] {run.name}: {'continuing' if run.record else 'starting'} "
+            done = run.done_iterations()
+            print(f"[{n + 1}/{len(left)}] {run.name}: {f'continuing after iteration {done}' if done else 'starting'} "
                   f"({(time.perf_counter() - self._started) / 60:.1f} min so far)", flush=True)
             self._run(run, left[n:])
         return self.runs

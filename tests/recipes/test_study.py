@@ -42,7 +42,7 @@ def test_a_killed_study_continues_and_refuses_another_precision(tmp_path):
 
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "[1/1] main-seed0: continuing" in again.stdout and "iteration 3/3" in again.stdout
+    assert "[1/1] main-seed0: continuing after iteration" in again.stdout and "iteration 3/3" in again.stdout
     s = read_scalars(str(run / "search" / "version_0"))  # one log folder for both calls
     assert [i for i, _ in s["rollout/success_rate"]] == [1, 2, 3] and [i for i, _ in s["val/avg@2"]] == [0, 3]
     assert json.loads((run / "run.json").read_text())["finished"]
