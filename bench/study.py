@@ -96,9 +96,10 @@ class Study:
         print(f"{len(self.runs) - len(left)} of {len(self.runs)} runs finished before; {len(left)} to run", flush=True)
         for n, run in enumerate(left):
             done = run.done_iterations()
-            print(f"[{n + 1}/{len(left)}] {run.name}: {f'continuing after iteration {done}' if done else 'starting'} "
-                  f"({(time.perf_counter() - self._started) / 60:.1f} min so far)", flush=True)
-            self._run(run, left[n:])
+            what = f"continuing after iteration {done}" if done else "starting"
+            minutes = (time.perf_counter() - self._started) / 60
+            print(f"[{n + 1}/{len(left)}] {run.name}: {what} ({minutes:.1f} min so far)", flush=True)
+            self._run(run, left[n:], done)
         return self.runs
 
     def expected_s(self, runs: list[Run]) -> float:
@@ -113,7 +114,7 @@ class Study:
             total += (r.iterations - done) * self.per_iteration_s + left_vals * validation
         return total
 
-    def _run(self, run: Run, rest: list[Run]) -> None:
+    def _run(self, run: Run, rest: list[Run], done: int) -> None:
         from drmas.hardware import default_precision
         from drmas.modules.run_state import machine
 
@@ -133,8 +134,8 @@ class Study:
                "--trainer.precision", record["precision"], "--trainer.max_epochs", str(run.iterations),
                "--trainer.logger.init_args.save_dir", run.logs, "--trainer.logger.init_args.version", "0",
                "--ckpt_path", "last", "--data.progress", "false"]
-        done = run.done_iterations()
-        with open(os.path.join(run.logs, "stdout.log"), "a") as out, open(os.path.join(run.logs, "stderr.log"), "a") as err:
+        logs = os.path.join(run.logs, "stdout.log"), os.path.join(run.logs, "stderr.log")
+        with open(logs[0], "a") as out, open(logs[1], "a") as err:
             proc = subprocess.Popen(cmd, cwd=run.logs, stdout=out, stderr=err)
             self._watch(proc, run, done, rest)
         if proc.returncode != 0:

@@ -92,9 +92,8 @@ class DebateWorkflow(TurnWorkflow):
             test_file: test problems, likewise.
             max_turns: rounds of arguments (one per debater each) before the verdict.
             zero_sum: the chosen debater gets +1 and the other -1 (False: +1 and 0).
-            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
-                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
-                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
+            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")

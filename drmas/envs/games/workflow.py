@@ -133,9 +133,8 @@ class PlanningWorkflow(TurnWorkflow):
             code_timeout_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
                 ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
                 (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
-            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
-                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
-                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
+            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if game not in GAMES:
             raise ValueError(f"game must be one of {GAMES.names()}, got {game!r}")

@@ -135,9 +135,8 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
                 ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
                 (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
             turns: deprecated name of ``max_turns`` (read for one release).
-            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
-                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
-                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
+            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         max_turns = renamed("turns", "max_turns", turns, max_turns)
         if max_turns < 1:

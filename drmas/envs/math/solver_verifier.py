@@ -94,9 +94,8 @@ class SolverVerifierWorkflow(TurnWorkflow):
             test_file: test problems, likewise.
             max_turns: solver attempts; every attempt but the last is checked by the verifier.
             max_loops: deprecated name of ``max_turns`` (read for one release).
-            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
-                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
-                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
+            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         max_turns = renamed("max_loops", "max_turns", max_loops, max_turns)
         if max_turns < 1:

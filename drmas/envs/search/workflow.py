@@ -101,9 +101,8 @@ class SearchWorkflow(TurnWorkflow):
             role_rewards: in parallel mode, add the role rewards to the local term.
             think: prefill the searcher and answerer with ``<think>`` (the parser accepts an
                 optional think block either way).
-            **options: what every turn-based domain takes: ``alpha`` (weight of the team reward),
-                ``format_penalty``, ``tie_break`` (tree sampling), ``templates`` (per-agent
-                prompts replacing the defaults); see :class:`~drmas.envs.episode.TurnWorkflow`.
+            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if max_turns < 1 or topk < 1:
             raise ValueError(f"max_turns and topk must be >= 1, got {max_turns}, {topk}")
