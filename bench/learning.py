@@ -3,7 +3,7 @@ default) over several seeds, at a horizon where learning can show, with interval
 questions; resumable across sessions (see ``bench/study.py``).
 
     python bench/learning.py                                   # 3 seeds x 30 iterations (~1 h a seed, native bf16)
-    python bench/learning.py --out studies/learning            # the same folder again: continues
+    python bench/learning.py --out bench/results/learning      # the same folder again (the default): continues
     python bench/learning.py --name lr3e-6 --seeds 0 -- --model.policies.shared.lr 3.0e-6   # a variant
 
 Every run validates on ``--val_tasks`` questions per source (1-hop, 2-hop) x ``--val_k`` samples
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--val_tasks", type=int, default=32, help="val questions per source")
     p.add_argument("--val_k", type=int, default=4)
     p.add_argument("--config", default=None, help="config file (default: the recipe's own default)")
-    p.add_argument("--out", default="studies/learning")
+    p.add_argument("--out", default="bench/results/learning", help="finished runs here are kept in git")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every run")
     args = p.parse_args(argv)
     out = os.path.abspath(os.path.join(args.out, args.name))

@@ -3,7 +3,7 @@
 horizon where spikes can be counted; resumable across sessions (see ``bench/study.py``).
 
     python bench/stability.py                              # 2 estimators x 3 seeds x 30 iterations
-    python bench/stability.py --out studies/stability      # the same folder again: continues
+    python bench/stability.py --out bench/results/stability  # the same folder again (the default): continues
 
 The search workflow with role rewards gives the agents different reward distributions (the
 verifier is rewarded far more often than the answerer). Every run logs each agent's own gradient
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--val_tasks", type=int, default=32, help="val questions per source (before and at the end)")
     p.add_argument("--val_k", type=int, default=4)
     p.add_argument("--config", default=None, help="config file (default: the recipe's own default)")
-    p.add_argument("--out", default="studies/stability")
+    p.add_argument("--out", default="bench/results/stability", help="finished runs here are kept in git")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every run")
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)

@@ -7,13 +7,16 @@ A run's state is read from its folder, nothing else:
   (its resume checkpoint is deleted then; the final weights stay in its ``hf/`` folder);
 - started: ``run.json`` without ``finished``: the run continues from its last checkpoint
   (``--ckpt_path last``; the checkpoint is written atomically after every iteration, so a run
-  killed anywhere loses at most the iteration in flight);
+  killed anywhere loses at most the iteration in flight); without a checkpoint (it stayed on
+  another machine) its partial logs are removed and it starts again;
 - new: no ``run.json``: it starts.
 
 ``run.json`` records the machine and the precision a run started with; the run is always
 continued in that precision, and where this machine's default differs (a run started where bf16
 is native, continued where it is emulated) the study stops with the reason rather than mix two
 precisions in one curve. Every run logs to ``version_0`` of its folder, whichever call wrote it.
+A finished run's folder, less its weights (``hf/``), is a few MB: kept in git (``bench/results/``),
+it carries the study from one machine to the next.
 
 The first run trained in a call measures its iterations from its checkpoint's writes and the
 study prints its expected wall time before going on; each run prints one line per iteration.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +122,12 @@ class Study:
         from drmas.hardware import default_precision
         from drmas.modules.run_state import machine
 
+        if run.record and not os.path.exists(run.checkpoint):
+            # started, but its checkpoint is gone (lost with the machine it ran on, or it died
+            # before the first iteration): its partial logs would mix into the new run's curves
+            print(f"    {run.name}: started on {run.record.get('machine')} without a checkpoint here; "
+                  f"starting it again", flush=True)
+            shutil.rmtree(run.logs)
         os.makedirs(run.logs, exist_ok=True)
         record = run.record
         here = default_precision()

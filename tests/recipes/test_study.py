@@ -1,8 +1,10 @@
 """bench/study.py through bench/learning.py on the tiny random model: a study killed in its first
-run continues from the run's checkpoint, refuses another precision, and reads finished runs back."""
+run continues from the run's checkpoint, refuses another precision, reads finished runs back, and
+starts again a run whose checkpoint stayed on another machine."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,3 +57,16 @@ def test_a_killed_study_continues_and_refuses_another_precision(tmp_path):
     third = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and "1 of 1 runs finished before; 0 to run" in third.stdout
     assert (out / "main" / "gain.md").read_text() == gain
+
+    # as git carries it to another machine: started there, its checkpoint and weights left behind;
+    # its partial logs go and it runs again, so no iteration is logged twice
+    record = json.loads((run / "run.json").read_text())
+    del record["finished"]
+    (run / "run.json").write_text(json.dumps({**record, "machine": "elsewhere"}))
+    shutil.rmtree(run / "search" / "version_0" / "hf")
+    fourth = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    assert "main-seed0: started on elsewhere without a checkpoint here; starting it again" in fourth.stdout
+    s = read_scalars(str(run / "search" / "version_0"))
+    assert [i for i, _ in s["rollout/success_rate"]] == [1, 2, 3] and [i for i, _ in s["val/avg@2"]] == [0, 3]
+    assert json.loads((run / "run.json").read_text())["machine"] != "elsewhere"
