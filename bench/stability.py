@@ -55,7 +55,7 @@ def spikes(norms: list[float]) -> int:
 
 def table(runs: dict[str, list[Run]], k: int) -> str:
     from drmas.plots import read_scalars
-    from drmas.report import question_scores, read_validations, two_level_interval
+    from drmas.report import quantile, question_scores, read_validations, two_level_interval
 
     lines = [f"| estimator | agent | grad norm median | p90 | max | spikes / 100 steps | baseline inflation | "
              f"final val avg@{k} |", "|---|---|---|---|---|---|---|---|"]
@@ -70,15 +70,14 @@ def table(runs: dict[str, list[Run]], k: int) -> str:
         val = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
         for agent in AGENTS:
             series = [[v for _, v in agent_series(s, agent, "grad_norm")] for s in scalars]
-            norms = sorted(v for one in series for v in one)
+            norms = [v for one in series for v in one]
             if not norms:
                 continue
-            steps = sum(len(one) for one in series)
-            p90 = norms[min(len(norms) - 1, int(0.9 * (len(norms) - 1) + 0.5))]
             inflation = [v for s in scalars for _, v in agent_series(s, agent, "baseline_inflation")]
             shown = f"{statistics.mean(inflation):.2f}" if inflation else "-"
-            lines.append(f"| {estimator} | {agent} | {statistics.median(norms):.3f} | {p90:.3f} | {norms[-1]:.3f} | "
-                         f"{100 * sum(spikes(one) for one in series) / steps:.1f} | {shown} | {val} |")
+            lines.append(f"| {estimator} | {agent} | {statistics.median(norms):.3f} | {quantile(norms, 0.9):.3f} | "
+                         f"{max(norms):.3f} | {100 * sum(spikes(one) for one in series) / len(norms):.1f} | "
+                         f"{shown} | {val} |")
     return "\n".join(lines)
 
 

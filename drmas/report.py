@@ -27,7 +27,8 @@ from typing import Sequence
 from drmas.atomic import write_bytes, write_text
 from drmas.plots import read_scalars
 
-__all__ = ["bootstrap_interval", "main", "question_scores", "read_validations", "two_level_interval", "write_report"]
+__all__ = ["bootstrap_interval", "main", "quantile", "question_scores", "read_validations", "two_level_interval",
+           "write_report"]
 
 _VAL = re.compile(r"^val/(?:(?P<source>[^/]+)/)?(?P<metric>(?:avg|pass)@\d+)$")
 _AGENT = re.compile(r"^rollout/(?P<agent>[^/]+)/(?P<metric>reward_mean|valid_ratio)$")
@@ -85,7 +86,7 @@ def question_scores(record: dict, source: str | None, metric: str) -> list[float
     return [float(t["correct"] > 0) for t in tasks]
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
+def quantile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     position = q * (len(ordered) - 1)
     low = int(position)
@@ -130,7 +131,7 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
     runs = {d: read_scalars(d) for d in run_dirs}
     questions = {d: read_validations(d) for d in run_dirs}
     os.makedirs(out_dir, exist_ok=True)
-    lines = [f"# Learning report: {len(runs)} run(s)", "", *[f"- `{d}`" for d in runs], ""]
+    lines = [f"# Learning report: {len(runs)} run(s)", "", *[f"- `{os.path.relpath(d, out_dir)}`" for d in runs], ""]
 
     val: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     agents: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -185,7 +186,7 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
                   "| policy (/agent) | steps | median | 90th percentile | max |", "|---|---|---|---|---|"]
         for name in sorted(grads):
             values = grads[name]
-            lines.append(f"| {name} | {len(values)} | {_quantile(values, 0.5):.3f} | {_quantile(values, 0.9):.3f} | "
+            lines.append(f"| {name} | {len(values)} | {quantile(values, 0.5):.3f} | {quantile(values, 0.9):.3f} | "
                          f"{max(values):.3f} |")
         lines.append("")
     if times:
