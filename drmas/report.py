@@ -7,9 +7,9 @@ each validated iteration with a 95% interval: a two-level percentile bootstrap (
 questions within each drawn run) where the runs wrote each question's result
 (``validation.jsonl``, which ``fit`` writes beside its events), else a bootstrap over the runs
 (with one run and no ``validation.jsonl`` there is no interval); per agent the rollout reward
-and valid ratio, first and last iteration;
-each policy's (and, where logged, each agent's) gradient norms: median, 90th percentile, max over
-every step of every run; and the seconds per phase of an iteration. Runs of several seeds of one
+and valid ratio over the first and last iterations (up to 5 each); each policy's (and, where
+logged, each agent's) gradient norms: median, 90th percentile, max over every step of every
+run; and the seconds per phase of an iteration. Runs of several seeds of one
 configuration are what the intervals are meant for.
 """
 
@@ -172,13 +172,19 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
         _png(os.path.join(out_dir, "validation.png"), val, "validation (band: 95% interval)", "score", intervals)
         lines += ["", "![validation](validation.png)", ""]
     if agents:
-        lines += ["## Agents", "", "Rollout reward and valid ratio, mean over the runs.", "",
-                  "| tag | first iteration | first | last iteration | last |", "|---|---|---|---|---|"]
+        # an iteration's rollout holds a few tasks: its means swing, a window of up to 5 holds
+        lines += ["## Agents", "", "Rollout reward and valid ratio: the mean over the runs and over the first and the "
+                  "last iterations (up to 5 each).", "",
+                  "| tag | first iterations | first | last iterations | last |", "|---|---|---|---|---|"]
         for tag in sorted(agents):
             steps = sorted(agents[tag])
-            first, last = agents[tag][steps[0]], agents[tag][steps[-1]]
-            lines.append(f"| {tag} | {steps[0]} | {sum(first) / len(first):.3f} | {steps[-1]} | "
-                         f"{sum(last) / len(last):.3f} |")
+            window = max(1, min(5, len(steps) // 2))
+            cells = []
+            for part in (steps[:window], steps[-window:]):
+                values = [v for step in part for v in agents[tag][step]]
+                label = f"{part[0]}-{part[-1]}" if len(part) > 1 else f"{part[0]}"
+                cells.append(f"{label} | {sum(values) / len(values):.3f}")
+            lines.append(f"| {tag} | {cells[0]} | {cells[1]} |")
         _png(os.path.join(out_dir, "agents.png"), agents, "agents (band: the runs' range)", "")
         lines += ["", "![agents](agents.png)", ""]
     if grads:
