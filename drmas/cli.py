@@ -217,6 +217,15 @@ class DrmasCLI(LightningCLI):
         except _CONFIG_ERRORS as err:
             raise ConfigurationError(_message(err)) from err
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            # Lightning skips the module's teardown when fit stops on an exception (SIGTERM, an
+            # engine failure); a vLLM engine left to the garbage collector is torn down by vLLM's
+            # finaliser after the process group is gone, a traceback at exit
+            self.model.close_engines()
+
     def _find_last(self) -> str | None:
         """``--ckpt_path last``: the newest ``last.ckpt`` of this run's checkpoint directory, or of
         any earlier version of this run's logs (each resumed run logs to a new version); None

@@ -399,6 +399,11 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         return str(self._trainer.precision) if self._trainer is not None else None
 
     def teardown(self, stage: str) -> None:
+        self.close_engines()
+
+    def close_engines(self) -> None:
+        """Close every rollout engine (again: a no-op). Also called when a run stops on an
+        exception, for which Lightning skips :meth:`teardown`."""
         for engine in self.engines.values():
             engine.close()
         self.engines.clear()

@@ -139,3 +139,12 @@ def test_stale_rollouts_are_refused(tmp_path):
                 check=False)
     assert proc.returncode != 0
     assert "reload_dataloaders_every_n_epochs must be 1 (one rollout per iteration), got 2" in proc.stderr
+
+
+def test_a_preempted_vllm_run_exits_without_a_traceback(tmp_path):
+    # Lightning skips the module's teardown on an exception; engines left to the garbage collector
+    # were torn down by vLLM's finaliser after the process group was gone: a traceback at exit
+    proc = run_faulty("sigterm_rollout", 2, tmp_path, "--model.engine", "vllm")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "drmas: preempted (SIGTERM) during iteration 2" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
