@@ -58,7 +58,8 @@ def rows(recipe: str, model: str) -> dict[str, list[str] | None]:
     if recipe in SINGLE:
         out["single"] = SINGLE[recipe] + ["--data.estimator", "grpo"]
     out["prompt_only"] = None
-    per_agent = ["--model.policies", "{" + ", ".join(f"{a}: {{model: {model}}}" for a in AGENTS[recipe]) + "}"]
+    per_agent = ["--model.policies",
+                 "{" + ", ".join(f"{a}: {{model: {model}}}" for a in AGENTS[recipe]) + "}"]
     for name, flags in TRAINED.items():
         out[name] = flags
         out[f"{name}_per_agent"] = flags + per_agent
@@ -77,8 +78,9 @@ class RowFailed(Exception):
     """A run ended with an error; the message holds the end of its stderr."""
 
 
-def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, seed: int, iterations: int | None,
-            val_every: int, out: str, known_before: bool = False) -> dict[str, list[tuple[int, float]]]:
+def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, seed: int,
+            iterations: int | None, val_every: int, out: str,
+            known_before: bool = False) -> dict[str, list[tuple[int, float]]]:
     """One run's curves; ``known_before``: its iteration-0 evaluation is prompt_only's, not run
     again. A finished run's curves are kept in ``scalars.json`` beside its logs and read back,
     not run again, when the matrix is run again with the same ``--out``."""
@@ -170,7 +172,8 @@ def plot(curves: dict[str, dict[str, list]], tag: str, path: str, title: str) ->
     for n, (name, row) in enumerate(curves.items()):
         if row.get(tag):
             xs, ys = zip(*row[tag])
-            ax.plot(xs, ys, marker="o", color=f"C{n % 10}", linestyle="--" if name == "prompt_only" else "-", label=name)
+            ax.plot(xs, ys, marker="o", color=f"C{n % 10}",
+                    linestyle="--" if name == "prompt_only" else "-", label=name)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RL iteration")
     ax.set_ylabel(tag)
@@ -188,16 +191,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", nargs="+", default=None, help="a subset of the rows (default: all)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--iterations", type=int, default=None,
-                   help=f"iterations per run (default: the config's max_epochs; {CPU_BUDGET['iterations']} without --config)")
-    p.add_argument("--val_every", type=int, default=0, help="validate every this many iterations (0: at the end only)")
-    p.add_argument("--model", default="embedded:smollm2-135m-instruct", help="model of the per-agent rows' policies")
+                   help="iterations per run (default: the config's max_epochs; "
+                        f"{CPU_BUDGET['iterations']} without --config)")
+    p.add_argument("--val_every", type=int, default=0,
+                   help="validate every this many iterations (0: at the end only)")
+    p.add_argument("--model", default="embedded:smollm2-135m-instruct",
+                   help="model of the per-agent rows' policies")
     p.add_argument("--val_k", type=int, default=2)
     p.add_argument("--out", default="baselines")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every run")
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    base = (["--config", os.path.abspath(args.config)] if args.config else []) + ["--data.val_k", str(args.val_k)]
+    base = ((["--config", os.path.abspath(args.config)] if args.config else [])
+            + ["--data.val_k", str(args.val_k)])
     iterations = args.iterations
     if args.config is None:  # the embedded CPU default: a budget for the whole matrix, not one run
         base += CPU_BUDGET["flags"]
@@ -218,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         if name in missing:
             continue
         reused += os.path.exists(cache_file(out, name, seed))
-        print(f"[{n + 1}/{total}] {name}, seed {seed} ({(time.perf_counter() - start) / 60:.1f} min so far)", flush=True)
+        print(f"[{n + 1}/{total}] {name}, seed {seed} "
+              f"({(time.perf_counter() - start) / 60:.1f} min so far)", flush=True)
         try:
             results.setdefault(name, {})[seed] = run_row(
                 args.recipe, base, name, flags, seed, iterations, args.val_every, out,
@@ -241,13 +249,18 @@ def main(argv: list[str] | None = None) -> None:
               f"flags {' '.join(base)}\n\n")
     with open(os.path.join(out, "baselines.md"), "w") as f:
         f.write(header + table + "\n")
-    plot(curves, f"val/avg@{args.val_k}", os.path.join(out, "val.png"), f"{args.recipe}: val avg@{args.val_k}")
-    plot(curves, "rollout/success_rate", os.path.join(out, "success.png"), f"{args.recipe}: rollout success rate")
+    plot(curves, f"val/avg@{args.val_k}", os.path.join(out, "val.png"),
+         f"{args.recipe}: val avg@{args.val_k}")
+    plot(curves, "rollout/success_rate", os.path.join(out, "success.png"),
+         f"{args.recipe}: rollout success rate")
     print(table)
     if any(why.startswith("failed") for why in missing.values()):
-        raise SystemExit(f"rows failed: {', '.join(n for n, why in missing.items() if why.startswith('failed'))}")
+        raise SystemExit("rows failed: "
+                         + ", ".join(n for n, why in missing.items() if why.startswith("failed")))
     finished = sum(len(runs) for runs in results.values())
-    print(f"\n{finished} runs ({reused} read back from an earlier call) in {(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, val.png, success.png")
+    print(f"\n{finished} runs ({reused} read back from an earlier call) in "
+          f"{(time.perf_counter() - start) / 60:.1f} min; written: {os.path.join(out, 'baselines.md')}, "
+          "val.png, success.png")
 
 
 if __name__ == "__main__":

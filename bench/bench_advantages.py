@@ -73,8 +73,10 @@ def main():
     print(f"  group_advantages, tuple keys    {t_keys:7.3f} s")
     print(f"  group_advantages, integer ids   {t_ids:7.3f} s")
     print(f"  group_advantages, shuffled keys {t_shuf:7.3f} s")
-    print(f"  peer dict-loop                  {t_loop:7.3f} s   ours (keys) is {t_loop / t_keys:5.1f}x faster")
-    print(f"  peer reshape (fixed G)          {t_view:7.3f} s   ours (ids) takes {t_ids / t_view:5.1f}x its time")
+    print(f"  peer dict-loop                  {t_loop:7.3f} s   "
+          f"ours (keys) is {t_loop / t_keys:5.1f}x faster")
+    print(f"  peer reshape (fixed G)          {t_view:7.3f} s   "
+          f"ours (ids) takes {t_ids / t_view:5.1f}x its time")
 
 
 if __name__ == "__main__":

@@ -38,22 +38,24 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-    from drmas.engines import SamplingParams
+    from drmas.engines import GenerationParams
     from drmas.envs.agents import AgentsWorkflow
     from drmas.envs.math import SolverVerifierWorkflow
     from drmas.hardware import bf16_is_native
     from drmas.modules import MultiAgentRL, PolicyConfig
 
-    sampling = SamplingParams(temperature=0.7, max_new_tokens=args.max_new_tokens)
-    module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL, train_generation=sampling)}, engine=args.engine)
+    sampling = GenerationParams(temperature=0.7, max_new_tokens=args.max_new_tokens)
+    module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL, train_generation=sampling)},
+                          engine=args.engine)
     train = os.path.join(EXAMPLE, "train.jsonl")
     builtin = SolverVerifierWorkflow(train_file=train, max_turns=2)
-    endpoint = AgentsWorkflow(f"{os.path.join(EXAMPLE, 'math_team.py')}:episode", ["solver", "verifier"], train,
-                              val_share=0.0)
+    endpoint = AgentsWorkflow(f"{os.path.join(EXAMPLE, 'math_team.py')}:episode", ["solver", "verifier"],
+                              train, val_share=0.0)
     module.bind_agents(["solver", "verifier"])
     module.sync_weights()
     generate = module.generate_fn(train=True)
-    contenders = {"built-in": (builtin, builtin.tasks("train")), "endpoint": (endpoint, endpoint.tasks("train"))}
+    contenders = {"built-in": (builtin, builtin.tasks("train")),
+                  "endpoint": (endpoint, endpoint.tasks("train"))}
     totals = {name: [0.0, 0, 0] for name in contenders}  # seconds, samples, response tokens
     try:
         for r in range(args.rounds + 1):
@@ -74,15 +76,15 @@ def main() -> None:
     finally:
         endpoint.close()
         module.teardown("fit")
-    (bs, bn, bt), (es, en, et) = totals["built-in"], totals["endpoint"]
+    (bs, _, bt), (es, _, et) = totals["built-in"], totals["endpoint"]
     machine = f"{os.cpu_count()} CPU cores, bf16 {'native' if bf16_is_native() else 'emulated'}"
-    print(f"\n{args.rounds} rounds of {args.tasks} tasks x {args.group} episodes, {MODEL}, {module.engine_name} "
-          f"engine, {machine}")
+    print(f"\n{args.rounds} rounds of {args.tasks} tasks x {args.group} episodes, {MODEL}, "
+          f"{module.engine_name} engine, {machine}")
     print(f"{'':10s} {'rollout s':>10s} {'samples':>8s} {'tokens':>7s} {'ms/token':>9s}")
     for name, (s, n, t) in totals.items():
         print(f"{name:10s} {s:10.1f} {n:8d} {t:7d} {1000 * s / max(t, 1):9.2f}")
-    print(f"endpoint / built-in: time {es / bs:.2f}x, time per generated token {(es / max(et, 1)) / (bs / max(bt, 1)):.2f}x "
-          "(target <= 1.3x)")
+    print(f"endpoint / built-in: time {es / bs:.2f}x, "
+          f"time per generated token {(es / max(et, 1)) / (bs / max(bt, 1)):.2f}x (target <= 1.3x)")
 
 
 if __name__ == "__main__":

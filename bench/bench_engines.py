@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from drmas.engines import Engine, HFEngine, SamplingParams, vllm_available
+from drmas.engines import Engine, HFEngine, GenerationParams, vllm_available
 from drmas.models import load_causal_lm, resolve_model_path
 
 QUESTIONS = [
@@ -39,8 +39,8 @@ def chat_prompts(tok, count: int) -> list[list[int]]:
     return prompts
 
 
-def tokens_per_second(engine: Engine, prompts: list[list[int]], n: int, params: SamplingParams) -> float:
-    engine.generate(prompts[:2], 1, SamplingParams(temperature=1.0, max_new_tokens=4))  # warm-up
+def tokens_per_second(engine: Engine, prompts: list[list[int]], n: int, params: GenerationParams) -> float:
+    engine.generate(prompts[:2], 1, GenerationParams(temperature=1.0, max_new_tokens=4))  # warm-up
     torch.manual_seed(0)
     start = time.perf_counter()
     out = engine.generate(prompts, n, params)
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     args = ap.parse_args()
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.tokens)
+    params = GenerationParams(temperature=1.0, max_new_tokens=args.tokens)
     threads = torch.get_num_threads()
     print(f"{args.prompts} prompts x n={args.n} x {args.tokens} new tokens, T=1, torch threads={threads}")
     for name in args.models:

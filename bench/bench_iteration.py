@@ -52,13 +52,15 @@ def one_mode(mode: str, iterations: int, out: str, model: str, device: str) -> d
     extra += ["--model.policies.shared.model", model]
     if device == "cuda":  # vLLM is not assumed there: HF generate
         extra += ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--model.engine", "hf"]
-    cmd = [sys.executable, os.path.join(ROOT, "recipes", "search.py"), "fit", "--trainer.max_epochs", str(iterations),
-           "--data.val_tasks", "0", "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
+    cmd = [sys.executable, os.path.join(ROOT, "recipes", "search.py"), "fit",
+           "--trainer.max_epochs", str(iterations), "--data.val_tasks", "0",
+           "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
            "--trainer.logger.init_args.save_dir", out, *extra]
     subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.DEVNULL)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ea = EventAccumulator(glob.glob(os.path.join(out, "search", "version_*", "events.*"))[0], size_guidance={"scalars": 0})
+    ea = EventAccumulator(glob.glob(os.path.join(out, "search", "version_*", "events.*"))[0],
+                          size_guidance={"scalars": 0})
     ea.Reload()
     last = lambda tag: ea.Scalars(tag)[-1].value  # noqa: E731
     return {k: last(f"time/{k}_s") for k in ("rollout", "sync", "update")} | {
@@ -69,10 +71,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--modes", nargs="+", default=["parallel", "tree"], choices=("parallel", "tree"))
-    p.add_argument("--matmul", type=int, default=None, help="rows of the square peak matmul (2048; 8192 on a GPU)")
+    p.add_argument("--matmul", type=int, default=None,
+                   help="rows of the square peak matmul (2048; 8192 on a GPU)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the recipe trains; cuda: one GPU, HF engine, bf16 where native")
-    p.add_argument("--model", default="embedded:smollm2-135m-instruct", help="the shared policy: a name or an HF folder")
+    p.add_argument("--model", default="embedded:smollm2-135m-instruct",
+                   help="the shared policy: a name or an HF folder")
     args = p.parse_args()
     import torch
 
@@ -86,7 +90,8 @@ def main() -> None:
     dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if trained == "bf16" else {})}
     peak = {name: matmul_peak(n, dtype, args.device) for name, dtype in dtypes.items()}
     print(f"{parameters / 1e6:.0f}M parameters on {args.device}; matmul peak ({n}^2): "
-          + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items()) + f"; the update trains in {trained}")
+          + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items())
+          + f"; the update trains in {trained}")
     print(f"{'mode':9s} {'rollout s':>9s} {'sync s':>7s} {'update s':>8s} {'update %':>8s} {'samples':>7s} "
           f"{'tokens':>7s} {'GFLOP/s':>8s} {'of ' + trained + ' peak':>12s}")
     for mode in args.modes:
@@ -94,8 +99,9 @@ def main() -> None:
             r = one_mode(mode, args.iterations, tmp, args.model, args.device)
         total = r["rollout"] + r["sync"] + r["update"]
         rate = 6 * parameters * r["tokens"] / r["update"]
-        print(f"{mode:9s} {r['rollout']:9.1f} {r['sync']:7.1f} {r['update']:8.1f} {100 * r['update'] / total:7.0f}% "
-              f"{r['samples']:7.0f} {r['tokens']:7.0f} {rate / 1e9:8.1f} {rate / peak[trained]:11.0%}")
+        print(f"{mode:9s} {r['rollout']:9.1f} {r['sync']:7.1f} {r['update']:8.1f} "
+              f"{100 * r['update'] / total:7.0f}% {r['samples']:7.0f} {r['tokens']:7.0f} "
+              f"{rate / 1e9:8.1f} {rate / peak[trained]:11.0%}")
 
 
 if __name__ == "__main__":

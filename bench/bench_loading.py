@@ -38,6 +38,7 @@ def one_way(args: argparse.Namespace) -> None:
     """A rank of one way (this script again, under Lightning's launcher)."""
     import lightning as L
 
+    from drmas.algorithms import LossConfig
     from drmas.modules import MultiAgentRL, PolicyConfig
     from drmas.modules.policy import Policy, deferred_weights
     from drmas.modules.sharding import FSDP
@@ -58,7 +59,8 @@ def one_way(args: argparse.Namespace) -> None:
             os._exit(0)
 
     with deferred_weights(args.way == "deferred"):
-        module = MultiAgentRL(policies={"p": PolicyConfig(model=args.model)}, engine="hf", kl_coef=args.kl)
+        module = MultiAgentRL(policies={"p": PolicyConfig(model=args.model)}, engine="hf",
+                              loss=LossConfig(kl_coef=args.kl))
     built = memory_mib("VmRSS")
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=FSDP(), max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

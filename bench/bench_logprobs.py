@@ -35,7 +35,7 @@ def one(args: argparse.Namespace) -> dict:
     from drmas.data.batching import make_micro_batches
     from drmas.models import load_causal_lm
     from drmas.modules.logprobs import full_logprobs, response_logprobs
-    from drmas.records import Sample
+    from drmas.records import BatchSpec, Sample
 
     torch.manual_seed(0)
     model, tok = load_causal_lm(args.model)
@@ -43,14 +43,17 @@ def one(args: argparse.Namespace) -> dict:
     if not args.no_gradient_checkpointing:  # as large-model configs run; leaves the logits as the peak
         model.gradient_checkpointing_enable()
     vocab = model.config.vocab_size
-    samples = [Sample("t", str(i), str(i), "a", 0, "p", torch.randint(100, vocab, (args.prompt,)).tolist(),
-                          torch.randint(100, vocab, (args.response,)).tolist(), [0.0] * args.response, advantage=1.0)
+    samples = [Sample("t", str(i), "a", 0, "p", torch.randint(100, vocab, (args.prompt,)).tolist(),
+                      torch.randint(100, vocab, (args.response,)).tolist(), [0.0] * args.response,
+                      advantage=1.0)
                for i in range(args.seqs)]
-    b = make_micro_batches(samples, "p", args.seqs, tok.pad_token_id or 0)[0]
+    b = make_micro_batches(samples, "p", BatchSpec(pad_id=tok.pad_token_id or 0,
+                                                   micro_batch_size=args.seqs))[0]
     cuda = args.device == "cuda"
     if cuda:
         model.cuda()
-        b.input_ids, b.attention_mask, b.response_mask = (t.cuda() for t in (b.input_ids, b.attention_mask, b.response_mask))
+        b.input_ids, b.attention_mask, b.response_mask = (
+            t.cuda() for t in (b.input_ids, b.attention_mask, b.response_mask))
         torch.cuda.reset_peak_memory_stats()
     mask = b.response_mask
     before = torch.cuda.memory_allocated() / 2**20 if cuda else rss_mib()
@@ -59,15 +62,19 @@ def one(args: argparse.Namespace) -> dict:
         if args.variant == "full":
             logp, ent = full_logprobs(model, b.input_ids, b.attention_mask, 1.0, args.entropy)
         else:
-            logp, ent = response_logprobs(model, b.input_ids, b.attention_mask, mask, 1.0, args.entropy, args.chunk)
-        loss = -(logp * mask).sum() / mask.sum() - (0.0 if ent is None else 0.01 * (ent * mask).sum() / mask.sum())
+            logp, ent = response_logprobs(model, b.input_ids, b.attention_mask, mask, 1.0, args.entropy,
+                                          args.chunk)
+        loss = (-(logp * mask).sum() / mask.sum()
+                - (0.0 if ent is None else 0.01 * (ent * mask).sum() / mask.sum()))
     loss.backward()
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if cuda
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return {"variant": args.variant, "peak_above_mib": peak - before, "seconds": seconds,
-            "grad_norm": float(torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)))}
+            "grad_norm": float(torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()
+                                              if p.grad is not None)))}
 
 
 def main() -> None:

@@ -26,22 +26,25 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rollout(args: argparse.Namespace) -> list:
-    from drmas.data.rollouts import Rollouts
-    from drmas.engines import SamplingParams
+    from drmas.data.rollouts import RolloutConfig, Rollouts
+    from drmas.engines import GenerationParams
     from drmas.envs.search import SearchWorkflow
     from drmas.modules import MultiAgentRL, PolicyConfig
 
     player = MultiAgentRL(policies={"shared": PolicyConfig(
-        model="tiny-random", train_generation=SamplingParams(temperature=1.0, max_new_tokens=16))}, engine="hf")
+        model="tiny-random", train_generation=GenerationParams(temperature=1.0, max_new_tokens=16))},
+        engine="hf")
     estimator = "at_grpo" if args.sampling == "tree" else "drmas"
-    rollouts = Rollouts(SearchWorkflow(max_turns=4), args.sampling, estimator, group_size=args.group_size,
-                        tasks_per_iteration=args.tasks, val_tasks=0)
+    config = RolloutConfig(sampling=args.sampling, estimator=estimator, group_size=args.group_size,
+                           tasks_per_iteration=args.tasks, val_tasks=0)
+    rollouts = Rollouts(SearchWorkflow(max_turns=4), config)
     return rollouts.prepare(player, 1).samples
 
 
@@ -53,7 +56,8 @@ def update(model, batches) -> tuple[float, float]:
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     for b in batches:
-        logp, _ = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, 1.0, packed=b.packed)
+        logp, _ = response_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, 1.0,
+                                    packed=b.packed)
         adv = b.advantages[:, None].expand_as(logp)
         loss = -(logp * adv * b.response_mask).sum() / b.response_mask.sum().clamp(min=1) * b.loss_scale
         loss.backward()
@@ -76,6 +80,7 @@ def main() -> None:
     import torch
 
     from drmas.data.batching import make_micro_batches
+    from drmas.records import BatchSpec
     from drmas.models import load_causal_lm
 
     torch.manual_seed(0)
@@ -84,16 +89,19 @@ def main() -> None:
         s.advantage = 1.0 if i % 2 else -1.0
     model, tok = load_causal_lm(args.model)
     model.train()
-    layouts = {name: make_micro_batches(samples, "shared", args.micro_batch, tok.pad_token_id, prefix_sharing=share)
+    spec = BatchSpec(pad_id=tok.pad_token_id, micro_batch_size=args.micro_batch)
+    layouts = {name: make_micro_batches(samples, "shared", replace(spec, prefix_sharing=share))
                for name, share in (("per-sample", False), ("packed", True))}
     update(model, layouts["packed"][:1])  # warm-up
     results = {}
     for name, batches in layouts.items():
         runs = [update(model, batches) for _ in range(args.repeats)]
-        tokens = sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in batches)
+        tokens = sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum())
+                     for b in batches)
         results[name] = (tokens, statistics.median(s for s, _ in runs), runs[-1][1])
     print(f"{len(samples)} samples of one {args.sampling} iteration of the search workflow "
-          f"({args.tasks} tasks, group size {args.group_size}); update of {args.model}, micro-batch {args.micro_batch}")
+          f"({args.tasks} tasks, group size {args.group_size}); update of {args.model}, "
+          f"micro-batch {args.micro_batch}")
     print(f"{'layout':12s} {'tokens':>8s} {'seconds':>9s} {'grad norm':>11s}")
     for name, (tokens, seconds, norm) in results.items():
         print(f"{name:12s} {tokens:8d} {seconds:9.2f} {norm:11.5f}")
@@ -103,11 +111,12 @@ def main() -> None:
     if args.devices > 1:
         ranks = []
         for r in range(args.devices):
-            batches = make_micro_batches(samples, "shared", args.micro_batch, tok.pad_token_id, rank=r,
-                                         world_size=args.devices, prefix_sharing=True)
+            batches = make_micro_batches(samples, "shared", replace(spec, prefix_sharing=True), rank=r,
+                                         world_size=args.devices)
             real = [b for b in batches if not b.padding]
             seconds = statistics.median(update(model, batches)[0] for _ in range(args.repeats))
-            ranks.append((sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in real),
+            ranks.append((sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum())
+                              for b in real),
                           len(batches), seconds))
         print(f"\npacked, dealt to {args.devices} ranks (whole prefix groups, balanced by tokens run):")
         print(f"{'rank':6s} {'tokens':>8s} {'passes':>7s} {'seconds':>9s}")

@@ -46,9 +46,10 @@ def settings(rank: int) -> dict[str, list[str]]:
 def run(name: str, args: list[str], iterations: int, out: str) -> dict[str, float]:
     from drmas.plots import read_scalars
 
-    cmd = [sys.executable, "-c", _CHILD, os.path.join(ROOT, "recipes", "search.py"), "fit", "--model.engine", "hf",
-           "--trainer.max_epochs", str(iterations), "--data.val_tasks", "0", "--checkpoint.save_last", "false",
-           "--hf_checkpoint.dirpath", os.path.join(out, "hf"), "--trainer.logger.init_args.save_dir", out, *args]
+    cmd = [sys.executable, "-c", _CHILD, os.path.join(ROOT, "recipes", "search.py"), "fit",
+           "--model.engine", "hf", "--trainer.max_epochs", str(iterations), "--data.val_tasks", "0",
+           "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
+           "--trainer.logger.init_args.save_dir", out, *args]
     proc = subprocess.run(cmd, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
@@ -73,7 +74,8 @@ def main() -> None:
     base = rows["shared"]
     print(f"\nsearch recipe, 3 agents, {args.iterations} iterations, HF engine, {MODEL} "
           f"(peak RSS of the whole process; last iteration's times)")
-    print(f"{'setting':10s} {'policies':>8s} {'peak GiB':>9s} {'x shared':>9s} {'rollout s':>10s} {'update s':>9s} {'x shared':>9s}")
+    print(f"{'setting':10s} {'policies':>8s} {'peak GiB':>9s} {'x shared':>9s} "
+          f"{'rollout s':>10s} {'update s':>9s} {'x shared':>9s}")
     for name, r in rows.items():
         print(f"{name:10s} {r['policies']:8d} {r['peak_gib']:9.2f} {r['peak_gib'] / base['peak_gib']:9.2f} "
               f"{r['rollout_s']:10.1f} {r['update_s']:9.1f} {r['update_s'] / base['update_s']:9.2f}")

@@ -52,7 +52,8 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
     subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.DEVNULL)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ea = EventAccumulator(glob.glob(os.path.join(out, "math", "version_*", "events.*"))[0], size_guidance={"scalars": 0})
+    ea = EventAccumulator(glob.glob(os.path.join(out, "math", "version_*", "events.*"))[0],
+                          size_guidance={"scalars": 0})
     ea.Reload()
     parts = [{e.step: e.value for e in ea.Scalars(f"time/{k}_s")} for k in ("sync", "rollout", "update")]
     return [sum(p[it] for p in parts) for it in sorted(parts[0])]

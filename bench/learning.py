@@ -2,8 +2,8 @@
 default) over several seeds, at a horizon where learning can show, with intervals over seeds and
 questions; resumable across sessions (see ``bench/study.py``).
 
-    python bench/learning.py                                   # 3 seeds x 30 iterations (~1 h a seed, native bf16)
-    python bench/learning.py --out bench/results/learning      # the same folder again (the default): continues
+    python bench/learning.py                              # 3 seeds x 30 iterations (~1 h a seed, native bf16)
+    python bench/learning.py --out bench/results/learning # the same folder again (the default): continues
     python bench/learning.py --name lr3e-6 --seeds 0 -- --model.policies.shared.lr 3.0e-6   # a variant
 
 Every run validates on ``--val_tasks`` questions per source (1-hop, 2-hop) x ``--val_k`` samples
@@ -30,7 +30,8 @@ from study import Run, Study, StudyStopped  # noqa: E402
 from drmas.atomic import write_text  # noqa: E402
 
 
-def gains(run_dirs: list[str], metric: str, source: str | None) -> tuple[float, float, tuple[float, float] | None]:
+def gains(run_dirs: list[str], metric: str,
+          source: str | None) -> tuple[float, float, tuple[float, float] | None]:
     """The mean over runs of the first and last validation's ``metric`` (``avg@k``/``pass@k``)
     and the 95% two-level interval of their difference, each question paired with itself."""
     from drmas.report import question_scores, read_validations, two_level_interval
@@ -51,7 +52,8 @@ def summary(run_dirs: list[str], k: int) -> str:
     whether the interval excludes 0."""
     from drmas.report import read_validations
 
-    sources = sorted({t["source"] for t in next(iter(read_validations(run_dirs[0]).values()))["tasks"]} - {None})
+    sources = sorted({t["source"] for t in next(iter(read_validations(run_dirs[0]).values()))["tasks"]}
+                     - {None})
     lines = ["| metric | questions | first | last | gain | 95% interval of the gain | beyond noise |",
              "|---|---|---|---|---|---|---|"]
     for metric in (f"avg@{k}", f"pass@{k}"):

@@ -57,8 +57,8 @@ def table(runs: dict[str, list[Run]], k: int) -> str:
     from drmas.plots import read_scalars
     from drmas.report import quantile, question_scores, read_validations, two_level_interval
 
-    lines = [f"| estimator | agent | grad norm median | p90 | max | spikes / 100 steps | baseline inflation | "
-             f"final val avg@{k} |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| estimator | agent | grad norm median | p90 | max | spikes / 100 steps | "
+             f"baseline inflation | final val avg@{k} |", "|---|---|---|---|---|---|---|---|"]
     for estimator, group in runs.items():
         scalars = [read_scalars(r.run_dir) for r in group]
         finals = []
@@ -75,8 +75,9 @@ def table(runs: dict[str, list[Run]], k: int) -> str:
                 continue
             inflation = [v for s in scalars for _, v in agent_series(s, agent, "baseline_inflation")]
             shown = f"{statistics.mean(inflation):.2f}" if inflation else "-"
-            lines.append(f"| {estimator} | {agent} | {statistics.median(norms):.3f} | {quantile(norms, 0.9):.3f} | "
-                         f"{max(norms):.3f} | {100 * sum(spikes(one) for one in series) / len(norms):.1f} | "
+            lines.append(f"| {estimator} | {agent} | {statistics.median(norms):.3f} | "
+                         f"{quantile(norms, 0.9):.3f} | {max(norms):.3f} | "
+                         f"{100 * sum(spikes(one) for one in series) / len(norms):.1f} | "
                          f"{shown} | {val} |")
     return "\n".join(lines)
 
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--group_size", type=int, default=8)
-    p.add_argument("--val_tasks", type=int, default=32, help="val questions per source (before and at the end)")
+    p.add_argument("--val_tasks", type=int, default=32,
+                   help="val questions per source (before and at the end)")
     p.add_argument("--val_k", type=int, default=4)
     p.add_argument("--config", default=None, help="config file (default: the recipe's own default)")
     p.add_argument("--out", default="bench/results/stability", help="finished runs here are kept in git")
@@ -130,8 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         for estimator in ESTIMATORS:
             run = Run(f"{estimator}-seed{seed}", "search",
-                      [*flags, "--data.estimator", estimator, "--seed_everything", str(seed), "--data.seed", str(seed),
-                       "--model.seed", str(seed)], os.path.join(out, estimator, f"seed{seed}"), args.iterations)
+                      [*flags, "--data.estimator", estimator, "--seed_everything", str(seed),
+                       "--data.seed", str(seed), "--model.seed", str(seed)],
+                      os.path.join(out, estimator, f"seed{seed}"), args.iterations)
             runs[estimator].append(run)
             order.append(run)
     try:
@@ -145,10 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     text = table(runs, args.val_k)
     machines = sorted({r.record["machine"] + ", " + r.record["precision"] for r in order})
     write_text(os.path.join(out, "stability.md"),
-               f"search recipe, role rewards, one shared policy, group size {args.group_size}, {args.iterations} "
-               f"iterations, seeds {args.seeds}; machine(s): {'; '.join(machines)}\n\n{text}\n")
+               f"search recipe, role rewards, one shared policy, group size {args.group_size}, "
+               f"{args.iterations} iterations, seeds {args.seeds}; "
+               f"machine(s): {'; '.join(machines)}\n\n{text}\n")
     plot(runs, "grad_norm", "agent's grad norm (pre-clip)", os.path.join(out, "grad_norms.png"))
-    plot(runs, "baseline_inflation", "inflation under one baseline per task", os.path.join(out, "inflation.png"))
+    plot(runs, "baseline_inflation", "inflation under one baseline per task",
+         os.path.join(out, "inflation.png"))
     print(text)
     print(f"\nwritten: {out}/stability.md, grad_norms.png, inflation.png, <estimator>/report.md")
 

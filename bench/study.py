@@ -97,7 +97,8 @@ class Study:
     def run_all(self) -> list[Run]:
         """Bring every run to its end; the finished ones are returned in order."""
         left = [r for r in self.runs if not r.finished]
-        print(f"{len(self.runs) - len(left)} of {len(self.runs)} runs finished before; {len(left)} to run", flush=True)
+        print(f"{len(self.runs) - len(left)} of {len(self.runs)} runs finished before; {len(left)} to run",
+              flush=True)
         for n, run in enumerate(left):
             done = run.done_iterations()
             what = f"continuing after iteration {done}" if done else "starting"
@@ -137,8 +138,9 @@ class Study:
             write_text(os.path.join(run.logs, "run.json"), json.dumps(record, indent=2) + "\n")
         elif record["precision"] != here:
             raise StudyStopped(
-                f"{run.name} started in {record['precision']} on {record['machine']}; this machine's default is "
-                f"{here} ({machine()}). Continuing it here would put two precisions in one curve: continue the "
+                f"{run.name} started in {record['precision']} on {record['machine']}; "
+                f"this machine's default is {here} ({machine()}). "
+                "Continuing it here would put two precisions in one curve: continue the "
                 f"study on a machine like the first, or delete {run.logs} to run it again here.")
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{run.recipe}.py"), "fit", *run.args,
                "--trainer.precision", record["precision"], "--trainer.max_epochs", str(run.iterations),
@@ -153,7 +155,8 @@ class Study:
             raise StudyStopped(f"{run.name} failed (exit {proc.returncode}); its logs: {run.logs}\n{tail}")
         record.update(finished=time.strftime("%Y-%m-%d %H:%M:%S"))
         write_text(os.path.join(run.logs, "run.json"), json.dumps(record, indent=2) + "\n")
-        if os.path.isfile(run.checkpoint):  # its weights stay in hf/; the optimiser's state is not needed again
+        # its weights stay in hf/; the optimiser's state is not needed again
+        if os.path.isfile(run.checkpoint):
             os.remove(run.checkpoint)
 
     def _watch(self, proc: subprocess.Popen, run: Run, done: int, rest: list[Run]) -> None:

@@ -261,7 +261,7 @@ class DrmasCLI(LightningCLI):
 
     def _evaluate(self, split: str, model: MultiAgentRL, datamodule: RolloutDataModule,
                   ckpt_path: str | None) -> dict[str, float]:
-        if not datamodule.rollouts.val_tasks:
+        if not datamodule.rollouts.config.val_tasks:
             raise ValueError("--data.val_tasks is 0: there is nothing to evaluate")
         out_dir = self.trainer.log_dir or self.trainer.default_root_dir
         try:
@@ -269,7 +269,7 @@ class DrmasCLI(LightningCLI):
         finally:
             model.teardown(split)
             datamodule.rollouts.workflow.close()
-        print(format_table(scalars, datamodule.rollouts.val_k), flush=True)
+        print(format_table(scalars, datamodule.rollouts.config.val_k), flush=True)
         print(f"\nwritten: {os.path.join(out_dir, f'eval_{split}.json')} and eval_{split}.md", flush=True)
         return scalars
 

@@ -51,11 +51,11 @@ def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None, ou
     scalars = rollouts.validate_all(module, split, datamodule.policy_swap_probe)
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
-        record = {"split": split, "ckpt_path": ckpt_path, "iteration": iteration, "k": rollouts.val_k,
+        record = {"split": split, "ckpt_path": ckpt_path, "iteration": iteration, "k": rollouts.config.val_k,
                   "tasks": len(rollouts.val_task_list(split)), "scalars": scalars,
                   "examples": examples(rollouts.last_validation)}
         write_text(os.path.join(out_dir, f"eval_{split}.json"), json.dumps(record, indent=2) + "\n")
-        write_text(os.path.join(out_dir, f"eval_{split}.md"), format_table(scalars, rollouts.val_k) + "\n")
+        write_text(os.path.join(out_dir, f"eval_{split}.md"), format_table(scalars, rollouts.config.val_k) + "\n")
     return scalars
 
 

@@ -4,7 +4,7 @@ bf16 is the fast path on GPUs and on CPUs with bf16 instructions (AVX-512 BF16, 
 Elsewhere PyTorch and vLLM emulate it, and it becomes the slowest choice by far: measured on a
 2-core AVX2 CPU (no native bf16), a SmolLM2-135M train step of 4 x 256 tokens took 11 s in fp32
 and 260 s under bf16 autocast, and vLLM generated 69 tokens/s in fp32 against 20 in bf16. So
-the defaults (``--trainer.precision`` left unset, ``--model.vllm.dtype auto``, the KL reference
+the defaults (``--trainer.precision`` left unset, ``--model.engine_settings.dtype auto``, the KL reference
 copy) take bf16 where it is native and fp32 elsewhere.
 """
 
@@ -51,7 +51,7 @@ def engine_dtype(dtype: str) -> str:
     """The vLLM dtype for a configured one: ``auto`` is bfloat16 where the engine's device
     computes it natively, else float32 (not vLLM's own ``auto``, which follows the checkpoint)."""
     if dtype != "auto":
-        warn_if_slow_bf16("--model.vllm.dtype", dtype, compute_device())
+        warn_if_slow_bf16("--model.engine_settings.dtype", dtype, compute_device())
         return dtype
     return "bfloat16" if bf16_is_native(compute_device()) else "float32"
 

@@ -9,9 +9,8 @@ This module imports nothing of drmas, so every other module may import it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, fields
-from typing import Any, Hashable, Protocol, Sequence
+from typing import Callable, Hashable, Protocol, Sequence
 
 from torch import Tensor
 
@@ -27,6 +26,7 @@ __all__ = [
     "PreparedIteration",
     "RolloutResult",
     "Sample",
+    "ScriptedGenerate",
 ]
 
 
@@ -70,28 +70,56 @@ class GenerationSettings:
 
 
 class GenerateFn(Protocol):
-    """``generate(agent, prompts, n)``.
+    """The ``generate`` function a workflow is given: every member a workflow may use. The
+    trainer's (``drmas.modules.generation.PolicyGenerate``) answers all of them; a scripted one
+    (:class:`ScriptedGenerate`) says it knows no settings or lengths."""
 
-    The trainer's function also answers ``settings(agent)`` (a :class:`GenerationSettings`),
-    ``prompt_tokens(agent, prompt)`` (the prompt's length under the agent's chat template) and
-    ``check_stop()`` (raises when the run was preempted), and has ``train`` (training or validation
-    sampling); a workflow that needs them reads them with ``getattr`` (a scripted function may
-    lack them).
-    """
+    train: bool
+    """Whether it samples for training (True) or for validation and testing (False)."""
 
     def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
         """``n`` completions for each prompt, sampled from ``agent``'s policy."""
+
+    def settings(self, agent: str) -> GenerationSettings | None:
+        """The agent's policy's generation settings and context length (None: not known)."""
+
+    def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int | None:
+        """The prompt's length in tokens under the agent's chat template (None: not known)."""
+
+    def check_stop(self) -> None:
+        """Raise when the run was asked to stop (preempted)."""
+
+
+@dataclass
+class ScriptedGenerate:
+    """A :class:`GenerateFn` around a plain ``fn(agent, prompts, n)``, for a domain's tests or a
+    scripted engine: no settings or lengths to report, nothing to stop."""
+
+    fn: Callable[[str, Sequence[ChatPrompt], int], list[list[Completion]]]
+    train: bool = True
+
+    def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
+        return self.fn(agent, prompts, n)
+
+    def settings(self, agent: str) -> GenerationSettings | None:
+        return None
+
+    def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int | None:
+        return None
+
+    def check_stop(self) -> None:
+        return None
 
 
 @dataclass
 class Sample:
     """One training sample: one agent's LLM call with everything the estimators and the trainer
-    need. Duplicates (``is_duplicate``) are never packed into micro-batches and never enter
-    statistics."""
+    need."""
 
     task_uid: Hashable
     traj_uid: Hashable
-    env_uid: Hashable
+    """The trajectory; in tree sampling the task's one executed trajectory, under which every
+    step's candidates are recorded (AT-GRPO groups by it)."""
     agent: str
     turn: int
     policy: str
@@ -104,11 +132,10 @@ class Sample:
     """Whether the action parsed; an invalid one gets the format penalty."""
     team_reward: float = 0.0
     local_reward: float = 0.0
+    """The agent's role reward plus the format term (``drmas.algorithms.rewards``)."""
     reward: float = 0.0
     """The score the estimators use (alpha * team + local, set by the workflow)."""
     advantage: float = 0.0
-    is_duplicate: bool = False
-    """A duplicate added to fill a batch: trained with zero weight, never in any statistic."""
     info: dict = field(default_factory=dict)
 
 
@@ -132,12 +159,6 @@ class RolloutResult:
     episodes: list[EpisodeResult]
     counts: dict[str, float] = field(default_factory=dict)
     """Additive counts the workflow reports (summed over ranks; see ``Workflow.scalars``)."""
-
-    @property
-    def experiences(self) -> list[Sample]:
-        """Deprecated (one release): :attr:`samples`."""
-        _warn_renamed("RolloutResult.experiences", "RolloutResult.samples")
-        return self.samples
 
 
 @dataclass
@@ -201,7 +222,7 @@ class BatchSpec:
 
     pad_id: int
     micro_batch_size: int
-    ppo_epochs: int
+    ppo_epochs: int = 1
     agg: str = "token-mean"
     """The loss aggregation (sets each micro-batch's ``loss_scale``)."""
     prefix_sharing: bool = False
@@ -235,15 +256,3 @@ class PreparedIteration:
     @property
     def samples(self) -> list[Sample]:
         return self.rollout.samples
-
-
-def _warn_renamed(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated and will be removed: use {new}", FutureWarning, stacklevel=3)
-
-
-def __getattr__(name: str) -> Any:
-    renames = {"IterationPlan": PreparedIteration, "Experience": Sample}  # old names, read for one release
-    if name not in renames:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    _warn_renamed(name, renames[name].__name__)
-    return renames[name]

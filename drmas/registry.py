@@ -1,12 +1,10 @@
-"""Name -> class maps that users extend without editing drmas (``@WORKFLOWS.register("name")``),
-and old names served for one release after a rename."""
+"""Name -> class maps that users extend without editing drmas (``@WORKFLOWS.register("name")``)."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Callable, Generic, TypeVar
 
-__all__ = ["Registry", "old_names"]
+__all__ = ["Registry"]
 
 T = TypeVar("T")
 
@@ -47,17 +45,3 @@ class Registry(Generic[T]):
 
     def items(self) -> list[tuple[str, T]]:
         return sorted(self._items.items())
-
-
-def old_names(module: str, renames: dict[str, tuple[str, Callable[[], object]]]) -> Callable[[str], object]:
-    """A module's ``__getattr__`` that serves renamed attributes by their old names for one
-    release, with a FutureWarning naming the new one: ``renames`` maps old -> (new, getter)."""
-
-    def __getattr__(name: str) -> object:
-        if name not in renames:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        new, get = renames[name]
-        warnings.warn(f"{name} is deprecated and will be removed: use {new}", FutureWarning, stacklevel=2)
-        return get()
-
-    return __getattr__

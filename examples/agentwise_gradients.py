@@ -88,7 +88,7 @@ def main() -> None:
             seqs, plen, mask, texts = sample(model, tok, prompt, prefill, args.group, args.max_new_tokens)
             rollouts[agent] = (seqs, plen, mask, token_logprobs(model, seqs, plen))
             for j, text in enumerate(texts):
-                samples.append(SimpleNamespace(task_uid="t0", traj_uid=j, env_uid=j, agent=agent, turn=0,
+                samples.append(SimpleNamespace(task_uid="t0", traj_uid=j, agent=agent, turn=0,
                                                reward=reward(agent, text), text=text))
     for agent in AGENTS:
         shown = [s.text.strip()[:12] for s in samples if s.agent == agent][:6]

@@ -3,7 +3,8 @@ decides the debaters' rewards at the episode's end (docs/debate.md).
 
     python recipes/debate.py fit                                   # embedded default, CPU, offline
     python recipes/debate.py fit --config configs/tiny_random.yaml # seconds, for tests
-    python recipes/debate.py fit --data.workflow.init_args.zero_sum false --data.workflow.init_args.max_turns 2
+    python recipes/debate.py fit --data.workflow.init_args.zero_sum false \\
+        --data.workflow.init_args.max_turns 2
 """
 
 import os

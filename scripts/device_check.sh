@@ -68,10 +68,10 @@ fi
 
 if [ "${1:-}" != "8b" ] && [ "${1:-}" != "update" ]; then
     COMMON=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
-            --model.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
+            --model.loss.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
     run math_solver_verifier recipes/math.py fit "${COMMON[@]}"
     run math_tool_team_tree recipes/math.py fit "${COMMON[@]}" --data.workflow math_reasoner_tool_user \
-        --data.workflow.init_args.turns 2 --data.sampling tree --data.estimator at_grpo
+        --data.workflow.init_args.max_turns 2 --data.sampling tree --data.estimator at_grpo
     run search recipes/search.py fit "${COMMON[@]}"
     # FSDP2 on CUDA with one rank: sharding code path, bf16 mixed precision, sharded checkpoint
     run math_fsdp recipes/math.py fit "${COMMON[@]}" --trainer.strategy fsdp

@@ -106,14 +106,15 @@ class _Zygote:
 _zygote: _Zygote | None = None
 
 
-def run_script(argv: list[str], cwd, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_script(argv: list[str], cwd, env: dict | None = None,
+               timeout: float = 900) -> subprocess.CompletedProcess:
     """``subprocess.run([python, *argv], cwd=cwd, env=env, capture_output=True, text=True)``,
     forked from the zygote unless ``DRMAS_TEST_FORK=0``."""
     global _zygote
     env = dict(os.environ if env is None else env)
     if os.environ.get("DRMAS_TEST_FORK", "1") == "0":
-        return subprocess.run([sys.executable, *argv], check=False, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run([sys.executable, *argv], check=False, cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout)
     if _zygote is None or _zygote.proc.poll() is not None:
         _zygote = _Zygote()
     return _zygote.run(argv, cwd, env, timeout)

@@ -25,14 +25,15 @@ CONFIG = {
 
 def test_sections_merge_key_by_key_over_the_common_part():
     one = merge_recipe_section(CONFIG, "one")
-    assert one["model"]["policies"]["shared"] == {"model": "m", "lr": 1e-6,
-                                                  "train_generation": {"temperature": 1.0, "max_new_tokens": 9}}
+    assert one["model"]["policies"]["shared"] == {
+        "model": "m", "lr": 1e-6, "train_generation": {"temperature": 1.0, "max_new_tokens": 9}}
     assert one["data"] == {"group_size": 4, "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 3}}}
     assert "recipes" not in one
 
 
 def test_another_class_replaces_the_common_init_args():
-    assert merge_recipe_section(CONFIG, "two")["data"] == {"group_size": 8, "workflow": {"class_path": "B", "init_args": {"z": 0}}}
+    assert merge_recipe_section(CONFIG, "two")["data"] == {
+        "group_size": 8, "workflow": {"class_path": "B", "init_args": {"z": 0}}}
 
 
 def test_a_recipe_without_a_section_gets_the_common_part():
@@ -51,24 +52,48 @@ def test_malformed_sections_are_named():
 
 USER_RECIPE = '''
 import sys
+from dataclasses import dataclass
+
 from drmas.cli import run_recipe
 from drmas.engines import ENGINES, HFEngine
 from drmas.envs.base import WORKFLOWS
 from drmas.envs.math import SolverVerifierWorkflow
 
 
+@dataclass
+class CountingSettings:
+    label: str = "counting"
+    """What the engine calls itself in its closing line."""
+    context: int = 1024
+    """The context length it declares."""
+
+
 @ENGINES.register("counting")
 class CountingEngine(HFEngine):
-    """A user's own engine, registered by name: HF generate, counting the prompts it serves."""
+    """A user's own engine, registered by name with settings of its own: HF generate, counting
+    the prompts it serves."""
 
+    settings_type = CountingSettings
+    auto_preference = None  # only by name
     served = 0
+
+    @classmethod
+    def create(cls, policy, settings, place, pool, team):
+        engine, fresh = super().create(policy, settings, place, pool, team)
+        engine.label, engine.context_length = settings.label, settings.context
+        return engine, fresh
+
+    @classmethod
+    def context_limit(cls, settings):
+        return settings.context
 
     def generate(self, prompts, n, params, stops=None, max_new_tokens=None):
         type(self).served += len(prompts)
         return super().generate(prompts, n, params, stops, max_new_tokens)
 
     def close(self):
-        print(f"counting engine served {type(self).served} prompts", flush=True)
+        print(f"{self.label} engine served {type(self).served} prompts within {self.context_length}",
+              flush=True)
 
 
 @WORKFLOWS.register("toy_math")
@@ -86,12 +111,15 @@ if __name__ == "__main__":
 
 def test_registered_names_resolve_to_import_paths():
     assert resolve_workflow("search") == "drmas.envs.search.workflow.SearchWorkflow"
-    assert resolve_workflow("math_reasoner_tool_user") == "drmas.envs.math.reasoner_tool_user.ReasonerToolUserWorkflow"
+    assert (resolve_workflow("math_reasoner_tool_user")
+            == "drmas.envs.math.reasoner_tool_user.ReasonerToolUserWorkflow")
     assert resolve_workflow("SearchWorkflow") == "SearchWorkflow"  # class names are jsonargparse's to resolve
-    assert _resolve_argv_workflow(["--data.workflow", "search", "--data.workflow.class_path=math_solver_verifier",
+    assert _resolve_argv_workflow(["--data.workflow", "search",
+                                   "--data.workflow.class_path=math_solver_verifier",
                                    "--model.engine", "search"]) == [
         "--data.workflow", "drmas.envs.search.workflow.SearchWorkflow",
-        "--data.workflow.class_path=drmas.envs.math.solver_verifier.SolverVerifierWorkflow", "--model.engine", "search"]
+        "--data.workflow.class_path=drmas.envs.math.solver_verifier.SolverVerifierWorkflow",
+        "--model.engine", "search"]
 
 
 def run_user_recipe(tmp_path, *args):
@@ -102,6 +130,7 @@ def run_user_recipe(tmp_path, *args):
     return run_script(argv, cwd=tmp_path, timeout=600)
 
 
+@pytest.mark.integration
 def test_a_users_registered_workflow_works_by_name(tmp_path):
     proc = run_user_recipe(tmp_path, "--data.workflow", "toy_math", "--data.workflow.init_args.loops", "5",
                            "--print_config")
@@ -111,16 +140,26 @@ def test_a_users_registered_workflow_works_by_name(tmp_path):
     assert printed["data"]["workflow"] == {"class_path": "__main__.ToyMath", "init_args": {"loops": 5}}
 
     # by name in a config file too, and it trains: one iteration on the tiny model, with the
-    # user's engine, registered by name too (the trainer builds it through its create)
-    (tmp_path / "toy.yaml").write_text("data:\n  workflow: {class_path: toy_math, init_args: {loops: 1}}\n"
-                                       "  val_tasks: 0\ntrainer: {max_epochs: 1}\nmodel: {engine: counting}\n")
+    # user's engine, registered by name too, configured from YAML with its own settings (the
+    # tiny config's vLLM settings stay vLLM's; a policy's own override the module's)
+    (tmp_path / "toy.yaml").write_text(
+        "data:\n  workflow: {class_path: toy_math, init_args: {loops: 1}}\n  val_tasks: 0\n"
+        "trainer: {max_epochs: 1}\n"
+        "model:\n  engine: counting\n  engine_settings: {label: tally, context: 512}\n"
+        "  policies: {shared: {engine_settings: {context: 768}}}\n")
     proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "solver" in proc.stdout and "verifier" not in proc.stdout.split("agent", 1)[1]  # one loop: no check
-    served = re.search(r"counting engine served (\d+) prompts", proc.stdout)
+    # one loop: no check
+    assert "solver" in proc.stdout and "verifier" not in proc.stdout.split("agent", 1)[1]
+    served = re.search(r"tally engine served (\d+) prompts within 768", proc.stdout)
     assert served and int(served.group(1)) > 0, proc.stdout[-2000:]
     proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"), "--model.engine", "sglang")
-    assert proc.returncode != 0 and "engine must be 'auto' or one of ['counting', 'hf', 'vllm'], got 'sglang'" in proc.stderr
+    assert (proc.returncode != 0
+            and "engine must be 'auto' or one of ['counting', 'hf', 'vllm'], got 'sglang'" in proc.stderr)
+    proc = run_user_recipe(tmp_path, "--config", str(tmp_path / "toy.yaml"),
+                           "--model.engine_settings.labl", "x")
+    assert proc.returncode != 0 and ("unknown setting 'labl' of engine 'counting' in "
+                                     "--model.engine_settings; known: ['label', 'context']") in proc.stderr
 
 
 @pytest.mark.parametrize("config", ["hetero_cpu.yaml", "llama3b_qwen7b.yaml"])
@@ -131,7 +170,8 @@ def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])  # the args below are the whole command line
     workflow = {"search": "search", "math": "math_solver_verifier"}[recipe]
     with pytest.raises(SystemExit) as done:
-        DrmasCLI(workflow, recipe, None, args=["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
+        DrmasCLI(workflow, recipe, None,
+                 args=["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
     assert done.value.code in (0, None)
     policies = yaml.safe_load(capsys.readouterr().out)["model"]["policies"]
     agents = {"search": {"verifier", "searcher", "answerer"}, "math": {"solver", "verifier"}}[recipe]
@@ -140,6 +180,7 @@ def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, 
     assert len(families) == 2, families
     if config == "hetero_cpu.yaml":  # the SmolLM2 agents: LoRA adapters on one shared base
         lora = [name for name, p in policies.items() if p["lora"]]
-        assert lora and all(policies[name]["share_base"] and policies[name]["lora"]["rank"] == 16 for name in lora)
+        assert lora and all(policies[name]["share_base"] and policies[name]["lora"]["rank"] == 16
+                            for name in lora)
     else:  # the engines' GPU fractions fit one GPU
         assert sum(p["engine"]["gpu_memory_utilization"] for p in policies.values()) <= 1

@@ -5,6 +5,8 @@ import textwrap
 import pytest
 from forked import run_script
 
+pytestmark = pytest.mark.integration  # starts the recipe tests' zygote (the heavy imports) and subprocesses
+
 SCRIPT = textwrap.dedent("""
     import atexit, os, signal, sys, tempfile
     atexit.register(lambda: print("atexit ran"))
@@ -35,4 +37,5 @@ def test_a_forked_run_ends_as_a_subprocess_does(tmp_path, monkeypatch, mode):
     assert ("atexit ran" in forked.stdout) == (mode != "kill")
     assert forked.stderr.startswith("to stderr\n") and plain.stderr.startswith("to stderr\n")
     if mode == "raise":
-        assert forked.stderr.rstrip().endswith("ValueError: bad") and plain.stderr.rstrip().endswith("ValueError: bad")
+        assert (forked.stderr.rstrip().endswith("ValueError: bad")
+                and plain.stderr.rstrip().endswith("ValueError: bad"))

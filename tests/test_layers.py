@@ -25,7 +25,8 @@ def imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             out.add(base)
             out |= {f"{base}.{a.name}" for a in node.names}
     return out
@@ -58,20 +59,26 @@ def offenders(importer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]
         ("drmas.atomic", ("drmas",)),
         ("drmas.console", ("drmas",)),
         ("drmas.algorithms", ("drmas.records", "drmas.envs", "drmas.data", "drmas.engines",
-                              "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli", "drmas.metrics", "lightning")),
-        ("drmas.envs", ("drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli", "lightning")),
-        ("drmas.engines", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.cli", "lightning")),
+                              "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli",
+                              "drmas.metrics", "lightning")),
+        ("drmas.envs", ("drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli",
+                        "lightning")),
+        ("drmas.engines", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.cli",
+                           "lightning")),
         ("drmas.data", ("drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli")),
         ("drmas.modules", ("drmas.data", "drmas.envs", "drmas.callbacks", "drmas.cli")),
         ("drmas.callbacks", ("drmas.cli",)),
-        ("drmas.models", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli",
-                          "lightning")),
+        ("drmas.models", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines",
+                          "drmas.cli", "lightning")),
         ("drmas.packing", ("drmas.registry", "drmas.algorithms", "drmas.envs", "drmas.data", "drmas.engines",
                            "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli", "lightning")),
-        ("drmas.metrics", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks", "drmas.cli")),
-        ("drmas.plots", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks", "drmas.cli")),
+        ("drmas.metrics", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks",
+                           "drmas.cli")),
+        ("drmas.plots", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks",
+                         "drmas.cli")),
         ("drmas.evaluation", ("drmas.cli", "drmas.callbacks")),
-        ("drmas.report", ("drmas.cli", "drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks")),
+        ("drmas.report", ("drmas.cli", "drmas.envs", "drmas.data", "drmas.engines", "drmas.modules",
+                          "drmas.callbacks")),
     ],
 )
 def test_imports_run_downward(importer, forbidden):
@@ -87,9 +94,10 @@ def test_the_walk_sees_real_imports():
 
 def test_every_module_is_under_a_rule():
     """A new top-level module or package must say what it may import (a rule above)."""
-    ruled = {"drmas", "drmas.cli", "drmas.registry", "drmas.records", "drmas.hardware", "drmas.ranks", "drmas.atomic",
-             "drmas.console", "drmas.algorithms", "drmas.envs", "drmas.engines", "drmas.data", "drmas.modules",
-             "drmas.callbacks", "drmas.models", "drmas.packing", "drmas.metrics", "drmas.plots", "drmas.evaluation", "drmas.report"}
+    ruled = {"drmas", "drmas.cli", "drmas.registry", "drmas.records", "drmas.hardware", "drmas.ranks",
+             "drmas.atomic", "drmas.console", "drmas.algorithms", "drmas.envs", "drmas.engines", "drmas.data",
+             "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.packing", "drmas.metrics",
+             "drmas.plots", "drmas.evaluation", "drmas.report"}
     tops = {".".join(m.split(".")[:2]) for m in GRAPH}
     assert tops - ruled == set(), "add a rule (and a line in docs/architecture.md) for these"
 
@@ -102,7 +110,8 @@ def test_nothing_imports_a_recipe():
 
 def test_envs_load_without_lightning_or_engines():
     code = ("import sys, drmas.envs.search, drmas.envs.math, drmas.data.rollouts; "
-            "print(sorted(m for m in ('lightning', 'drmas.engines', 'drmas.modules', 'drmas.data.datamodule') "
+            "print(sorted(m for m in ('lightning', 'drmas.engines', 'drmas.modules', "
+            "'drmas.data.datamodule') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

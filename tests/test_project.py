@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,16 +17,20 @@ def _readme_commands():
 def test_ci_runs_the_readmes_second_command():
     commands = _readme_commands()
     assert len(commands) >= 2
-    ci = [l for l in (ROOT / ".ci/run").read_text().splitlines() if l and not l.startswith(("#", "set ", "cd "))]
+    ci = [line for line in (ROOT / ".ci/run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [commands[1]]
 
 
+@pytest.mark.integration  # the example trains in a process of its own
 def test_the_example_runs_and_drmas_centres_each_agent():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples/agentwise_gradients.py"), "--model", "tiny-random", "--group", "4"],
+        [sys.executable, str(ROOT / "examples/agentwise_gradients.py"), "--model", "tiny-random",
+         "--group", "4"],
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
-    rows = {tuple(l.split()[:2]): l.split()[2:] for l in out.splitlines() if l.startswith(("grpo_step ", "drmas "))}
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines()
+            if line.startswith(("grpo_step ", "drmas "))}
     assert set(rows) == {(e, a) for e in ("grpo_step", "drmas") for a in ("judge", "picker")}
     for agent in ("judge", "picker"):
         reward_mean, _, adv_mean, _, grad_norm = map(float, rows[("drmas", agent)])

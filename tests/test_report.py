@@ -80,4 +80,5 @@ def test_agents_are_shown_over_windows_of_iterations(tmp_path):
     steps = range(1, 13)  # rewards 1..12: the first five average 3, the last five (8-12) 10
     write_run(tmp_path / "a", {0: 0.0}, {i: float(i) for i in steps}, {i: 1.0 for i in steps})
     main([str(tmp_path / "a"), "-o", str(tmp_path / "out")])
-    assert "| rollout/solver/reward_mean | 1-5 | 3.000 | 8-12 | 10.000 |" in (tmp_path / "out" / "report.md").read_text()
+    assert ("| rollout/solver/reward_mean | 1-5 | 3.000 | 8-12 | 10.000 |"
+            in (tmp_path / "out" / "report.md").read_text())

@@ -49,4 +49,5 @@ def test_the_verdict_table_of_finished_runs(tmp_path, capsys):
     for png in ("grad_norms.png", "inflation.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     report = (tmp_path / "grpo_step" / "report.md").read_text()  # each estimator's full report
-    assert "| shared/verifier | 12 | 2.000 | 2.900 | 4.000 |" in report and "- `seed1/search/version_0`" in report
+    assert ("| shared/verifier | 12 | 2.000 | 2.900 | 4.000 |" in report
+            and "- `seed1/search/version_0`" in report)

@@ -13,29 +13,23 @@ from drmas.algorithms.advantages import (
     group_advantages,
     register_estimator,
 )
-from drmas.algorithms.losses import AGGREGATIONS, aggregate, policy_loss, truncated_importance_weights
-from drmas.algorithms.rewards import invalid_action_penalty, mix_rewards, sample_reward
-
-from drmas.registry import old_names
-
+from drmas.algorithms.losses import AGGREGATIONS, LossConfig, aggregate, policy_loss, truncated_importance_weights
+from drmas.algorithms.rewards import format_term, mix_rewards, sample_reward
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
+    "LossConfig",
     "SAMPLINGS",
     "aggregate",
     "baseline_inflation",
     "compute_advantages",
     "estimators_for",
+    "format_term",
     "group_advantages",
-    "invalid_action_penalty",
     "mix_rewards",
     "policy_loss",
     "register_estimator",
     "sample_reward",
     "truncated_importance_weights",
 ]
-
-__getattr__ = old_names(__name__, {"SAMPLING_MODES": ("SAMPLINGS", lambda: SAMPLINGS),
-                                   "truncated_is_weights": ("truncated_importance_weights",
-                                                            lambda: truncated_importance_weights)})

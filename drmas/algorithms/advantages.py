@@ -4,28 +4,26 @@ Every estimator turns a batch of samples (one LLM call each) into one advantage 
 They differ only in how samples are grouped and which score enters the group statistics;
 the statistics themselves live in :func:`group_advantages`.
 
-A sample is any object with the attributes ``reward``, ``task_uid``, ``traj_uid``, ``env_uid``,
-``agent`` and ``turn``. A sample whose optional attribute ``is_duplicate`` is true (a duplicate added
-to fill a batch) gets advantage 0 and never enters any group statistic.
+A sample is any object with the attributes ``reward``, ``task_uid``, ``traj_uid``, ``agent``
+and ``turn`` (:class:`Scored`; ``drmas.records.Sample`` is one).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from drmas.registry import Registry, old_names
+from drmas.registry import Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "Sample",
-    "baseline_inflation",
     "SAMPLINGS",
+    "Scored",
+    "baseline_inflation",
     "compute_advantages",
     "estimators_for",
     "group_advantages",
@@ -39,14 +37,13 @@ candidates per node, one executed)."""
 _SCALES = ("std", "none")
 
 
-__getattr__ = old_names(__name__, {"SAMPLING_MODES": ("SAMPLINGS", lambda: SAMPLINGS)})
+class Scored(Protocol):
+    """What the estimators read of a sample."""
 
-
-class Sample(Protocol):
     reward: float
     task_uid: Hashable
     traj_uid: Hashable
-    env_uid: Hashable
+    """The trajectory; in tree sampling the task's one executed trajectory, i.e. its tree."""
     agent: Hashable
     turn: int
 
@@ -126,18 +123,13 @@ ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 """Estimators by name (``--data.estimator NAME``); each has ``samplings``."""
 
 
-def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS, *,
-                       modes: Sequence[str] | None = None) -> Callable[[Estimator], Estimator]:
+def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry,
     for the ``samplings`` its groups make sense in (a domain may narrow them further with
     ``Workflow.estimators``).
 
     ``samples`` never contains padding; the function returns one advantage per sample.
     """
-    if modes is not None:  # the old name, read for one release
-        warnings.warn("register_estimator(..., modes=...) is deprecated and will be removed: use samplings=...",
-                      FutureWarning, stacklevel=2)
-        samplings = modes
     bad = set(samplings) - set(SAMPLINGS)
     if bad or not samplings:
         raise ValueError(f"estimator {name!r}: samplings must be some of {SAMPLINGS}, got {list(samplings)}")
@@ -201,12 +193,13 @@ def _drmas(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
 
 @register_estimator("at_grpo", samplings=("tree",))
 def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
-    """AT-GRPO: each sample's own reward, grouped by (env, agent, turn).
+    """AT-GRPO: each sample's own reward, grouped by (tree, agent, turn): a tree is one task's
+    executed trajectory, whose every step's candidates are recorded under its ``traj_uid``.
 
-    The task is part of the key as well, so two tasks can never share a group even if an
-    environment id were reused across them.
+    The task is part of the key as well, so two tasks can never share a group even if a
+    trajectory id were reused across them.
     """
-    keys = [(s.task_uid, s.env_uid, s.agent, s.turn) for s in samples]
+    keys = [(s.task_uid, s.traj_uid, s.agent, s.turn) for s in samples]
     return group_advantages(_rewards(samples), keys, scale, eps)
 
 
@@ -227,24 +220,16 @@ def _rloo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
 def compute_advantages(
     samples: Sequence[Any], estimator: str, scale: str = "std", eps: float = 1e-6
 ) -> Tensor:
-    """One advantage per sample (float32, aligned with ``samples``) from a registered estimator.
-
-    Samples with a true ``is_duplicate`` attribute get 0 and are left out of every statistic.
-    """
+    """One advantage per sample (float32, aligned with ``samples``) from a registered estimator."""
     fn = ADVANTAGE_ESTIMATORS.get(estimator)  # a KeyError listing the registered ones
     if scale not in _SCALES:
         raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
-    out = torch.zeros(len(samples), dtype=torch.float32)
-    real = [i for i, s in enumerate(samples) if not getattr(s, "is_duplicate", False)]
-    if not real:
-        return out
-    adv = fn([samples[i] for i in real], scale, eps)
-    if adv.shape != (len(real),):
-        raise ValueError(
-            f"estimator {estimator!r} returned shape {tuple(adv.shape)}, expected ({len(real)},)"
-        )
-    out[torch.tensor(real, dtype=torch.long)] = adv.to(torch.float32)
-    return out
+    if not samples:
+        return torch.zeros(0, dtype=torch.float32)
+    adv = fn(samples, scale, eps)
+    if adv.shape != (len(samples),):
+        raise ValueError(f"estimator {estimator!r} returned shape {tuple(adv.shape)}, expected ({len(samples)},)")
+    return adv.to(torch.float32)
 
 
 def baseline_inflation(samples: Sequence[Any]) -> dict[Hashable, float]:
@@ -256,8 +241,7 @@ def baseline_inflation(samples: Sequence[Any]) -> dict[Hashable, float]:
     agents' squares, weighted by their sample shares, average to exactly 1."""
     by_task: dict[Hashable, dict[Hashable, list[float]]] = {}
     for s in samples:
-        if not getattr(s, "is_duplicate", False):
-            by_task.setdefault(s.task_uid, {}).setdefault(s.agent, []).append(float(s.reward))
+        by_task.setdefault(s.task_uid, {}).setdefault(s.agent, []).append(float(s.reward))
     factors: dict[Hashable, list[float]] = {}
     for agents in by_task.values():
         pooled = [r for rs in agents.values() for r in rs]

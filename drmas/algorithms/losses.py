@@ -6,13 +6,12 @@ All tensors are token-level ``[B, T]`` (B sequences, T response positions) excep
 
 from __future__ import annotations
 
-import warnings
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from drmas.registry import old_names
-
-__all__ = ["AGGREGATIONS", "aggregate", "policy_loss", "truncated_importance_weights"]
+__all__ = ["AGGREGATIONS", "LossConfig", "aggregate", "policy_loss", "truncated_importance_weights"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -58,23 +57,48 @@ def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tens
     return torch.exp(trainer_logprobs.detach() - engine_logprobs.detach()).clamp(max=cap)
 
 
+@dataclass(frozen=True)
+class LossConfig:
+    """The terms of the PPO-clip policy loss (``--model.loss.<key>`` for the trainer)."""
+
+    clip_low: float = 0.2
+    """PPO lower clip: the ratio is kept >= 1 - clip_low for negative advantages."""
+    clip_high: float = 0.2
+    """PPO upper clip: the ratio is kept <= 1 + clip_high for positive advantages (DAPO: 0.28)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative advantages (None = off)."""
+    agg: str = "token-mean"
+    """Aggregation (:func:`aggregate`): ``token-mean``, ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm`` (the trainer normalises by each policy's length budget,
+    ``train_generation.max_new_tokens``)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to a reference (0 = off; > 0: the trainer keeps a frozen copy of
+    each policy's initial weights, bf16 where native, and logs ``train/<policy>/kl``)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off; computing the entropy costs a full softmax)."""
+
+    def __post_init__(self) -> None:
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError(f"clip bounds must be non-negative, got {self.clip_low}, {self.clip_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if self.agg not in AGGREGATIONS:
+            raise ValueError(f"agg must be one of {AGGREGATIONS}, got {self.agg!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    config: LossConfig = LossConfig(),  # noqa: B008 (frozen)
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
     ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
     importance_weights: Tensor | None = None,
     norm_len: int | None = None,
-    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip policy loss (to minimise) and detached metrics.
 
@@ -90,16 +114,9 @@ def policy_loss(
     (A > 0 and r > 1 + clip_high), ``clip_frac`` (their sum), ``approx_kl`` (k3 of the old
     policy against the current one), ``ratio_mean``, ``ratio_max``, and ``dual_clip_frac``,
     ``kl``, ``entropy`` when those terms are active. Fractions are over valid tokens.
-    ``is_weights``: the old name of ``importance_weights``, read for one release.
     """
-    if is_weights is not None:
-        warnings.warn("policy_loss(is_weights=...) is deprecated and will be removed: use importance_weights=...",
-                      FutureWarning, stacklevel=2)
-        importance_weights = is_weights
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip bounds must be non-negative, got {clip_low}, {clip_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    clip_low, clip_high, dual_clip, agg = config.clip_low, config.clip_high, config.dual_clip, config.agg
+    kl_coef, entropy_coef = config.kl_coef, config.entropy_coef
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
@@ -172,7 +189,3 @@ def policy_loss(
         if entropy is not None:
             metrics["entropy"] = mean(entropy.detach())
     return loss, {k: v.detach() for k, v in metrics.items()}
-
-
-__getattr__ = old_names(__name__, {"truncated_is_weights": ("truncated_importance_weights",
-                                                            lambda: truncated_importance_weights)})

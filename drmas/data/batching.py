@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from drmas.packing import group_by_prefix, pack_shared_prefixes, pad_samples, prefix_order
-from drmas.records import Sample, MicroBatch
+from drmas.records import BatchSpec, MicroBatch, Sample
 
 __all__ = ["make_micro_batches", "shard_prefix_groups", "shard_samples"]
 
@@ -81,15 +81,10 @@ def _packed_tokens(chunk: Sequence[Sample]) -> int:
 def make_micro_batches(
     samples: Sequence[Sample],
     policy: str,
-    micro_batch_size: int,
-    pad_id: int,
-    agg: str = "token-mean",
+    spec: BatchSpec,
     ppo_epoch: int = 0,
     rank: int = 0,
     world_size: int = 1,
-    prefix_sharing: bool = False,
-    by_agent: bool = False,
-    attention_window: int | None = None,
 ) -> list[MicroBatch]:
     """Split one policy's samples into length-sorted micro-batches with loss scales; with
     several ranks, this rank's share of them (:func:`shard_samples`).
@@ -101,6 +96,9 @@ def make_micro_batches(
     gradients, and every rank gets the same number of micro-batches: a rank with fewer samples
     runs zero-weight stand-in micro-batches (``stand_in=True``) so its passes stay in step.
 
+    ``spec`` says how the policy packs (:class:`~drmas.records.BatchSpec`: pad id, micro-batch
+    size, aggregation, and the three below; its ``ppo_epochs`` and ``trainable`` are the caller's).
+
     ``prefix_sharing``: samples are ordered by their tokens instead of their length, so that those
     sharing a prompt prefix fall into the same micro-batch, and each micro-batch carries them
     packed (:func:`~drmas.packing.pack_shared_prefixes`).
@@ -111,13 +109,15 @@ def make_micro_batches(
     ``by_agent``: micro-batches hold one agent's samples each (``MicroBatch.agent`` set), so the
     trainer can measure each agent's gradient contribution; the loss scales are unchanged.
     """
+    micro_batch_size, pad_id, agg = spec.micro_batch_size, spec.pad_id, spec.agg
+    prefix_sharing, by_agent, attention_window = spec.prefix_sharing, spec.by_agent, spec.attention_window
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if by_agent and world_size > 1:
         raise ValueError("micro-batches split by agent (per-agent gradient norms) need one rank")
-    real = [i for i, s in enumerate(samples) if not s.is_duplicate and s.response_ids]
+    real = [i for i, s in enumerate(samples) if s.response_ids]
     if not real:
         return []
     total_tokens = sum(len(samples[i].response_ids) for i in real)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from typing import Any
 
 import lightning as L
@@ -27,7 +26,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from drmas.atomic import write_text
-from drmas.data.rollouts import RolloutBackend, Rollouts
+from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts
 from drmas.envs.base import Workflow
 from drmas.records import PreparedIteration
 
@@ -95,8 +94,10 @@ class RolloutDataModule(L.LightningDataModule):
         super().__init__()
         if val_every < 0:
             raise ValueError(f"val_every must be >= 0, got {val_every}")
-        self.rollouts = Rollouts(workflow, sampling, estimator, scale, group_size, tasks_per_iteration,
-                                 val_tasks, val_k, seed, progress, max_failed_share)
+        config = RolloutConfig(sampling=sampling, estimator=estimator, scale=scale, group_size=group_size,
+                               tasks_per_iteration=tasks_per_iteration, val_tasks=val_tasks, val_k=val_k, seed=seed,
+                               progress=progress, max_failed_share=max_failed_share)
+        self.rollouts = Rollouts(workflow, config)
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.val_before_training = val_before_training
         self.policy_swap_probe = policy_swap_probe
@@ -104,13 +105,6 @@ class RolloutDataModule(L.LightningDataModule):
         """The current iteration, prepared for training (None before the first rollout)."""
         self._current_started = False  # whether training on ``current`` has begun
         self._hook = _IterationHooks(self)
-
-    @property
-    def plan(self) -> PreparedIteration | None:
-        """Deprecated (one release): :attr:`current`."""
-        warnings.warn("RolloutDataModule.plan is deprecated and will be removed: use RolloutDataModule.current",
-                      FutureWarning, stacklevel=2)
-        return self.current
 
     def setup(self, stage: str) -> None:
         reload = self.trainer.reload_dataloaders_every_n_epochs
@@ -173,7 +167,7 @@ class RolloutDataModule(L.LightningDataModule):
             correct[ep.task_uid] = correct.get(ep.task_uid, 0) + int(ep.success)
         tasks = [{"uid": t.uid, "source": getattr(t, "source", None), "correct": correct.get(t.uid, 0)}
                  for t in self.rollouts.val_task_list("val")]
-        line = json.dumps({"iteration": backend.iteration, "k": self.rollouts.val_k, "tasks": tasks})
+        line = json.dumps({"iteration": backend.iteration, "k": self.rollouts.config.val_k, "tasks": tasks})
         path = os.path.join(log_dir, VALIDATION_FILE)
         before = open(path).read() if os.path.exists(path) else ""
         write_text(path, before + line + "\n")  # whole or not at all: a kill never leaves half a line

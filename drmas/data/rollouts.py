@@ -27,8 +27,8 @@ import logging
 import math
 import random
 import time
-import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -41,7 +41,7 @@ from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
 from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
 
-__all__ = ["OutageError", "RolloutBackend", "Rollouts", "outcome_scalars"]
+__all__ = ["OutageError", "RolloutBackend", "RolloutConfig", "Rollouts", "outcome_scalars"]
 
 log = logging.getLogger(__name__)
 
@@ -86,53 +86,65 @@ class RolloutBackend(Protocol):
         """Log at the current iteration."""
 
 
-class Rollouts:
-    """One workflow's rollouts and validation, with the sampling and estimator settings."""
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How a workflow is played for training and validation (the data module's settings of the
+    same names, documented in full on :class:`~drmas.data.datamodule.RolloutDataModule`)."""
 
-    def __init__(
-        self,
-        workflow: Workflow,
-        sampling: str = "parallel",
-        estimator: str = "drmas",
-        scale: str = "std",
-        group_size: int = 4,
-        tasks_per_iteration: int = 4,
-        val_tasks: int = 32,
-        val_k: int = 4,
-        seed: int = 0,
-        progress: bool | None = None,
-        max_failed_share: float = 0.5,
-    ) -> None:
-        """Arguments as :class:`~drmas.data.datamodule.RolloutDataModule`'s; the workflow's declared
-        samplings and estimators are checked here, before anything runs."""
-        if sampling not in SAMPLINGS:
-            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    sampling: str = "parallel"
+    """``parallel`` or ``tree``."""
+    estimator: str = "drmas"
+    """A registered advantage estimator."""
+    scale: str = "std"
+    """``std`` or ``none`` (Dr. GRPO)."""
+    group_size: int = 4
+    """Trajectories per task (parallel) or candidates per node (tree)."""
+    tasks_per_iteration: int = 4
+    """Tasks drawn per rollout."""
+    val_tasks: int = 32
+    """Validation tasks per source (0 = no validation)."""
+    val_k: int = 4
+    """Samples per validation task."""
+    seed: int = 0
+    """Seed of the task sampling."""
+    progress: bool | None = None
+    """A progress bar over the episodes (None: in a terminal)."""
+    max_failed_share: float = 0.5
+    """Past this share of an agent's actions (or of the episodes) failing, the run stops."""
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        if self.estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown estimator {self.estimator!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
+        if self.group_size < 1 or self.tasks_per_iteration < 1:
+            raise ValueError("group_size and tasks_per_iteration must be >= 1")
+        if self.val_tasks < 0 or self.val_k < 1:
+            raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {self.val_tasks}, {self.val_k}")
+        if not 0.0 <= self.max_failed_share <= 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1], got {self.max_failed_share}")
+
+
+class Rollouts:
+    """One workflow's rollouts and validation, played as ``config`` says."""
+
+    def __init__(self, workflow: Workflow, config: RolloutConfig = RolloutConfig()) -> None:  # noqa: B008 (frozen)
+        """The workflow's declared samplings and estimators are checked here, before anything runs."""
+        sampling, estimator = config.sampling, config.estimator
         name = type(workflow).__name__
         if sampling not in workflow.samplings:
             why = f" ({workflow.why_not[sampling]})" if sampling in workflow.why_not else ""
             raise ValueError(f"{name} does not support sampling={sampling!r}{why}; it supports: "
                              f"{', '.join(workflow.samplings)}")
-        if estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
         if estimator not in workflow.estimators(sampling):
             raise ValueError(
                 f"estimator {estimator!r} does not work with sampling={sampling!r} in {name}; "
                 f"use one of: {', '.join(workflow.estimators(sampling))}"
             )
-        if group_size < 1 or tasks_per_iteration < 1:
-            raise ValueError("group_size and tasks_per_iteration must be >= 1")
-        if val_tasks < 0 or val_k < 1:
-            raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {val_tasks}, {val_k}")
-        if not 0.0 <= max_failed_share <= 1.0:
-            raise ValueError(f"max_failed_share must be in [0, 1], got {max_failed_share}")
-        if val_tasks and "parallel" not in workflow.samplings:
-            raise ValueError(f"validation plays val_k independent trajectories per task (parallel mode), "
+        if config.val_tasks and "parallel" not in workflow.samplings:
+            raise ValueError(f"validation plays val_k independent trajectories per task (parallel sampling), "
                              f"which {name} does not support: set val_tasks 0")
-        self.workflow = workflow
-        self.sampling, self.estimator, self.scale = sampling, estimator, scale
-        self.group_size, self.tasks_per_iteration = group_size, tasks_per_iteration
-        self.val_tasks, self.val_k, self.seed = val_tasks, val_k, seed
-        self.progress, self.max_failed_share = progress, max_failed_share
+        self.workflow, self.config = workflow, config
         self.agent_map: dict[str, str] = {}
         self.last_validation: RolloutResult | None = None
         """The samples and episodes of the last :meth:`validate` (every rank's)."""
@@ -146,13 +158,13 @@ class Rollouts:
     def sample_tasks(self, iteration: int) -> list[Any]:
         """The iteration's tasks: drawn without replacement, the same ones for the same seed."""
         tasks = list(self.workflow.tasks("train"))
-        rng = random.Random(self.seed * 1_000_003 + iteration)
-        return rng.sample(tasks, min(self.tasks_per_iteration, len(tasks)))
+        rng = random.Random(self.config.seed * 1_000_003 + iteration)
+        return rng.sample(tasks, min(self.config.tasks_per_iteration, len(tasks)))
 
     def check_ranks(self, world_size: int) -> None:
         """Refuse a rank count some rank would have no task for."""
-        if self.tasks_per_iteration < world_size:
-            raise ValueError(f"tasks_per_iteration ({self.tasks_per_iteration}) must be >= the number of ranks "
+        if self.config.tasks_per_iteration < world_size:
+            raise ValueError(f"tasks_per_iteration ({self.config.tasks_per_iteration}) must be >= the number of ranks "
                              f"({world_size}): each rank plays whole tasks")
 
     def prepare(self, backend: RolloutBackend, iteration: int) -> PreparedIteration:
@@ -166,8 +178,9 @@ class Rollouts:
         # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed)
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
         backend.engine_cache_stats()  # from here on: this rollout's requests only
+        c = self.config
         local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
-                                    self.group_size, self.sampling, self.seed + iteration + 1_000_003 * backend.rank)
+                                    c.group_size, c.sampling, c.seed + iteration + 1_000_003 * backend.rank)
         result, (prompt, cached) = _gather(backend, local, failure, backend.engine_cache_stats())
         scalars = self.check_failures(result, f"iteration {iteration}")
         scalars.update(self.workflow.scalars(result.counts))
@@ -175,7 +188,7 @@ class Rollouts:
         t2 = time.perf_counter()
         for s in result.samples:
             s.policy = self.agent_map[s.agent]
-        adv = compute_advantages(result.samples, self.estimator, self.scale)
+        adv = compute_advantages(result.samples, self.config.estimator, self.config.scale)
         for s, a in zip(result.samples, adv.tolist()):
             s.advantage = a
         t3 = time.perf_counter()
@@ -184,22 +197,16 @@ class Rollouts:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
         return PreparedIteration(iteration, result, self.micro_batches(result.samples, backend), timings, scalars)
 
-    def plan(self, backend: RolloutBackend, iteration: int) -> PreparedIteration:
-        """Deprecated (one release): :meth:`prepare`."""
-        warnings.warn("Rollouts.plan is deprecated and will be removed: use Rollouts.prepare", FutureWarning,
-                      stacklevel=2)
-        return self.prepare(backend, iteration)
-
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
         """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``
         (episodes whose ``info`` holds a ``failure``: none of their samples is trained);
         :class:`OutageError` when more than ``max_failed_share`` of one agent's actions, or of the
         episodes, failed."""
         broken = [e.info["failure"] for e in result.episodes if "failure" in e.info]
-        if broken and len(broken) > self.max_failed_share * len(result.episodes):
+        if broken and len(broken) > self.config.max_failed_share * len(result.episodes):
             raise OutageError(
                 f"{where}: {len(broken)} of {len(result.episodes)} episodes failed, more than max_failed_share="
-                f"{self.max_failed_share} allows; stopping. The first failure:\n{broken[0]}")
+                f"{self.config.max_failed_share} allows; stopping. The first failure:\n{broken[0]}")
         total: dict[str, int] = defaultdict(int)
         failed: dict[str, list[str]] = defaultdict(list)
         for s in result.samples:
@@ -210,10 +217,10 @@ class Rollouts:
                    f"{prefix}/failed_episodes": float(len(broken))}
         for agent, why in failed.items():
             scalars[f"{prefix}/{agent}/failed_actions"] = float(len(why))
-            if len(why) > self.max_failed_share * total[agent]:
+            if len(why) > self.config.max_failed_share * total[agent]:
                 raise OutageError(
                     f"{where}: {len(why)} of {total[agent]} {agent} actions failed in the environment, more than "
-                    f"max_failed_share={self.max_failed_share} allows; stopping rather than training on an outage. "
+                    f"max_failed_share={self.config.max_failed_share} allows; stopping rather than training on an outage. "
                     f"Last failure: {why[-1]}")
         return scalars
 
@@ -224,7 +231,7 @@ class Rollouts:
         raised only once every rank has heard of it, in :func:`_gather`."""
         if not tasks:
             return RolloutResult([], []), None
-        bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc, show_progress(self.progress, backend.rank))
+        bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc, show_progress(self.config.progress, backend.rank))
         try:
             extra = {"progress": bar} if bar.active else {}
             return self.workflow.rollout(tasks, generate, n=n, sampling=sampling, seed=seed, **extra), None
@@ -245,9 +252,8 @@ class Rollouts:
         for ppo_epoch in range(max((spec.ppo_epochs for spec in specs.values()), default=0)):
             for name, spec in specs.items():
                 if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
-                    batches += make_micro_batches(per_policy[name], name, spec.micro_batch_size, spec.pad_id,
-                                                  spec.agg, ppo_epoch, backend.rank, backend.world_size,
-                                                  spec.prefix_sharing, spec.by_agent, spec.attention_window)
+                    batches += make_micro_batches(per_policy[name], name, spec, ppo_epoch, backend.rank,
+                                                  backend.world_size)
         return batches
 
     # ---- validation -------------------------------------------------------------------------
@@ -258,7 +264,7 @@ class Rollouts:
         per_source: dict[Any, list[Any]] = defaultdict(list)
         for t in self.workflow.tasks(split):
             group = per_source[getattr(t, "source", None)]
-            if len(group) < self.val_tasks:
+            if len(group) < self.config.val_tasks:
                 group.append(t)
         return [t for group in per_source.values() for t in group]
 
@@ -288,7 +294,7 @@ class Rollouts:
         ``val/turns_mean`` and per agent ``val/<agent>/reward_mean`` and ``valid_ratio`` ({} with
         ``val_tasks=0``). ``swap``: the policy-swap probe (:meth:`swapped_agents`), under
         ``val_swapped/``. ``split``: another split (``test``: under ``test/``)."""
-        if not self.val_tasks:
+        if not self.config.val_tasks:
             return {}
         if not self.agent_map:
             self.bind(backend)
@@ -299,7 +305,7 @@ class Rollouts:
         generate = backend.generate_fn(train=False)
         if swap:
             generate = _Rerouted(generate, self.swapped_agents())
-        local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.val_k,
+        local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.config.val_k,
                                     "parallel", 0)
         result, _ = _gather(backend, local, failure)
         self.last_validation = result
@@ -314,12 +320,12 @@ class Rollouts:
         scalars = failures
         for prefix, group in groups.items():
             c = torch.tensor([correct[t.uid] for t in group])
-            n = torch.full_like(c, self.val_k)
-            avg, pas = AvgAtK(self.val_k), PassAtK(self.val_k)
+            n = torch.full_like(c, self.config.val_k)
+            avg, pas = AvgAtK(self.config.val_k), PassAtK(self.config.val_k)
             avg.update(c, n)
             pas.update(c, n)
-            scalars[f"{prefix}/avg@{self.val_k}"] = float(avg.compute())
-            scalars[f"{prefix}/pass@{self.val_k}"] = float(pas.compute())
+            scalars[f"{prefix}/avg@{self.config.val_k}"] = float(avg.compute())
+            scalars[f"{prefix}/pass@{self.config.val_k}"] = float(pas.compute())
         scalars.update(outcome_scalars(result, top))
         return scalars
 
@@ -344,20 +350,23 @@ def outcome_scalars(result: RolloutResult, prefix: str) -> dict[str, float]:
 
 class _Rerouted:
     """A generate function whose agents are answered by other agents' policies (the swap
-    probe); what else it answers (``settings``, ``prompt_tokens``, ``train``...) follows too."""
+    probe); its settings and prompt lengths are the partner's too."""
 
     def __init__(self, generate: GenerateFn, partner: dict[str, str]) -> None:
         self.generate, self.partner = generate, partner
-        self.train = getattr(generate, "train", False)
+        self.train = generate.train
 
     def __call__(self, agent: str, prompts: Sequence[Any], n: int) -> Any:
         return self.generate(self.partner[agent], prompts, n)
 
-    def __getattr__(self, name: str) -> Any:
-        inner = getattr(self.generate, name)  # AttributeError when the inner function lacks it
-        if name in ("settings", "prompt_tokens"):
-            return lambda agent, *args: inner(self.partner[agent], *args)
-        return inner
+    def settings(self, agent: str) -> Any:
+        return self.generate.settings(self.partner[agent])
+
+    def prompt_tokens(self, agent: str, prompt: Any) -> int | None:
+        return self.generate.prompt_tokens(self.partner[agent], prompt)
+
+    def check_stop(self) -> None:
+        self.generate.check_stop()
 
 
 def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResult, float]:

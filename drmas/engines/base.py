@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
 from drmas.registry import Registry
 
-__all__ = ["ENGINES", "Engine", "EngineError", "Placement", "Generation", "SamplingParams", "check_request", "full_state_items", "per_prompt"]
+__all__ = ["ENGINES", "Engine", "EngineError", "GenerationParams", "Generation", "Placement", "check_request",
+           "full_state_items", "per_prompt", "resolve_engine"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,8 @@ class EngineError(RuntimeError):
 
 
 @dataclass
-class SamplingParams:
-    """Sampling settings of one generate call."""
+class GenerationParams:
+    """Generation settings of one generate call."""
 
     temperature: float = 1.0
     """Softmax temperature; 0 means greedy."""
@@ -68,20 +71,41 @@ class Generation:
 class Engine(ABC):
     """Generates from token-id prompts with the current weights of one policy.
 
-    An engine class builds itself for a policy (:meth:`create`) and says what device memory it
-    keeps (:meth:`device_fractions`, :meth:`keeps_copy`, :meth:`check_memory`); registered in
-    :data:`ENGINES` under a name, it is chosen with ``--model.engine NAME``. The trainer knows no
-    engine by name beyond that.
+    An engine class declares its settings (:attr:`settings_type`), builds itself for a policy
+    (:meth:`create`) and says what device memory it keeps (:meth:`device_fractions`,
+    :meth:`keeps_copy`, :meth:`check_memory`) and how long a sequence it takes
+    (:meth:`context_limit`); registered in :data:`ENGINES` under a name, it is chosen with
+    ``--model.engine NAME``, or by ``auto`` (:func:`resolve_engine`). The trainer knows no engine
+    by name.
     """
+
+    settings_type: ClassVar[type | None] = None
+    """The dataclass of this engine's settings: ``--model.engine_settings`` (one mapping for every
+    policy) and a policy's own ``engine_settings`` over it; None: the engine takes none."""
+    auto_preference: ClassVar[int | None] = None
+    """Its place in ``--model.engine auto``'s choice: the available engine with the highest
+    preference is taken; None: chosen only by name."""
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether this engine can run here (its packages installed); ``auto`` skips it otherwise."""
+        return True
+
+    @classmethod
+    def context_limit(cls, settings: Any) -> int | None:
+        """Prompt plus response tokens an engine built with ``settings`` takes (None: the model's
+        own limit); read before any engine exists, for the memory plan."""
+        return None
 
     @classmethod
     def create(cls, policy: Any, settings: Any, place: Placement, pool: dict[str, Any],
                team: dict[str, Any]) -> tuple[Engine, bool]:
         """This engine for ``policy`` (its ``name``, ``model``, ``tokenizer``, ``adapter``,
         ``config``), and whether it already serves the policy's initial weights (else the first
-        ``sync_weights`` publishes them). ``settings``: the trainer's settings for this engine
-        kind (``--model.vllm`` for vLLM, None for an engine without any); ``pool``: engines that
-        policies share, kept by the trainer; ``team``: every policy's config by name."""
+        ``sync_weights`` publishes them). ``settings``: this policy's :attr:`settings_type`
+        instance, ``--model.engine_settings`` with the policy's own over them (None for an engine
+        without settings); ``pool``: engines that policies share, kept by the trainer;
+        ``team``: every policy's config by name."""
         raise NotImplementedError(f"{cls.__name__} does not say how to build itself: implement Engine.create")
 
     @classmethod
@@ -118,7 +142,7 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
         stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
     ) -> list[list[Generation]]:
         """``n`` generations for each prompt, in prompt order. ``stops[i]`` and
@@ -147,7 +171,58 @@ ENGINES: Registry[type[Engine]] = Registry("engine")
 :class:`Engine` subclass adds one, from any module the recipe imports."""
 
 
-def per_prompt(prompts: Sequence[Sequence[int]], params: SamplingParams, stops: Sequence[Sequence[str]] | None,
+def resolve_engine(name: str) -> tuple[str, type[Engine]]:
+    """The engine ``--model.engine NAME`` selects: a registered name, or ``auto``, the available
+    engine of the highest :attr:`Engine.auto_preference`."""
+    if name != "auto":
+        if name not in ENGINES:
+            raise ValueError(f"engine must be 'auto' or one of {ENGINES.names()}, got {name!r}")
+        return name, ENGINES.get(name)
+    ranked = sorted(((c.auto_preference, n) for n, c in ENGINES.items() if c.auto_preference is not None), reverse=True)
+    for _, n in ranked:
+        if ENGINES.get(n).available():
+            return n, ENGINES.get(n)
+    raise ValueError(f"--model.engine auto found no available engine among {[n for _, n in ranked]}")
+
+
+def parse_settings(name: str, engine: type[Engine], raw: dict[str, Any], where: str = "--model.engine_settings",
+                   base: Any = None) -> Any:
+    """``raw`` as an instance of the engine's :attr:`~Engine.settings_type` (over ``base``, else
+    the type's defaults). One namespace serves every engine, as one config may run with any:
+    the keys another registered engine declares are left to it; a key no engine declares, or a
+    value of the wrong type, is refused in one line naming the key, the engine and ``where``."""
+    kind = engine.settings_type
+    hints = typing.get_type_hints(kind) if kind is not None else {}
+    others = {f.name for c in dict(ENGINES.items()).values() if c.settings_type is not None and c is not engine
+              for f in dataclasses.fields(c.settings_type)}
+    own: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in hints:
+            if key in others:
+                continue
+            raise ValueError(f"unknown setting {key!r} of engine {name!r} in {where}; known: {list(hints)}")
+        want = hints[key]
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif isinstance(want, type) and not isinstance(value, want):
+            raise ValueError(f"setting {key!r} of engine {name!r} in {where} must be {want.__name__}, got {value!r}")
+        own[key] = value
+    if kind is None:
+        return None
+    return dataclasses.replace(base, **own) if base is not None else kind(**own)
+
+
+def policy_settings(settings: Any, config: Any) -> Any:
+    """``settings`` with a policy's own ``engine_settings`` over them (the keys of this engine's
+    type; checked by :func:`parse_settings` at the trainer's start)."""
+    own = getattr(config, "engine_settings", None) or {}
+    if settings is None or not own:
+        return settings
+    known = {f.name for f in dataclasses.fields(settings)}
+    return dataclasses.replace(settings, **{k: v for k, v in own.items() if k in known})
+
+
+def per_prompt(prompts: Sequence[Sequence[int]], params: GenerationParams, stops: Sequence[Sequence[str]] | None,
                max_new_tokens: Sequence[int] | None) -> tuple[list[list[str]], list[int]]:
     """Each prompt's stop strings and length budget: the given ones, else ``params``'s; checked."""
     stops = [list(params.stop)] * len(prompts) if stops is None else [list(s) for s in stops]
@@ -160,7 +235,7 @@ def per_prompt(prompts: Sequence[Sequence[int]], params: SamplingParams, stops: 
     return stops, lengths
 
 
-def check_request(prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> None:
+def check_request(prompts: Sequence[Sequence[int]], n: int, params: GenerationParams) -> None:
     """Refuse requests every engine would mishandle, with the offending value in the message."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

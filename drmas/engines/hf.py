@@ -28,7 +28,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from drmas.engines.base import (ENGINES, Engine, Generation, Placement, SamplingParams, check_request, full_state_items,
+from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request, full_state_items,
                                 per_prompt)
 from drmas.models import load_causal_lm
 from drmas.models.lora import activate
@@ -117,7 +117,7 @@ class HFEngine(Engine):
     ``max_batch_size`` caps the rows per ``generate`` call (None: no cap). Sampling uses
     torch's global RNG, so it is reproducible under ``torch.manual_seed``. Generation
     settings stored on the model (``model.generation_config``) other than the ones set
-    from :class:`SamplingParams` still apply, as with a plain ``generate`` call.
+    from :class:`GenerationParams` still apply, as with a plain ``generate`` call.
 
     ``copy_weights``: ``model`` is the engine's own copy, and :meth:`sync_weights` copies the
     trained model's weights into it (needed when the trained model is sharded) instead of
@@ -142,6 +142,8 @@ class HFEngine(Engine):
         if pad is None:
             raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with")
         self.pad_id = int(pad)
+
+    auto_preference = 0  # runs anywhere: ``auto``'s choice where no faster engine is available
 
     @classmethod
     def create(cls, policy: Any, settings: Any, place: Placement, pool: dict[str, Any],
@@ -168,7 +170,7 @@ class HFEngine(Engine):
         return ids
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
         stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
     ) -> list[list[Generation]]:
         check_request(prompts, n, params)
@@ -193,7 +195,7 @@ class HFEngine(Engine):
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _generate_rows(self, requests: list[tuple[list[int], list[str], int]],
-                       params: SamplingParams) -> list[Generation]:
+                       params: GenerationParams) -> list[Generation]:
         """``(prompt, stop strings, length budget)`` rows in one ``generate`` call."""
         rows, stops, limits = [r for r, _, _ in requests], [s for _, s, _ in requests], [m for _, _, m in requests]
         device = next(self.model.parameters()).device

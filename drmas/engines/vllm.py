@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 import torch
 
 from drmas import console
-from drmas.engines.base import (ENGINES, Engine, Generation, Placement, SamplingParams, check_request, full_state_items,
+from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request, full_state_items,
                                 per_prompt)
 from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm, keep_dist_state, preserved_rng, vllm_available
-from drmas.engines.vllm_settings import (VLLMConfig, check_gpu_fractions, check_kv_caches, engine_fractions, engine_key,
-                                        engine_sizes, launcher_env, launcher_kwargs, policy_settings)
+from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches, engine_fractions, engine_key,
+                                        engine_sizes, launcher_env, launcher_kwargs)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 
@@ -63,8 +63,18 @@ class VLLMEngine(Engine):
     ``vllm.LLM`` unchanged (e.g. ``max_num_batched_tokens``).
     """
 
+    settings_type = VLLMSettings
+    auto_preference = 10  # over HF's 0: where vLLM is installed, ``auto`` takes it
     _open: ClassVar[int] = 0
     """Engines alive in this process: they share vLLM's process-wide distributed state."""
+
+    @classmethod
+    def available(cls) -> bool:
+        return vllm_available()
+
+    @classmethod
+    def context_limit(cls, settings: VLLMSettings) -> int | None:
+        return settings.max_model_len
 
     def __init__(
         self,
@@ -127,12 +137,12 @@ class VLLMEngine(Engine):
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
 
     @classmethod
-    def create(cls, policy: Any, settings: VLLMConfig, place: Placement, pool: dict[str, Any],
+    def create(cls, policy: Any, settings: VLLMSettings, place: Placement, pool: dict[str, Any],
                team: dict[str, Any]) -> tuple[Engine, bool]:
         """An engine of the policy's own; a LoRA policy gets a view of an engine in ``pool``, one
         per shared base (as many adapter slots as policies share it), else one of its own."""
         cls.check_placement(place)
-        c, own = policy.config, policy_settings(settings, policy.config)
+        c, own = policy.config, settings
         kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
                       gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
                       rank=place.rank, local_rank=place.local_rank, world_size=place.world_size)
@@ -158,7 +168,7 @@ class VLLMEngine(Engine):
                              "give --trainer.devices a count, not a list, and choose GPUs with CUDA_VISIBLE_DEVICES")
 
     @classmethod
-    def check_memory(cls, team: dict[str, Any], settings: VLLMConfig, on_gpu: bool) -> None:
+    def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool) -> None:
         """The engines' GPU fractions add up to at most 1, or on CPU their KV caches fit the machine."""
         if on_gpu:
             check_gpu_fractions(engine_fractions(team, settings))
@@ -166,7 +176,7 @@ class VLLMEngine(Engine):
             check_kv_caches(engine_sizes(team, settings))
 
     @classmethod
-    def device_fractions(cls, team: dict[str, Any], settings: VLLMConfig) -> list[float]:
+    def device_fractions(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
         return list(engine_fractions(team, settings).values())
 
     def _announce(self, name: str, place: Placement) -> None:
@@ -176,7 +186,7 @@ class VLLMEngine(Engine):
             print(f"[rank {place.rank}] vLLM engine of policy {name}: {where}, executor {executor}", flush=True)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
         stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
         adapter: str | None = None,
     ) -> list[list[Generation]]:
@@ -298,7 +308,7 @@ class VLLMAdapter(Engine):
         self.context_length = engine.context_length
         engine.users += 1
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
                  stops: Sequence[Sequence[str]] | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[list[Generation]]:
         out = self.engine.generate(prompts, n, params, stops, max_new_tokens, adapter=self.adapter)

@@ -5,16 +5,19 @@ engine on its own GPU. Pure Python: importing it does not import vLLM."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["VLLMConfig", "check_gpu_fractions", "check_kv_caches", "engine_fractions", "engine_key",
-           "engine_sizes", "launcher_env", "launcher_kwargs", "policy_settings"]
+from drmas.engines.base import policy_settings
+
+__all__ = ["VLLMSettings", "check_gpu_fractions", "check_kv_caches", "engine_fractions", "engine_key",
+           "engine_sizes", "launcher_env", "launcher_kwargs"]
 
 
 @dataclass
-class VLLMConfig:
-    """Settings of the vLLM engines (one per policy)."""
+class VLLMSettings:
+    """Settings of the vLLM engines (one per policy): ``--model.engine_settings`` for every
+    policy, a policy's own ``engine_settings`` over them."""
 
     dtype: str = "auto"
     """Engine dtype: ``auto`` is bfloat16 where the device computes bf16 natively (GPUs, CPUs
@@ -23,25 +26,16 @@ class VLLMConfig:
     max_model_len: int = 4096
     """Longest prompt + response the engine accepts."""
     gpu_memory_utilization: float = 0.5
-    """GPU memory fraction per engine (split it between the engines of several policies; a
-    policy's own ``gpu_memory_utilization`` overrides it)."""
+    """GPU memory fraction per engine (split it between the engines of several policies, or give
+    each policy its own in its ``engine_settings``)."""
     kv_cache_gib: float = 2.0
-    """KV-cache size on CPU per engine, in GiB (a policy's own ``kv_cache_gib`` overrides it)."""
+    """KV-cache size on CPU per engine, in GiB."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
-
-
-def policy_settings(settings: VLLMConfig, config: Any) -> VLLMConfig:
-    """``settings`` with a policy's own ``engine`` overrides; an unknown key is refused by name."""
-    known = {f.name for f in fields(VLLMConfig)}
-    unknown = sorted(set(config.engine) - known)
-    if unknown:
-        raise ValueError(f"unknown vLLM engine setting(s) {unknown} in a policy's engine; known: {sorted(known)}")
-    return replace(settings, **config.engine)
 
 
 def engine_key(name: str, config: Any) -> str:
@@ -57,7 +51,7 @@ def _per_engine(policies: dict[str, Any], value: Any) -> dict[str, Any]:
     return out
 
 
-def engine_fractions(policies: dict[str, Any], vllm: VLLMConfig) -> dict[str, float]:
+def engine_fractions(policies: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
     """Each vLLM engine's share of the GPU (a policy's own setting, else the global one)."""
     return _per_engine(policies, lambda c: policy_settings(vllm, c).gpu_memory_utilization)
 
@@ -69,8 +63,9 @@ def check_gpu_fractions(fractions: dict[str, float]) -> None:
     if total > 1.0 + 1e-9:
         shares = ", ".join(f"{name} {frac:g}" for name, frac in fractions.items())
         raise ValueError(f"the vLLM engines of the policies share one GPU but ask for {total:g} of it ({shares}): "
-                         f"set --model.vllm.gpu_memory_utilization to at most {1.0 / len(fractions):.2f}, or give the "
-                         f"policies their own gpu_memory_utilization adding up to at most 1")
+                         f"set --model.engine_settings.gpu_memory_utilization to at most {1.0 / len(fractions):.2f}, "
+                         f"or give the policies their own (engine_settings: {{gpu_memory_utilization: ...}}) adding up to "
+                         f"at most 1")
 
 
 def check_kv_caches(sizes: dict[str, float], machine_bytes: int | None = None) -> None:
@@ -84,10 +79,10 @@ def check_kv_caches(sizes: dict[str, float], machine_bytes: int | None = None) -
         each = ", ".join(f"{name} {gib:g}" for name, gib in sizes.items())
         raise ValueError(f"the vLLM engines' KV caches take {total:g} GiB ({each}) of this machine's "
                          f"{machine_bytes / 2**30:.1f} GiB, more than the {limit:.1f} GiB they may use: lower "
-                         f"--model.vllm.kv_cache_gib or the policies' kv_cache_gib")
+                         f"--model.engine_settings.kv_cache_gib or the policies' own (engine_settings: {{kv_cache_gib: ...}})")
 
 
-def engine_sizes(team: dict[str, Any], vllm: VLLMConfig) -> dict[str, float]:
+def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
     """Each vLLM engine's KV cache on CPU, GiB (a policy's own setting, else the global one)."""
     return _per_engine(team, lambda c: policy_settings(vllm, c).kv_cache_gib)
 

@@ -13,10 +13,7 @@ the episodes; :class:`Workflow` is the bare interface for those that are not.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import random
-import warnings
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,7 +21,7 @@ from typing import Any, Sequence
 
 from drmas.algorithms import SAMPLINGS, estimators_for
 from drmas.records import ChatPrompt, Completion, EpisodeResult, GenerateFn, RolloutResult
-from drmas.registry import Registry, old_names
+from drmas.registry import Registry
 
 __all__ = [
     "SAMPLINGS",
@@ -37,14 +34,9 @@ __all__ = [
     "RolloutResult",
     "Workflow",
     "pick_best",
-    "renamed",
     "sample_groups",
     "split_tasks",
 ]
-
-
-
-__getattr__ = old_names(__name__, {"MODES": ("SAMPLINGS", lambda: SAMPLINGS)})
 
 
 @dataclass
@@ -90,25 +82,6 @@ class Workflow(ABC):
     why_not: dict[str, str] = {}
     """Why a sampling is not in ``samplings``, for the error that refuses it."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Read a domain written against the old names for one release: ``modes`` for
-        ``samplings`` and a ``rollout(..., mode=...)`` for ``rollout(..., sampling=...)``."""
-        super().__init_subclass__(**kwargs)
-        if "modes" in cls.__dict__ and "samplings" not in cls.__dict__:
-            warnings.warn(f"{cls.__name__}.modes is deprecated and will be removed: name it samplings",
-                          FutureWarning, stacklevel=2)
-            cls.samplings = tuple(cls.__dict__["modes"])
-        own = cls.__dict__.get("rollout")
-        if own is not None and "mode" in inspect.signature(own).parameters:
-            warnings.warn(f"{cls.__name__}.rollout(..., mode=...) is deprecated and will be removed: name the "
-                          "argument sampling", FutureWarning, stacklevel=2)
-
-            @functools.wraps(own)
-            def rollout(self: Any, *args: Any, sampling: str = "parallel", **kw: Any) -> RolloutResult:
-                return own(self, *args, mode=kw.pop("mode", sampling), **kw)
-
-            cls.rollout = rollout  # type: ignore[method-assign]
-
     @abstractmethod
     def tasks(self, split: str) -> Sequence[Any]:
         """The tasks of a split (``train``, ``val``, ``test``); each has a unique ``uid``."""
@@ -134,16 +107,6 @@ class Workflow(ABC):
 
     def close(self) -> None:
         """Release what the workflow holds (worker pools, connections); it may be used again after."""
-
-
-def renamed(old: str, new: str, old_value: Any, new_value: Any) -> Any:
-    """The value of an argument renamed from ``old`` to ``new``: ``new_value``, or for one
-    release ``old_value`` when it was given, with a FutureWarning naming the new name."""
-    if old_value is None:
-        return new_value
-    warnings.warn(f"the workflow argument {old!r} is now {new!r}; {old!r} will be removed in the next release",
-                  FutureWarning, stacklevel=3)
-    return old_value
 
 
 def split_tasks(splits: dict[str, Sequence[Any]], split: str) -> Sequence[Any]:

@@ -1,4 +1,4 @@
-"""One turn-based episode loop for every domain, in ``parallel`` and ``tree`` (AT-GRPO) mode.
+"""One turn-based episode loop for every domain, in ``parallel`` and ``tree`` (AT-GRPO) sampling.
 
 A domain subclasses :class:`TurnWorkflow` and declares its agents, its samplings, its tasks, and
 per step: which agent acts (``state.agent``), that agent's prompt (:meth:`~TurnWorkflow.prompt`),
@@ -12,13 +12,13 @@ also sets ``state.agent``, ``state.turn`` and ``state.done``), and the episode's
   ``generate`` call (identical prompts merged, so a shared prefix is computed once).
 - ``parallel``: ``n`` independent trajectories per task, one candidate per step. At the end
   every sample of a trajectory gets ``alpha * team + local``, where team is the episode's team
-  reward and local is the format penalty (``-format_penalty`` for an invalid action), plus the
+  reward and local is the format term (``-format_penalty`` for an invalid action), plus the
   sample's role reward when ``role_rewards`` is on, plus the agent's final reward: what
   :meth:`~TurnWorkflow.final_rewards` gives it once the episode is over (a judge's verdict
   deciding two debaters' rewards), on every sample of that agent.
 - ``tree``: one trajectory per task; at every step ``n`` candidates from the same prompt, each
   scored on its own: ``alpha * team + role + format``, where team counts only when that
-  candidate would end the episode. All candidates are recorded under the task's ``env_uid``;
+  candidate would end the episode. All candidates are recorded under the trajectory's ``traj_uid``;
   the best (:func:`pick_best`: ties to the lowest index, or seeded random) is executed and the
   next prompt is built from the advanced state.
 """
@@ -59,9 +59,9 @@ class Action:
     valid: bool
     """The output parsed; an invalid one adds ``-format_penalty`` to the local reward."""
     role_reward: float = 0.0
-    """The agent's own (local) reward for this action."""
+    """What the action earned in the agent's role (the local reward adds the format term)."""
     ends: bool = False
-    """Executing it would end the episode (tree mode then adds ``alpha * team_reward``)."""
+    """Executing it would end the episode (tree sampling then adds ``alpha * team_reward``)."""
     team_reward: float = 0.0
     """The team reward if it ends the episode (read only when ``ends``)."""
     value: Any = None
@@ -84,10 +84,13 @@ class TurnWorkflow(Workflow):
 
     step_order: tuple[str, ...] = ()
     """The order in which agents are served within a round (default: ``agents``)."""
+    default_max_turns: int = 4
+    """The domain's turn limit when ``max_turns`` is not given."""
 
     def __init__(
         self,
         *,
+        max_turns: int | None = None,
         alpha: float = 1.0,
         format_penalty: float = 0.1,
         tie_break: str = "first",
@@ -99,14 +102,20 @@ class TurnWorkflow(Workflow):
         with ``**options`` (so they are declared and documented here once) and sets the last two.
 
         Args:
+            max_turns: turn limit of an episode (None: the domain's own, ``default_max_turns``:
+                2 solver attempts for the solver/verifier loop, 1 round for debate, 4 elsewhere).
             alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: magnitude of the local penalty for a malformed action.
+            format_penalty: magnitude of the format term, ``-format_penalty`` in the local
+                reward of a malformed action.
             tie_break: how tree sampling picks among equally scored candidates: ``first``
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
             role_rewards: add each agent's role reward to its local term (set by the domain).
             default_templates: the domain's own templates (set by the domain).
         """
+        self.max_turns = self.default_max_turns if max_turns is None else max_turns
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
         unknown = set(templates or {}) - set(self.agents)
@@ -144,9 +153,9 @@ class TurnWorkflow(Workflow):
         return self.team_reward(state) > 0
 
     def final_rewards(self, state: EpisodeState) -> dict[str, float]:
-        """Per-agent rewards decided when the episode is over (parallel mode: added to the local
+        """Per-agent rewards decided when the episode is over (parallel sampling: added to the local
         reward of every sample of that agent; tree candidates are scored before any exists, so a
-        domain that uses them runs in parallel mode only). Default: none."""
+        domain that uses them plays parallel sampling only). Default: none."""
         return {}
 
     def episode_info(self, state: EpisodeState) -> dict:
@@ -162,7 +171,7 @@ class TurnWorkflow(Workflow):
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {list(SAMPLINGS)}, got {sampling!r}")
         if sampling not in self.samplings:
-            raise ValueError(f"{type(self).__name__} runs in {' or '.join(self.samplings)} mode only, not {sampling!r}")
+            raise ValueError(f"{type(self).__name__} plays {' or '.join(self.samplings)} sampling only, not {sampling!r}")
         tree = sampling == "tree"
         if tree:
             eps = [_Episode(self.initial_state(t), f"{t.uid}#tree") for t in tasks]
@@ -206,9 +215,9 @@ class TurnWorkflow(Workflow):
             self.advance(agent, ep.state, acts[pick_best([s.reward for s in recs], self.tie_break, rng)])
 
     def _record(self, ep: _Episode, agent: str, c: Completion, a: Action) -> Sample:
-        """The candidate as a sample, with its tree score (parallel mode rescores at the end)."""
+        """The candidate as a sample, with its tree score (parallel sampling rescores at the end)."""
         s = Sample(
-            task_uid=ep.state.task.uid, traj_uid=ep.traj_uid, env_uid=ep.traj_uid, agent=agent, turn=ep.state.turn,
+            task_uid=ep.state.task.uid, traj_uid=ep.traj_uid, agent=agent, turn=ep.state.turn,
             policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
             text=c.text, valid=a.valid, info={"role_reward": a.role_reward},
         )

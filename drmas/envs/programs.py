@@ -4,13 +4,12 @@ in the sandbox (:mod:`drmas.envs.sandbox`), a missing program counting as a fail
 from __future__ import annotations
 
 import re
-import warnings
-from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from drmas.envs.sandbox import Result, SandboxPool
 
-__all__ = ["ProgramRunner", "SandboxSettings", "parse_program", "run_failure", "sandbox_settings"]
+__all__ = ["ProgramRunner", "SandboxSettings", "parse_program", "run_failure"]
 
 
 @dataclass(frozen=True)
@@ -34,20 +33,6 @@ class SandboxSettings:
             raise ValueError(f"sandbox workers must be >= 1 and time_limit_s > 0, got {self.workers} and "
                              f"{self.time_limit_s}")
 
-
-_OLD_KEYS = {"code_timeout_s": "time_limit_s", "time_limit_s": "time_limit_s", "code_memory_mb": "memory_mb",
-             "sandbox_workers": "workers", "allow_unconfined": "allow_unconfined"}
-
-
-def sandbox_settings(sandbox: SandboxSettings, **old: Any) -> SandboxSettings:
-    """``sandbox`` with the flat workflow arguments it replaced (``code_timeout_s``,
-    ``time_limit_s``, ``code_memory_mb``, ``sandbox_workers``, ``allow_unconfined``) applied: read
-    for one release, each with a FutureWarning naming its new key."""
-    given = {k: v for k, v in old.items() if v is not None}
-    for key in given:
-        warnings.warn(f"the workflow argument {key!r} is now 'sandbox: {{{_OLD_KEYS[key]}: ...}}'; {key!r} will be "
-                      "removed in the next release", FutureWarning, stacklevel=3)
-    return replace(sandbox, **{_OLD_KEYS[k]: v for k, v in given.items()}) if given else sandbox
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 

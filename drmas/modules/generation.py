@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from drmas.engines import Engine, EngineError, Placement
+from drmas.engines import Engine, EngineError, Placement, policy_settings
 from drmas.ranks import portable, raise_first
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 
@@ -30,8 +30,10 @@ class EngineRouting:
 
     def _engine(self, name: str) -> Engine:
         if name not in self.engines:
-            self.engines[name], fresh = self._engine_class.create(self.policies[name], self._engine_settings,
-                                                                  self._placement(), self._engine_pool, self._team)
+            policy = self.policies[name]
+            settings = policy_settings(self._engine_settings, policy.config)
+            self.engines[name], fresh = self._engine_class.create(policy, settings, self._placement(), self._engine_pool,
+                                                                  self._team)
             self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 

@@ -160,7 +160,7 @@ def packed_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
         device = next(model.parameters()).device
         vocab = model.config.vocab_size
         prompt = [(7 * i + 3) % vocab for i in range(MIN_SHARED_TOKENS + 4)]
-        samples = [Sample("t", str(k), "e", "a", 0, "p", prompt, [(11 * i + k) % vocab for i in range(1, 4 + k)],
+        samples = [Sample("t", str(k), "a", 0, "p", prompt, [(11 * i + k) % vocab for i in range(1, 4 + k)],
                               [0.0] * (3 + k)) for k in range(2)]
         ids, attn, resp, _ = (t.to(device) for t in pad_samples(samples, 0))
         plain, _ = response_logprobs(model, ids, attn, resp, 1.0)

@@ -4,8 +4,9 @@ per device, next to the rollout engines' share, and a refusal with the numbers w
 Counted: fp32 weights, gradients and the two AdamW moments (16 bytes per parameter), divided
 over the ranks when sharded and moved to CPU with offloading; a bf16 reference copy when
 ``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass;
-the whole copy of the weights a sharded policy's HF engine keeps (``engine`` column); vLLM
-engines' fractions of the device (weights and KV cache) during the rollout.
+the whole copy of the weights an engine keeps beside a sharded policy (``engine`` column:
+``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of the device (weights
+and KV cache) during the rollout.
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
 is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
 """
@@ -36,8 +37,8 @@ class PolicyMemory:
     trainable: bool = True
     """False: a frozen policy, with no gradients, optimiser state or training logits."""
     engine_copy_bytes: float = 0.0
-    """A whole copy of the weights the rollout engine keeps on the device at all times (the HF
-    engine of a sharded policy, which cannot generate with the shards)."""
+    """A whole copy of the weights the rollout engine keeps on the device at all times
+    (``Engine.keeps_copy``)."""
 
 
 def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> PolicyMemory:
@@ -81,6 +82,6 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
     fits = max(update, rollout) <= device_bytes
     if not fits:
         lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks (--trainer.devices), "
-                     "offload (--trainer.strategy fsdp_offload), lower vllm.gpu_memory_utilization or "
+                     "offload (--trainer.strategy fsdp_offload), lower the engines' share (--model.engine_settings) or "
                      "logprob_chunk_tokens, or use a smaller model")
     return "\n".join(lines), fits

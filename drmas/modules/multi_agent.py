@@ -25,8 +25,8 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
-from drmas.algorithms import policy_loss, truncated_importance_weights
-from drmas.engines import ENGINES, Engine, VLLMConfig, VLLMEngine, vllm_available
+from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
+from drmas.engines import Engine, parse_settings, policy_settings, resolve_engine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import EngineRouting
 from drmas.modules.memory import memory_plan, policy_memory
@@ -36,9 +36,12 @@ from drmas.modules.run_state import capture_rng, epoch_scalars, machine, restore
 from drmas.modules.sharding import check_precision
 from drmas.records import BatchSpec, MicroBatch
 
-__all__ = ["MultiAgentRL", "VLLMConfig", "check_precision"]
+__all__ = ["MultiAgentRL", "check_precision"]
 
 log = logging.getLogger(__name__)
+
+PLAN_LENGTH = 4096
+"""The sequence length the memory plan counts for an engine that declares no limit of its own."""
 
 
 class MultiAgentRL(EngineRouting, L.LightningModule):
@@ -47,15 +50,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         policies: dict[str, PolicyConfig] = {"shared": PolicyConfig()},  # noqa: B006 (jsonargparse needs a concrete default)
         agents: dict[str, str] | None = None,
         engine: str = "auto",
-        vllm: VLLMConfig = VLLMConfig(),  # noqa: B008
-        clip_low: float = 0.2,
-        clip_high: float = 0.2,
-        dual_clip: float | None = None,
-        agg: str = "token-mean",
-        entropy_coef: float = 0.0,
-        kl_coef: float = 0.0,
+        engine_settings: dict[str, Any] | None = None,
+        loss: LossConfig = LossConfig(),  # noqa: B008 (frozen)
         importance_cap: float | None = 2.0,
-        is_cap: float | str | None = "unset",
         prefix_sharing: bool = True,
         agent_grad_norms: bool = False,
         seed: int = 0,
@@ -65,20 +62,16 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             policies: policy name -> settings. One entry = all agents share one model.
             agents: agent -> policy name. Default: every agent to the only policy, or each
                 agent to the policy of the same name.
-            engine: rollout engine: ``hf`` (transformers generate), ``vllm``, an engine registered
-                in ``drmas.engines.ENGINES``, or ``auto`` (vLLM when installed, else HF).
-            vllm: vLLM engine settings.
-            clip_low: PPO lower clip (ratio >= 1 - clip_low for negative advantages).
-            clip_high: PPO upper clip (ratio <= 1 + clip_high for positive advantages; DAPO: 0.28).
-            dual_clip: dual-clip constant c > 1 bounding the loss of negative advantages (None = off).
-            agg: loss aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``
-                (normalised by each policy's ``train_generation.max_new_tokens``).
-            entropy_coef: entropy bonus weight (0 = off; computing entropy costs a full softmax).
-            kl_coef: weight of the k3 KL penalty to each policy's initial weights (0 = off; > 0
-                keeps a frozen reference copy per policy (bf16 where native) and logs ``train/<policy>/kl``).
+            engine: rollout engine, by its name in ``drmas.engines.ENGINES`` (your own, once
+                registered), or ``auto``: the available one the engines prefer (docs/engines.md).
+            engine_settings: the engine's own settings, the keys of the dataclass it declares
+                (``Engine.settings_type``), e.g. ``{max_model_len: 4096, kv_cache_gib: 2.0}``; a
+                policy's ``engine_settings`` override them for its engine. Unknown keys are refused.
+            loss: the policy loss's terms, the same for every policy: ``clip_low``,
+                ``clip_high``, ``dual_clip``, ``agg``, ``kl_coef``, ``entropy_coef``
+                (:class:`~drmas.algorithms.losses.LossConfig`).
             importance_cap: cap of the truncated importance weights between trainer and engine
                 log-probs (None = no correction).
-            is_cap: deprecated (one release): ``importance_cap``.
             prefix_sharing: run prompt prefixes shared by several samples once in the update
                 (same log-probs and gradients; see ``drmas.packing``). Off for a model whose
                 attention cannot take the block mask (one warning) or without chunked log-probs.
@@ -89,34 +82,27 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             seed: seed of the engines' samplers.
         """
         super().__init__()
-        if is_cap != "unset":  # the old name, read for one release
-            warnings.warn("--model.is_cap is deprecated and will be removed: name it --model.importance_cap",
-                          FutureWarning, stacklevel=2)
-            importance_cap = None if is_cap is None else float(is_cap)
         if not policies:
             raise ValueError("at least one policy is needed")
-        if engine != "auto" and engine not in ENGINES:
-            raise ValueError(f"engine must be 'auto' or one of {ENGINES.names()}, got {engine!r}")
+        self.engine_name, self._engine_class = resolve_engine(engine)
+        # the engine parses its own settings: their type depends on which engine `auto` picks here
+        self._engine_settings = parse_settings(self.engine_name, self._engine_class, dict(engine_settings or {}))
+        for name, config in policies.items():  # each policy's overrides, checked before anything is built
+            parse_settings(self.engine_name, self._engine_class, dict(config.engine_settings),
+                           f"the engine_settings of policy {name!r}", self._engine_settings)
         # Plain values only: Lightning reads them back with torch.load(weights_only=True) on resume.
-        self.save_hyperparameters(ignore=["policies", "vllm", "is_cap"])
+        self.save_hyperparameters(ignore=["policies", "loss"])
         self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
-        self.hparams["vllm"] = dataclasses.asdict(vllm)
+        self.hparams["loss"] = dataclasses.asdict(loss)
         self.automatic_optimization = False
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-        if kl_coef > 0:  # the frozen references are in eval mode on purpose
+        if loss.kl_coef > 0:  # the frozen references are in eval mode on purpose
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-        self.policies = torch.nn.ModuleDict(make_policies(policies, kl_coef > 0, prefix_sharing))
+        self.policies = torch.nn.ModuleDict(make_policies(policies, loss.kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
-        self.engine_name = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
-        self._engine_class = ENGINES.get(self.engine_name)
-        # the trainer holds one engine kind's settings: vLLM's (also for a subclass registered by a user)
-        self._engine_settings = vllm if issubclass(self._engine_class, VLLMEngine) else None
         self._team = dict(policies)
         self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available())
-        self.vllm_config, self.seed = vllm, seed
-        self.loss_kwargs = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, entropy_coef=entropy_coef)
-        self.importance_cap, self.kl_coef = importance_cap, kl_coef
+        self.seed = seed
+        self.loss, self.importance_cap = loss, importance_cap
         self.agent_grad_norms = agent_grad_norms
         self._agent_grads = AgentGradients()
         self.iteration = 0
@@ -125,7 +111,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.weights_read: dict[str, str] = {}  # policy -> how its shards were read (sharded loading)
         self._sharded = False
         self.engines: dict[str, Engine] = {}
-        self._engine_pool: dict[str, Engine] = {}  # vLLM engines shared by LoRA policies on one base
+        self._engine_pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
         self._synced: dict[str, int] = {}
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -208,13 +194,16 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             return
         engines = self._engine_class.device_fractions(self._team, self._engine_settings)
         copy = self._engine_class.keeps_copy(self._sharded)
-        entries = [policy_memory(p, self.kl_coef > 0, self.vllm_config.max_model_len, copy)
-                   for p in self.policies.values()]
+        entries = [policy_memory(p, self.loss.kl_coef > 0, self._plan_length(p.config), copy) for p in self.policies.values()]
         plan, fits = memory_plan(entries, self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
                                  engines, getattr(self.trainer.strategy, "cpu_offload", False))
         rank_zero_info(plan)
         if not fits:
             raise ValueError(plan)
+
+    def _plan_length(self, config: PolicyConfig) -> int:
+        """The longest sequence the memory plan counts for a policy: its engine's limit, else ``PLAN_LENGTH``."""
+        return self._engine_class.context_limit(policy_settings(self._engine_settings, config)) or PLAN_LENGTH
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
@@ -238,7 +227,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def token_logprobs(self, policy: Policy, batch: MicroBatch, temperature: float,
                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`Policy.token_logprobs`, with entropies when the loss needs them."""
-        with_entropy = bool(self.loss_kwargs["entropy_coef"]) and not reference
+        with_entropy = bool(self.loss.entropy_coef) and not reference
         return policy.token_logprobs(batch, temperature, with_entropy, reference)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
@@ -260,13 +249,12 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         if self.importance_cap is not None:
             importance_weights = truncated_importance_weights(old, batch.engine_logprobs, self.importance_cap) * mask
         ref = None
-        if self.kl_coef > 0:
+        if self.loss.kl_coef > 0:
             with torch.no_grad():
                 ref, _ = self.token_logprobs(policy, batch, sampling.temperature, reference=True)
-        loss, metrics = policy_loss(
-            logp, old, batch.advantages, mask, entropy=entropy, importance_weights=importance_weights,
-            ref_logprobs=ref, kl_coef=self.kl_coef, norm_len=sampling.max_new_tokens, **self.loss_kwargs,
-        )
+        loss, metrics = policy_loss(logp, old, batch.advantages, mask, self.loss, entropy=entropy,
+                                    importance_weights=importance_weights, ref_logprobs=ref,
+                                    norm_len=sampling.max_new_tokens)
         finite = bool(torch.isfinite(loss))
         if finite and self.agent_grad_norms and batch.agent is not None:
             self._agent_grads.backward(policy.name, batch.agent, policy.trainable_parameters(),
@@ -322,7 +310,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
         p = self.policies[policy]
         return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
-                         self.loss_kwargs["agg"], p.prefix_sharing, self.agent_grad_norms, p.attention_window,
+                         self.loss.agg, p.prefix_sharing, self.agent_grad_norms, p.attention_window,
                          p.trainable)
 
     def begin_iteration(self) -> int:
@@ -339,8 +327,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         return self.iteration
 
     def on_train_epoch_start(self) -> None:
-        # the rollout is done: engines give their accelerator memory to the update (GPU vLLM;
-        # a no-op elsewhere) until the next sync_weights wakes them
+        # the rollout is done: engines give their accelerator memory to the update (those that
+        # can sleep; a no-op for the rest) until the next sync_weights wakes them
         for engine in self.engines.values():
             engine.sleep()
         self._update_started = time.perf_counter()

@@ -7,14 +7,13 @@ import contextvars
 import copy
 import logging
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from drmas.engines.base import SamplingParams
+from drmas.engines.base import GenerationParams
 from drmas.hardware import compute_device, fast_dtype
 from drmas.models import load_causal_lm, load_tokenizer
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
@@ -61,21 +60,13 @@ class PolicyConfig:
     position at once, the memory-hungry way); see ``drmas.modules.logprobs``."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
-    train_generation: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=64))
-    """Generation settings (vLLM's sampling parameters) of training rollouts."""
-    eval_generation: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, max_new_tokens=64))
+    train_generation: GenerationParams = field(default_factory=lambda: GenerationParams(temperature=1.0, max_new_tokens=64))
+    """Generation settings (temperature, top-p/k, length budget, stops) of training rollouts."""
+    eval_generation: GenerationParams = field(default_factory=lambda: GenerationParams(temperature=0.7, max_new_tokens=64))
     """Generation settings of validation and testing."""
-    train_sampling: SamplingParams | None = None
-    """Deprecated (one release): ``train_generation``."""
-    eval_sampling: SamplingParams | None = None
-    """Deprecated (one release): ``eval_generation``."""
-    engine: dict[str, Any] = field(default_factory=dict)
-    """This policy's own engine settings over the trainer's (vLLM: any ``--model.vllm`` key, e.g.
-    ``{gpu_memory_utilization: 0.25}``; the fractions of all policies must add up to at most 1)."""
-    gpu_memory_utilization: float | None = None
-    """Deprecated (one release): ``engine: {gpu_memory_utilization: ...}``."""
-    kv_cache_gib: float | None = None
-    """Deprecated (one release): ``engine: {kv_cache_gib: ...}``."""
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    """This policy's own engine settings over ``--model.engine_settings`` (any key of the
+    engine's settings, e.g. ``{gpu_memory_utilization: 0.25}``)."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter instead of every weight (None = full fine-tuning)."""
     share_base: bool = False
@@ -93,19 +84,6 @@ class PolicyConfig:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
-        for old, new in (("train_sampling", "train_generation"), ("eval_sampling", "eval_generation")):
-            if getattr(self, old) is not None:  # renamed; read for one release
-                warnings.warn(f"the policy setting {old} is deprecated and will be removed: name it {new}",
-                              FutureWarning, stacklevel=3)
-                setattr(self, new, getattr(self, old))
-                setattr(self, old, None)
-        for key in ("gpu_memory_utilization", "kv_cache_gib"):  # moved into `engine`; read for one release
-            value = getattr(self, key)
-            if value is not None:
-                warnings.warn(f"the policy setting {key} is deprecated and will be removed: use engine: "
-                              f"{{{key}: {value}}} (--model.policies.<name>.engine)", FutureWarning, stacklevel=3)
-                self.engine = {**self.engine, key: value}
-                setattr(self, key, None)
         if self.share_base and self.lora is None:
             raise ValueError("share_base needs a lora section: only adapters can share a base model")
         if not self.trainable and self.lora is not None:

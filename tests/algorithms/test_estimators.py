@@ -11,11 +11,8 @@ from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages, register_
 from drmas.algorithms.advantages import group_advantages
 
 
-def S(task, traj, agent, turn, reward, env=None, **kw):
-    return SimpleNamespace(
-        task_uid=task, traj_uid=traj, env_uid=env if env is not None else traj, agent=agent,
-        turn=turn, reward=reward, **kw,
-    )
+def S(task, traj, agent, turn, reward, **kw):
+    return SimpleNamespace(task_uid=task, traj_uid=traj, agent=agent, turn=turn, reward=reward, **kw)
 
 
 # One task, three trajectories, agents A and B; t1 has two A turns.
@@ -62,28 +59,19 @@ def test_drmas_groups_by_task_and_agent():
     assert torch.allclose(adv, torch.tensor(want), atol=1e-6)
 
 
-def test_at_grpo_groups_by_env_agent_turn_and_never_merges_tasks():
+def test_at_grpo_groups_by_tree_agent_turn_and_never_merges_tasks():
     batch = [
-        # tree node e1 (task q1): 3 candidates of A at turn 0, then 3 of B at turn 0
-        S("q1", "x", "A", 0, 1.0, env="e1"), S("q1", "x", "A", 0, 0.0, env="e1"), S("q1", "x", "A", 0, 2.0, env="e1"),
-        S("q1", "x", "B", 0, 5.0, env="e1"), S("q1", "x", "B", 0, 5.0, env="e1"), S("q1", "x", "B", 0, 8.0, env="e1"),
-        # A at turn 1 of the same env
-        S("q1", "x", "A", 1, 0.0, env="e1"), S("q1", "x", "A", 1, 3.0, env="e1"),
-        # another task reusing the env id "e1": must stay a separate group
-        S("q2", "y", "A", 0, 10.0, env="e1"), S("q2", "y", "A", 0, 20.0, env="e1"),
+        # tree x (task q1): 3 candidates of A at turn 0, then 3 of B at turn 0
+        S("q1", "x", "A", 0, 1.0), S("q1", "x", "A", 0, 0.0), S("q1", "x", "A", 0, 2.0),
+        S("q1", "x", "B", 0, 5.0), S("q1", "x", "B", 0, 5.0), S("q1", "x", "B", 0, 8.0),
+        # A at turn 1 of the same tree
+        S("q1", "x", "A", 1, 0.0), S("q1", "x", "A", 1, 3.0),
+        # another task reusing the trajectory id "x": must stay a separate group
+        S("q2", "x", "A", 0, 10.0), S("q2", "x", "A", 0, 20.0),
     ]
     adv = compute_advantages(batch, "at_grpo", scale="none")
     want = [0, -1, 1, -1, -1, 2, -1.5, 1.5, -5, 5]
     assert torch.allclose(adv, torch.tensor(want, dtype=torch.float32), atol=1e-6)
-
-
-def test_padding_never_enters_the_statistics():
-    pad = S("q", "t3", "A", 0, 1000.0, is_duplicate=True)
-    for name in ADVANTAGE_ESTIMATORS:
-        base = compute_advantages(BATCH, name)
-        padded = compute_advantages(BATCH + [pad], name)
-        assert torch.equal(padded[:-1], base), name
-        assert padded[-1] == 0.0
 
 
 def test_unknown_estimator_lists_known_ones():
@@ -156,14 +144,15 @@ def test_drmas_normalises_each_agent_inside_each_task_and_global_baselines_do_no
 # ---- laws ------------------------------------------------------------------------------------
 
 samples_st = st.lists(
-    st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 2), st.integers(0, 1), st.integers(-50, 50)),
+    st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 2), st.integers(0, 1),
+              st.integers(-50, 50)),
     min_size=1,
     max_size=40,
 )
 
 
 def _mk(rows):
-    return [S(f"q{t}", f"q{t}-{j}", f"a{a}", turn, float(r), env=f"q{t}-{j}") for t, j, a, turn, r in rows]
+    return [S(f"q{t}", f"q{t}-{j}", f"a{a}", turn, float(r)) for t, j, a, turn, r in rows]
 
 
 @settings(max_examples=100, deadline=None)
@@ -171,7 +160,8 @@ def _mk(rows):
 def test_drmas_is_invariant_to_per_agent_affine_rewards(rows, affine):
     batch = _mk(rows)
     moved = [
-        S(s.task_uid, s.traj_uid, s.agent, s.turn, affine[int(s.agent[1])][0] * s.reward + affine[int(s.agent[1])][1])
+        S(s.task_uid, s.traj_uid, s.agent, s.turn,
+          affine[int(s.agent[1])][0] * s.reward + affine[int(s.agent[1])][1])
         for s in batch
     ]
     a, b = compute_advantages(batch, "drmas"), compute_advantages(moved, "drmas")
@@ -180,7 +170,8 @@ def test_drmas_is_invariant_to_per_agent_affine_rewards(rows, affine):
 
 
 @settings(max_examples=60, deadline=None)
-@given(samples_st, st.randoms(use_true_random=False), st.sampled_from(sorted(["grpo", "grpo_step", "drmas", "at_grpo", "rloo"])))
+@given(samples_st, st.randoms(use_true_random=False),
+       st.sampled_from(sorted(["grpo", "grpo_step", "drmas", "at_grpo", "rloo"])))
 def test_every_estimator_is_permutation_invariant(rows, rnd, name):
     batch = _mk(rows)
     perm = list(range(len(batch)))
@@ -206,7 +197,7 @@ def _edge_batch(rewards):
     from drmas.records import Sample
 
     agents = ["a", "b"]
-    return [Sample(f"t{i // 4}", f"t{i // 4}#{i % 2}", f"t{i // 4}#{i % 2}", agents[i % 2], (i // 2) % 2, "p",
+    return [Sample(f"t{i // 4}", f"t{i // 4}#{i % 2}", agents[i % 2], (i // 2) % 2, "p",
                        [1], [2], [0.0], reward=r) for i, r in enumerate(rewards)]
 
 
@@ -234,22 +225,18 @@ def test_estimators_declare_the_samplings_they_accept():
         return torch.zeros(len(samples))
 
     try:
-        from drmas.data.rollouts import Rollouts
+        from drmas.data.rollouts import RolloutConfig, Rollouts
         from drmas.envs.games import PlanningWorkflow
 
         wf = PlanningWorkflow(game="plan_path", size=4, train_size=2, val_size=1, test_size=1)
-        with pytest.raises(ValueError, match="estimator 'test_tree_only' does not work with sampling='parallel'"):
-            Rollouts(wf, sampling="parallel", estimator="test_tree_only")
-        Rollouts(wf, sampling="tree", estimator="test_tree_only")  # accepted where it declared it
+        with pytest.raises(ValueError,
+                           match="estimator 'test_tree_only' does not work with sampling='parallel'"):
+            Rollouts(wf, RolloutConfig(sampling="parallel", estimator="test_tree_only"))
+        Rollouts(wf, RolloutConfig(sampling="tree",
+                                   estimator="test_tree_only"))  # accepted where it declared it
         with pytest.raises(ValueError, match="samplings must be some of"):
             register_estimator("test_bad", samplings=("beam",))
-        with pytest.warns(FutureWarning, match=r"modes=\.\.\.\) is deprecated and will be removed: use samplings"):
-            register_estimator("test_old_name", modes=("tree",))(zeros)
-        assert "test_old_name" in estimators_for("tree") and "test_old_name" not in estimators_for("parallel")
-        with pytest.warns(FutureWarning, match="use SAMPLINGS"):
-            from drmas.algorithms import SAMPLING_MODES
-        assert SAMPLING_MODES == ("parallel", "tree")
+        assert ("test_tree_only" in estimators_for("tree")
+                and "test_tree_only" not in estimators_for("parallel"))
     finally:
         ADVANTAGE_ESTIMATORS.unregister("test_tree_only")
-        if "test_old_name" in ADVANTAGE_ESTIMATORS:
-            ADVANTAGE_ESTIMATORS.unregister("test_old_name")

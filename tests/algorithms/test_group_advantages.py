@@ -91,7 +91,8 @@ def test_zero_mean_per_group(batch, scale):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-1000, 1000)), min_size=2, max_size=60, unique_by=lambda t: t[1]))
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-1000, 1000)), min_size=2, max_size=60,
+                unique_by=lambda t: t[1]))
 def test_unit_std_per_group_with_distinct_scores(batch):
     keys, scores = _split(batch)
     adv = group_advantages(scores, keys)

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from drmas.algorithms import aggregate, policy_loss, truncated_importance_weights
+from drmas.algorithms import LossConfig, aggregate, policy_loss, truncated_importance_weights
 
 
 def _lp(ratios):
@@ -26,7 +26,7 @@ ADV = torch.tensor([1.0, -3.0])
 )
 def test_aggregation_modes_on_hand_made_tensors(agg, want):
     lp = torch.zeros(2, 3)
-    loss, m = policy_loss(lp, lp.clone(), ADV, MASK, agg=agg)
+    loss, m = policy_loss(lp, lp.clone(), ADV, MASK, LossConfig(agg=agg))
     assert loss.item() == pytest.approx(want)
     assert m["pg_loss"].item() == pytest.approx(want)
     assert m["ratio_mean"].item() == pytest.approx(1.0)
@@ -35,7 +35,8 @@ def test_aggregation_modes_on_hand_made_tensors(agg, want):
 
 def test_seq_sum_norm_takes_a_constant_budget():
     v = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]])
-    assert aggregate(v, MASK, "seq-mean-token-sum-norm", norm_len=10).item() == pytest.approx((3 / 10 + 4 / 10) / 2)
+    assert (aggregate(v, MASK, "seq-mean-token-sum-norm", norm_len=10).item()
+            == pytest.approx((3 / 10 + 4 / 10) / 2))
 
 
 def test_sequences_without_tokens_do_not_dilute_sequence_means():
@@ -70,7 +71,8 @@ def test_clip_engages_exactly_past_the_bounds_and_zeroes_the_gradient():
 
     # asymmetric bounds (DAPO clip-higher): 1.21 is inside 1 + 0.28
     lp = _lp([[1.21, 1.29]])
-    _, m = policy_loss(lp, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]), torch.ones(1, 2), clip_high=0.28)
+    _, m = policy_loss(lp, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([1.0]), torch.ones(1, 2),
+                       LossConfig(clip_high=0.28))
     assert m["clip_frac_high"].item() == 0.5
 
 
@@ -86,14 +88,18 @@ def test_a_ratio_moving_against_the_advantage_is_never_clipped():
 def test_dual_clip_bounds_the_loss_for_negative_advantages():
     lp = _lp([[4.0, 2.5]])
     old = torch.zeros(1, 2, dtype=torch.float64)
-    loss, m = policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), dual_clip=3.0)
+    loss, m = policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), LossConfig(dual_clip=3.0))
     loss.backward()
     # r = 4: min(max(4, 1.2), 3) = 3 with no gradient; r = 2.5: 2.5, gradient -A r = 2.5
     assert loss.item() == pytest.approx((3.0 + 2.5) / 2)
     assert torch.allclose(lp.grad, torch.tensor([[0.0, 2.5]], dtype=torch.float64) / 2)
     assert m["dual_clip_frac"].item() == 0.5
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
-        policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), dual_clip=1.0)
+        policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), LossConfig(dual_clip=1.0))
+    with pytest.raises(ValueError, match=r"agg must be one of \('token-mean'"):
+        LossConfig(agg="mean")
+    with pytest.raises(ValueError, match="clip bounds must be non-negative"):
+        LossConfig(clip_low=-0.1)
 
 
 def test_masked_tokens_contribute_nothing():
@@ -105,8 +111,8 @@ def test_masked_tokens_contribute_nothing():
     wild = torch.zeros(2, 3)
     wild[MASK == 0] = 50.0  # huge ratios at masked positions
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
-        a, ma = policy_loss(wild, torch.zeros(2, 3), ADV, MASK, agg=agg)
-        b, mb = policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, agg=agg)
+        a, ma = policy_loss(wild, torch.zeros(2, 3), ADV, MASK, LossConfig(agg=agg))
+        b, mb = policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, LossConfig(agg=agg))
         assert a.item() == b.item()
         assert ma["ratio_max"].item() == mb["ratio_max"].item() == 1.0
 
@@ -116,7 +122,9 @@ def test_k3_kl_and_entropy_terms():
     ref = torch.full((1, 2), math.log(2.0))  # ref - logp = log 2: k3 = 2 - log 2 - 1
     ent = torch.tensor([[0.5, 1.5]])
     base, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2))
-    loss, m = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01)
+    loss, m = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), LossConfig(kl_coef=0.1,
+                                                                                    entropy_coef=0.01),
+                          ref_logprobs=ref, entropy=ent)
     k3 = 1.0 - math.log(2.0)
     assert m["kl"].item() == pytest.approx(k3)
     assert m["entropy"].item() == pytest.approx(1.0)
@@ -138,12 +146,6 @@ def test_truncated_importance_weights_scale_the_policy_gradient():
     lp = torch.zeros(1, 2)
     loss, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), importance_weights=w)
     assert loss.item() == pytest.approx(-(0.5 + 2.0) / 2)
-    # the old names, for one release: the same numbers, with a warning naming the new one
-    with pytest.warns(FutureWarning, match="use truncated_importance_weights"):
-        from drmas.algorithms import truncated_is_weights
-    with pytest.warns(FutureWarning, match=r"use importance_weights=\.\.\."):
-        old, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2), is_weights=truncated_is_weights(trainer, engine))
-    assert old.item() == loss.item()
 
 
 def test_shape_mismatch_is_a_clear_error():
@@ -162,8 +164,8 @@ def test_inf_or_nan_at_masked_positions_poison_neither_loss_nor_gradient(agg, po
 
     def run(values, old_values, extra):
         lp = values.clone().requires_grad_(True)
-        loss, _ = policy_loss(lp, old_values, adv, mask, agg=agg, entropy=extra, entropy_coef=0.01,
-                              ref_logprobs=extra, kl_coef=0.1, importance_weights=extra.abs())
+        loss, _ = policy_loss(lp, old_values, adv, mask, LossConfig(agg=agg, entropy_coef=0.01, kl_coef=0.1),
+                              entropy=extra, ref_logprobs=extra, importance_weights=extra.abs())
         loss.backward()
         return loss, lp.grad
 

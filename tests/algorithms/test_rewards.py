@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from drmas.algorithms import invalid_action_penalty, mix_rewards
+from drmas.algorithms import format_term, mix_rewards
 
 
 def test_mix_rewards_floats_and_tensors():
@@ -11,9 +11,9 @@ def test_mix_rewards_floats_and_tensors():
     assert torch.equal(t, torch.tensor([0.75, -0.5]))
 
 
-def test_invalid_action_penalty():
-    assert invalid_action_penalty(True, 0.3) == 0.0
-    assert invalid_action_penalty(False, 0.3) == -0.3
-    assert torch.equal(invalid_action_penalty(torch.tensor([True, False]), 0.5), torch.tensor([0.0, -0.5]))
+def test_format_term_is_minus_the_format_penalty_for_an_invalid_action():
+    assert format_term(True, 0.3) == 0.0
+    assert format_term(False, 0.3) == -0.3
+    assert torch.equal(format_term(torch.tensor([True, False]), 0.5), torch.tensor([0.0, -0.5]))
     with pytest.raises(ValueError, match="magnitude"):
-        invalid_action_penalty(False, -1.0)
+        format_term(False, -1.0)

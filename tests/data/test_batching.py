@@ -1,22 +1,23 @@
 import pytest
 import torch
 
-from drmas.algorithms import policy_loss
+from drmas.algorithms import LossConfig, policy_loss
 from drmas.data.batching import make_micro_batches, shard_samples
-from drmas.records import Sample
+from drmas.records import BatchSpec, Sample
 
 
-def E(prompt, response, adv=0.0, pad=False):
-    return Sample("t", "j", "e", "a", 0, "p", list(prompt), list(response), [-0.1 * (i + 1) for i in range(len(response))],
-                      advantage=adv, is_duplicate=pad)
+def E(prompt, response, adv=0.0):
+    return Sample("t", "j", "a", 0, "p", list(prompt), list(response),
+                  [-0.1 * (i + 1) for i in range(len(response))], advantage=adv)
 
 
-SAMPLES = [E([1, 2, 3], [4, 5], 1.0), E([1], [6], -1.0), E([1, 2, 3, 4, 5], [7, 8, 9], 0.5), E([1], [2], 9.0, pad=True)]
+SAMPLES = [E([1, 2, 3], [4, 5], 1.0), E([1], [6], -1.0), E([1, 2, 3, 4, 5], [7, 8, 9], 0.5), E([1], [], 9.0)]
 
 
-def test_tight_padding_alignment_and_padding_samples_left_out():
-    mbs = make_micro_batches(SAMPLES, "p", micro_batch_size=2, pad_id=0)
-    assert [mb.sample_index.tolist() for mb in mbs] == [[1, 0], [2]]  # sorted by length, pad dropped
+def test_tight_padding_alignment_and_samples_without_response_left_out():
+    mbs = make_micro_batches(SAMPLES, "p", BatchSpec(pad_id=0, micro_batch_size=2))
+    # sorted by length, the empty one dropped
+    assert [mb.sample_index.tolist() for mb in mbs] == [[1, 0], [2]]
     assert [mb.input_ids.shape[1] for mb in mbs] == [5, 8]  # each only as long as its longest row
     first = mbs[0]
     assert first.input_ids.tolist() == [[1, 6, 0, 0, 0], [1, 2, 3, 4, 5]]
@@ -28,16 +29,18 @@ def test_tight_padding_alignment_and_padding_samples_left_out():
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_scaled_micro_batch_losses_add_up_to_the_whole_batch_loss(agg):
-    whole = make_micro_batches(SAMPLES, "p", micro_batch_size=10, pad_id=0, agg=agg)[0]
-    parts = make_micro_batches(SAMPLES, "p", micro_batch_size=1, pad_id=0, agg=agg)
+    whole = make_micro_batches(SAMPLES, "p", BatchSpec(pad_id=0, micro_batch_size=10, agg=agg))[0]
+    parts = make_micro_batches(SAMPLES, "p", BatchSpec(pad_id=0, micro_batch_size=1, agg=agg))
     assert abs(whole.loss_scale - 1.0) < 1e-9
     assert sum(mb.loss_scale for mb in parts) == pytest.approx(1.0)
     # with the same per-token values in both layouts, the scaled parts sum to the whole
     def const_loss(mb):
         logp = torch.zeros(mb.response_mask.shape)
-        return policy_loss(logp, logp - 0.05, mb.advantages, mb.response_mask, agg=agg, norm_len=8)[0]
+        return policy_loss(logp, logp - 0.05, mb.advantages, mb.response_mask, LossConfig(agg=agg),
+                           norm_len=8)[0]
 
-    assert sum(const_loss(mb) * mb.loss_scale for mb in parts).item() == pytest.approx(const_loss(whole).item())
+    assert (sum(const_loss(mb) * mb.loss_scale for mb in parts).item()
+            == pytest.approx(const_loss(whole).item()))
 
 
 def test_shards_balance_tokens_with_counts_one_apart():
@@ -50,7 +53,8 @@ def test_shards_balance_tokens_with_counts_one_apart():
 
 
 def test_ranks_get_equal_passes_with_zero_weight_padding():
-    ranks = [make_micro_batches(SAMPLES, "p", micro_batch_size=1, pad_id=0, rank=r, world_size=2) for r in range(2)]
+    ranks = [make_micro_batches(SAMPLES, "p", BatchSpec(pad_id=0, micro_batch_size=1), rank=r, world_size=2)
+             for r in range(2)]
     # 3 real samples of costs 5, 2, 8: rank 0 trains the 8 and pads, rank 1 trains 2 then 5
     assert [[m.sample_index.tolist() for m in mbs] for mbs in ranks] == [[[2], [-1]], [[1], [0]]]
     pad = ranks[0][1]
@@ -69,30 +73,31 @@ def prefix_plan():
     out = []
     for t in range(3):
         prompt = tok(300 + 40 * t)
-        out += [Sample(f"tree{t}", f"c{k}", f"c{k}", "a", 0, "p", prompt, tok(length(10, 40)), [0.0] * 40)
+        out += [Sample(f"tree{t}", f"c{k}", "a", 0, "p", prompt, tok(length(10, 40)), [0.0] * 40)
                 for k in range(4)]
     for t in range(5):
         first = tok(200 + 30 * t)
         for j in range(4):
             r1 = tok(length(8, 30))
-            out.append(Sample(f"par{t}", f"j{j}", f"j{j}", "a", 0, "p", first, r1, [0.0] * 40))
-            out.append(Sample(f"par{t}", f"j{j}", f"j{j}", "a", 1, "p", first + r1 + tok(60), tok(length(8, 30)),
+            out.append(Sample(f"par{t}", f"j{j}", "a", 0, "p", first, r1, [0.0] * 40))
+            out.append(Sample(f"par{t}", f"j{j}", "a", 1, "p", first + r1 + tok(60), tok(length(8, 30)),
                                   [0.0] * 40))
-    out += [Sample(f"x{i}", "x", "x", "a", 0, "p", tok(length(50, 150)), tok(20), [0.0] * 40) for i in range(6)]
+    out += [Sample(f"x{i}", "x", "a", 0, "p", tok(length(50, 150)), tok(20), [0.0] * 40) for i in range(6)]
     for s in out:
         s.engine_logprobs = s.engine_logprobs[: len(s.response_ids)]
     return out
 
 
 def tokens_run(batches):
-    return sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum()) for b in batches if not b.stand_in)
+    return sum(b.packed.tokens if b.packed is not None else int(b.attention_mask.sum())
+               for b in batches if not b.stand_in)
 
 
 @pytest.mark.parametrize("micro_batch_size", [4, 8])
 def test_ranks_get_whole_prefix_groups_balanced_by_the_tokens_run(micro_batch_size):
     samples = prefix_plan()
-    build = lambda rank, world: make_micro_batches(samples, "p", micro_batch_size, 0, rank=rank,  # noqa: E731
-                                                   world_size=world, prefix_sharing=True)
+    spec = BatchSpec(pad_id=0, micro_batch_size=micro_batch_size, prefix_sharing=True)
+    build = lambda rank, world: make_micro_batches(samples, "p", spec, rank=rank, world_size=world)  # noqa: E731
     one = tokens_run(build(0, 1))
     ranks = [tokens_run(build(r, 2)) for r in range(2)]
     assert one < 0.6 * sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)  # sharing is real here

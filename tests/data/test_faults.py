@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from drmas.algorithms import compute_advantages
-from drmas.data.rollouts import OutageError, Rollouts
+from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
 from drmas.envs.math import SolverVerifierWorkflow
 from drmas.envs.search import HTTPRetriever, Retriever, SearchWorkflow
 from drmas.envs.search.retrieval import BM25Retriever
 from drmas.envs.search.server import serve
-from drmas.records import BatchSpec, Completion
+from drmas.records import BatchSpec, Completion, ScriptedGenerate
 
 
 class Faulty(Retriever):
@@ -156,8 +156,9 @@ class SearchBackend:
 
     def generate_fn(self, train):
         text = {"verifier": "no</verify>", "searcher": "capital</search>", "answerer": "Paris</answer>"}
-        return lambda agent, prompts, n: [[Completion([5, 5], [1, 2], [-0.5, -0.5], p.prefill + text[agent], "stop")
-                                           for _ in range(n)] for p in prompts]
+        return ScriptedGenerate(lambda agent, prompts, n: [
+            [Completion([5, 5], [1, 2], [-0.5, -0.5], p.prefill + text[agent], "stop") for _ in range(n)]
+            for p in prompts], train)
 
     def sync_weights(self):
         pass
@@ -174,12 +175,14 @@ def test_some_failed_searches_are_counted_and_the_iteration_trains_on(server):
     # first request fails with its retry, the second succeeds: 4 of 8 searches failed (= half)
     corpus = list(SearchWorkflow().retriever.corpus)
     url, _ = server(corpus, ["error", "error"])
-    rollouts = Rollouts(search_workflow(url, max_turns=3), group_size=2, tasks_per_iteration=2, val_tasks=0)
+    rollouts = Rollouts(search_workflow(url, max_turns=3), RolloutConfig(group_size=2, tasks_per_iteration=2,
+                                                                         val_tasks=0))
     plan = rollouts.prepare(SearchBackend(), iteration=1)
     searches = [s for s in plan.samples if s.agent == "searcher"]
     failed = [s for s in searches if "failure" in s.info]
     assert len(searches) == 8 and len(failed) == 4 and {s.turn for s in failed} == {0}
-    assert plan.scalars["rollout/failed_actions"] == 4 and plan.scalars["rollout/searcher/failed_actions"] == 4
+    assert (plan.scalars["rollout/failed_actions"] == 4
+            and plan.scalars["rollout/searcher/failed_actions"] == 4)
     assert all(s.valid for s in failed)  # no format penalty for the server's fault
     assert sum(m.input_ids.shape[0] for m in plan.micro_batches) == len(plan.samples)  # all trained on
 
@@ -187,19 +190,21 @@ def test_some_failed_searches_are_counted_and_the_iteration_trains_on(server):
 def test_an_outage_stops_the_run_before_training(server):
     corpus = list(SearchWorkflow().retriever.corpus)
     url, _ = server(corpus, ["error", "error"])
-    strict = Rollouts(search_workflow(url, max_turns=3), group_size=2, tasks_per_iteration=2, val_tasks=0,
-                      max_failed_share=0.4)
-    with pytest.raises(OutageError, match=r"iteration 1: 4 of 8 searcher actions failed .* max_failed_share=0.4") as e:
+    strict = Rollouts(search_workflow(url, max_turns=3), RolloutConfig(group_size=2, tasks_per_iteration=2,
+                                                                       val_tasks=0, max_failed_share=0.4))
+    with pytest.raises(OutageError,
+                       match=r"iteration 1: 4 of 8 searcher actions failed .* max_failed_share=0.4") as e:
         strict.prepare(SearchBackend(), iteration=1)
     assert "HTTP 500" in str(e.value) and url in str(e.value)
     # the server down for good: every search fails, even at the default share of one half
-    down = Rollouts(search_workflow(closed_port_url()), group_size=2, tasks_per_iteration=2, val_tasks=2, val_k=1)
+    down = Rollouts(search_workflow(closed_port_url()), RolloutConfig(group_size=2, tasks_per_iteration=2,
+                                                                      val_tasks=2, val_k=1))
     with pytest.raises(OutageError, match="4 of 4 searcher actions failed"):
         down.prepare(SearchBackend(), iteration=1)
     with pytest.raises(OutageError, match=r"^val: (\d+) of \1 searcher actions failed"):  # validation too
         down.validate(SearchBackend())
     with pytest.raises(ValueError, match="max_failed_share must be in"):
-        Rollouts(SolverVerifierWorkflow(), max_failed_share=1.5)
+        Rollouts(SolverVerifierWorkflow(), RolloutConfig(max_failed_share=1.5))
 
 
 class Poisoned(SolverVerifierWorkflow):
@@ -215,7 +220,8 @@ class Poisoned(SolverVerifierWorkflow):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
-    clean = Rollouts(SolverVerifierWorkflow(max_turns=1), group_size=4, tasks_per_iteration=2, val_tasks=0, seed=1)
+    clean = Rollouts(SolverVerifierWorkflow(max_turns=1), RolloutConfig(group_size=4, tasks_per_iteration=2,
+                                                                        val_tasks=0, seed=1))
     bad, good = clean.sample_tasks(1)
 
     class Backend(SearchBackend):
@@ -225,11 +231,12 @@ def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
         def generate_fn(self, train):  # trajectories 0 and 2 right, 1 and 3 wrong, on both tasks
             def gen(agent, prompts, n):
                 return [[Completion([5], [1], [-0.5], p.prefill + (
-                    f"\\boxed{{{good.answer if good.problem in p.messages[-1][1] else bad.answer}}}" if i % 2 == 0
-                    else "\\boxed{-12345}"), "stop") for i in range(n)] for p in prompts]
-            return gen
+                    f"\\boxed{{{good.answer if good.problem in p.messages[-1][1] else bad.answer}}}"
+                    if i % 2 == 0 else "\\boxed{-12345}"), "stop") for i in range(n)] for p in prompts]
+            return ScriptedGenerate(gen, train)
 
-    rollouts = Rollouts(Poisoned(bad.uid, value), group_size=4, tasks_per_iteration=2, val_tasks=0, seed=1)
+    rollouts = Rollouts(Poisoned(bad.uid, value), RolloutConfig(group_size=4, tasks_per_iteration=2,
+                                                                val_tasks=0, seed=1))
     plan = rollouts.prepare(Backend(), iteration=1)
     assert plan.scalars["rollout/nonfinite_rewards"] == 4  # the broken task's four trajectories
     assert {s.task_uid for s in plan.samples} == {good.uid}

@@ -3,13 +3,13 @@ response token's logits come from."""
 
 from drmas.data.batching import make_micro_batches
 from drmas.packing import group_by_prefix, pack_shared_prefixes
-from drmas.records import Sample
+from drmas.records import BatchSpec, Sample
 
 P = list(range(100, 116))  # a 16-token prompt
 
 
 def E(prompt, response):
-    return Sample("t", "j", "e", "a", 0, "p", list(prompt), list(response), [0.0] * len(response))
+    return Sample("t", "j", "a", 0, "p", list(prompt), list(response), [0.0] * len(response))
 
 
 def test_two_samples_of_one_prompt_share_it():
@@ -25,7 +25,8 @@ def test_two_samples_of_one_prompt_share_it():
 
 def test_groups_keep_their_savings_and_rows_are_padded():
     other = list(range(500, 520))
-    samples = [E(P + [7, 8], [1]), E(P + [7, 9], [2]), E(P[:10] + [0] * 6, [3]), E(other, [4]), E(other, [5, 6])]
+    samples = [E(P + [7, 8], [1]), E(P + [7, 9], [2]), E(P[:10] + [0] * 6, [3]),
+               E(other, [4]), E(other, [5, 6])]
     # the first two share 17 tokens; the third shares only 10 (< 16); the last two share 20
     assert group_by_prefix(samples) == [(17, [0, 1]), (16, [2]), (20, [3, 4])]
     # a third member sharing 16 of a 17-token prefix: 2 x 16 >= 1 x 17, it joins
@@ -39,8 +40,9 @@ def test_groups_keep_their_savings_and_rows_are_padded():
 def test_micro_batches_keep_sharing_samples_together():
     other = list(range(500, 520))
     samples = [E(P, [1]), E(other, [2]), E(P, [3]), E(other, [4])]
-    batches = make_micro_batches(samples, "p", 2, 0, prefix_sharing=True)
+    batches = make_micro_batches(samples, "p", BatchSpec(pad_id=0, micro_batch_size=2, prefix_sharing=True))
     assert [b.sample_index.tolist() for b in batches] == [[0, 2], [1, 3]]
     assert all(b.packed is not None and b.packed.input_ids.shape[0] == 1 for b in batches)
     # without sharing: sorted by length as before, nothing packed
-    assert all(b.packed is None for b in make_micro_batches(samples, "p", 2, 0))
+    assert all(b.packed is None for b in make_micro_batches(samples, "p", BatchSpec(pad_id=0,
+                                                                                    micro_batch_size=2)))

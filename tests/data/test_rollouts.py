@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import pytest
 
 from drmas.data.datamodule import RolloutDataModule
-from drmas.data.rollouts import Rollouts
+from drmas.data.rollouts import RolloutConfig, Rollouts
 from drmas.envs.base import Workflow
 from drmas.envs.math import SolverVerifierWorkflow
 from drmas.envs.search import SearchWorkflow
-from drmas.records import BatchSpec, Completion
+from drmas.records import BatchSpec, Completion, ScriptedGenerate
 
 
 class ScriptedBackend:
@@ -44,10 +44,11 @@ class ScriptedBackend:
         def generate(agent, prompts, n):
             self.calls.append((agent, len(prompts), n, train))
             # response lengths differ by candidate so micro-batches sort and pad visibly
-            return [[Completion([7, 7, 7], [1] * (i + 1), [-0.5] * (i + 1), p.prefill + self.fn(agent, i), "stop")
+            return [[Completion([7, 7, 7], [1] * (i + 1), [-0.5] * (i + 1), p.prefill + self.fn(agent, i),
+                                "stop")
                      for i in range(n)] for p in prompts]
 
-        return generate
+        return ScriptedGenerate(generate, train)
 
     def sync_weights(self):
         self.syncs += 1
@@ -70,7 +71,8 @@ def right_on_even(task):
 
 
 def test_a_plan_scores_routes_and_packs_by_the_backends_specs(workflow):
-    rollouts = Rollouts(workflow, estimator="drmas", group_size=4, tasks_per_iteration=1, val_tasks=0, seed=3)
+    rollouts = Rollouts(workflow, RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=1,
+                                                val_tasks=0, seed=3))
     task = rollouts.sample_tasks(1)[0]
     backend = ScriptedBackend(right_on_even(task))
     plan = rollouts.prepare(backend, iteration=1)
@@ -101,7 +103,7 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
         def engine_cache_stats(self):
             return self.served.pop(0)
 
-    rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
+    rollouts = Rollouts(workflow, RolloutConfig(group_size=2, tasks_per_iteration=1, val_tasks=0))
     backend = Cached(lambda agent, i: "\\boxed{1}")
     assert rollouts.prepare(backend, iteration=1).scalars == {
         "rollout/prefix_cache_hit_rate": 0.25, "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0,
@@ -112,20 +114,23 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
 
 def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
     wf = SolverVerifierWorkflow(max_turns=2)
-    rollouts = Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=1, val_tasks=0)
+    rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=1,
+                                          val_tasks=0))
     task = rollouts.sample_tasks(1)[0]
     fn = lambda agent, i: f"\\boxed{{{task.answer}}}" if agent == "solver" else "approve</verify>"  # noqa: E731
     plan = rollouts.prepare(ScriptedBackend(fn), iteration=1)
-    assert sorted((x.agent, x.policy) for x in plan.samples) == [("solver", "p_solve")] * 2 + [("verifier", "p_check")] * 2
+    assert (sorted((x.agent, x.policy) for x in plan.samples)
+            == [("solver", "p_solve")] * 2 + [("verifier", "p_check")] * 2)
     check = [m for m in plan.micro_batches if m.policy == "p_check"]
-    assert len(check) == 1 and check[0].step_after and check[0].ppo_epoch == 0  # one PPO epoch, one batch of 4
+    # one PPO epoch, one batch of 4
+    assert len(check) == 1 and check[0].step_after and check[0].ppo_epoch == 0
     assert (check[0].input_ids == 5).any() and not (check[0].input_ids == 0).any()
     # every sample is rewarded alike (right and approved): all advantages are exactly 0
     assert all(x.advantage == 0.0 for x in plan.samples)
 
 
 def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
-    rollouts = Rollouts(workflow, val_tasks=3, val_k=2)
+    rollouts = Rollouts(workflow, RolloutConfig(val_tasks=3, val_k=2))
     tasks = rollouts.val_task_list()
     answers = {workflow.prompt("solver", workflow.initial_state(t)): t.answer for t in tasks}
     backend, calls = ScriptedBackend(None), []
@@ -135,10 +140,11 @@ def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
         return [[Completion([1], [2], [-0.1], f"\\boxed{{{answers[p] if i == 0 else -1}}}") for i in range(n)]
                 for p in prompts]
 
-    backend.generate_fn = lambda train: generate
+    backend.generate_fn = lambda train: ScriptedGenerate(generate, train)
     scalars = rollouts.validate(backend)
     source = tasks[0].source
-    assert scalars == {"val/avg@2": 0.5, "val/pass@2": 1.0, f"val/{source}/avg@2": 0.5, f"val/{source}/pass@2": 1.0,
+    assert scalars == {"val/avg@2": 0.5, "val/pass@2": 1.0,
+                       f"val/{source}/avg@2": 0.5, f"val/{source}/pass@2": 1.0,
                        # one loop: only the solver acts, right in half of the episodes
                        "val/success_rate": 0.5, "val/turns_mean": 1.0,
                        "val/solver/reward_mean": 0.5, "val/solver/valid_ratio": 1.0}
@@ -149,7 +155,7 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     """Each policy is scripted to master its own role: right answers from p_solve on solver
     prompts, approvals from p_check. Swapped, the solver's prompts reach p_check: nothing solved."""
     wf = SolverVerifierWorkflow(max_turns=2)
-    rollouts = Rollouts(wf, val_tasks=3, val_k=2)
+    rollouts = Rollouts(wf, RolloutConfig(val_tasks=3, val_k=2))
     tasks = rollouts.val_task_list()
     answers = {wf.prompt("solver", wf.initial_state(t)): t.answer for t in tasks}
     backend, routed = ScriptedBackend(None), []
@@ -158,10 +164,11 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     def generate(agent, prompts, n):
         policy = policy_of[agent]
         routed.append((agent, policy))
-        text = {"p_solve": lambda p: f"\\boxed{{{answers.get(p, -1)}}}", "p_check": lambda p: "approve</verify>"}[policy]
+        text = {"p_solve": lambda p: f"\\boxed{{{answers.get(p, -1)}}}",
+                "p_check": lambda p: "approve</verify>"}[policy]
         return [[Completion([1], [2], [-0.1], p.prefill + text(p)) for _ in range(n)] for p in prompts]
 
-    backend.generate_fn = lambda train: generate
+    backend.generate_fn = lambda train: ScriptedGenerate(generate, train)
     normal = rollouts.validate(backend)
     swapped = rollouts.validate(backend, swap=True)
     source = tasks[0].source
@@ -173,7 +180,7 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     # the solver's prompts went to p_check (called under the verifier's name), which never boxes an answer
     assert routed[:3] == [("solver", "p_solve"), ("verifier", "p_check"), ("verifier", "p_check")]
 
-    shared = Rollouts(wf, val_tasks=3, val_k=2)
+    shared = Rollouts(wf, RolloutConfig(val_tasks=3, val_k=2))
     shared.agent_map = {"solver": "shared", "verifier": "shared"}
     with pytest.raises(ValueError, match="the policy-swap probe needs one policy per agent"):
         shared.swapped_agents()
@@ -181,12 +188,15 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
 
 def test_capabilities_are_refused_before_anything_runs():
     sv = SolverVerifierWorkflow()
-    with pytest.raises(ValueError, match=r"SolverVerifierWorkflow does not support sampling='tree'; it supports: parallel"):
+    with pytest.raises(ValueError, match=r"SolverVerifierWorkflow does not support sampling='tree'; "
+                                         r"it supports: parallel"):
         RolloutDataModule(sv, sampling="tree", estimator="at_grpo")
     search = SearchWorkflow(max_turns=2)
-    with pytest.raises(ValueError, match=r"estimator 'at_grpo' does not work .*use one of: drmas, grpo, grpo_step, rloo"):
+    with pytest.raises(ValueError, match=r"estimator 'at_grpo' does not work "
+                                         r".*use one of: drmas, grpo, grpo_step, rloo"):
         RolloutDataModule(search, sampling="parallel", estimator="at_grpo")
-    with pytest.raises(ValueError, match=r"estimator 'grpo' .*sampling='tree'.*use one of: at_grpo, drmas, grpo_step"):
+    with pytest.raises(ValueError, match=r"estimator 'grpo' .*sampling='tree'"
+                                         r".*use one of: at_grpo, drmas, grpo_step"):
         RolloutDataModule(search, sampling="tree", estimator="grpo")
     with pytest.raises(ValueError, match="unknown estimator 'gae'; known: .*drmas"):
         RolloutDataModule(search, estimator="gae")
@@ -214,12 +224,14 @@ class Listed(Workflow):
 
 
 def test_val_tasks_are_the_first_of_each_source_in_order():
-    val = [Task("x0", "x"), Task("y0", "y"), Task("x1", "x"), Task("x2", "x"), Task("z0", "z"), Task("y1", "y")]
-    assert [t.uid for t in Rollouts(Listed(val), val_tasks=2).val_task_list()] == ["x0", "x1", "y0", "y1", "z0"]
+    val = [Task("x0", "x"), Task("y0", "y"), Task("x1", "x"),
+           Task("x2", "x"), Task("z0", "z"), Task("y1", "y")]
+    assert ([t.uid for t in Rollouts(Listed(val), RolloutConfig(val_tasks=2)).val_task_list()]
+            == ["x0", "x1", "y0", "y1", "z0"])
 
 
 def test_tasks_without_a_source_are_one_group():
-    tasks = Rollouts(Listed([Task(f"q{i}") for i in range(5)]), val_tasks=3).val_task_list()
+    tasks = Rollouts(Listed([Task(f"q{i}") for i in range(5)]), RolloutConfig(val_tasks=3)).val_task_list()
     assert [t.uid for t in tasks] == ["q0", "q1", "q2"]
 
 
@@ -228,8 +240,9 @@ def test_a_tree_only_workflow_cannot_validate():
         samplings = ("tree",)
 
     with pytest.raises(ValueError, match="set val_tasks 0"):
-        Rollouts(TreeOnly([]), sampling="tree", estimator="at_grpo", val_tasks=4)
-    assert Rollouts(TreeOnly([]), sampling="tree", estimator="at_grpo", val_tasks=0).val_tasks == 0
+        Rollouts(TreeOnly([]), RolloutConfig(sampling="tree", estimator="at_grpo", val_tasks=4))
+    tree_only = RolloutConfig(sampling="tree", estimator="at_grpo", val_tasks=0)
+    assert Rollouts(TreeOnly([]), tree_only).config.val_tasks == 0
 
 
 def test_several_ranks_need_fsdp_and_a_task_per_rank(workflow):
@@ -240,8 +253,10 @@ def test_several_ranks_need_fsdp_and_a_task_per_rank(workflow):
     from drmas.modules.sharding import FSDP
 
     dm = RolloutDataModule(workflow, val_tasks=0, tasks_per_iteration=2)
-    dm.trainer = types.SimpleNamespace(world_size=2, reload_dataloaders_every_n_epochs=1, strategy=DDPStrategy())
-    with pytest.raises(ValueError, match="training on 2 ranks needs --trainer.strategy fsdp, got DDPStrategy"):
+    dm.trainer = types.SimpleNamespace(world_size=2, reload_dataloaders_every_n_epochs=1,
+                                       strategy=DDPStrategy())
+    with pytest.raises(ValueError,
+                       match="training on 2 ranks needs --trainer.strategy fsdp, got DDPStrategy"):
         dm.setup("fit")
     dm.trainer = types.SimpleNamespace(world_size=3, reload_dataloaders_every_n_epochs=1, strategy=FSDP())
     with pytest.raises(ValueError, match=r"tasks_per_iteration \(2\) must be >= the number of ranks \(3\)"):
@@ -266,14 +281,16 @@ def _ranked_backends(world, generate):
     backends = []
     for rank in range(world):
         b = Ranked(None)
-        b.rank, b.world_size, b.generate_fn = rank, world, lambda train, b=b: generate(b)
+        b.rank, b.world_size, b.generate_fn = (
+            rank, world, lambda train, b=b: ScriptedGenerate(generate(b), train))
         backends.append(b)
     return backends
 
 
 def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
     wf = SolverVerifierWorkflow(max_turns=2)
-    make = lambda: Rollouts(wf, estimator="drmas", group_size=4, tasks_per_iteration=5, val_tasks=0, seed=1)  # noqa: E731
+    config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=5, val_tasks=0, seed=1)
+    make = lambda: Rollouts(wf, config)  # noqa: E731
     tasks = make().sample_tasks(1)
 
     def task_of(prompt):  # every prompt of an episode quotes its problem
@@ -285,10 +302,12 @@ def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
             backend.calls.extend(task_of(p).uid for p in prompts)
             if agent == "solver":
                 return [[Completion([7] * (3 + j), [1] * (i + 1), [-0.5] * (i + 1),
-                                    f"\\boxed{{{task_of(p).answer if i % 2 == 0 else -1}}}") for i in range(n)]
+                                    f"\\boxed{{{task_of(p).answer if i % 2 == 0 else -1}}}")
+                         for i in range(n)]
                         for j, p in enumerate(prompts)]
             return [[Completion([7, 7], [2] * (i + 2), [-0.5] * (i + 2),
-                                "approve</verify>" if i % 3 else "reject</verify>") for i in range(n)] for p in prompts]
+                                "approve</verify>" if i % 3 else "reject</verify>") for i in range(n)]
+                    for p in prompts]
         return gen
 
     single = make().prepare(_ranked_backends(1, generate)[0], iteration=1)
@@ -308,7 +327,8 @@ def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
     # the same advantages as one process playing the same completions, on every rank, not all 0
     key = lambda x: (x.task_uid, x.traj_uid, x.agent, x.turn)  # noqa: E731
     want = {key(x): x.advantage for x in single.samples}
-    assert any(abs(a) > 0.1 for a in want.values()) and {x.agent for x in single.samples} == {"solver", "verifier"}
+    assert (any(abs(a) > 0.1 for a in want.values())
+            and {x.agent for x in single.samples} == {"solver", "verifier"})
     for plan in plans:
         assert {key(x): x.advantage for x in plan.samples} == pytest.approx(want, abs=1e-6)
     # the ranks' passes line up one for one, and together train every sample once per PPO epoch
@@ -354,7 +374,8 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
 
     def play(rank):
         try:
-            Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0).prepare(backends[rank], 1)
+            Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=2,
+                                       val_tasks=0)).prepare(backends[rank], 1)
         except BaseException as err:
             raised[rank] = err
 
@@ -372,38 +393,21 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
 def test_the_swap_probe_keeps_what_the_generate_function_answers():
     from drmas.data.rollouts import _Rerouted
 
-    class Generate:
-        train = False
-
-        def __call__(self, agent, prompts, n):
-            return [[agent] * n for _ in prompts]
-
+    class Generate(ScriptedGenerate):
         def settings(self, agent):
             return f"settings of {agent}"
 
         def prompt_tokens(self, agent, prompt):
             return len(agent)
 
-    swapped = _Rerouted(Generate(), {"solver": "verifier", "verifier": "solver"})
+        def check_stop(self):
+            raise Preempted("stop")
+
+    swapped = _Rerouted(Generate(lambda agent, prompts, n: [[agent] * n for _ in prompts], train=False),
+                        {"solver": "verifier", "verifier": "solver"})
     assert swapped("solver", ["p"], 2) == [["verifier", "verifier"]] and swapped.train is False
-    assert swapped.settings("solver") == "settings of verifier" and swapped.prompt_tokens("verifier", None) == 6
-    assert not hasattr(_Rerouted(lambda a, p, n: [], {}), "settings")  # nothing the inner one lacks
+    assert (swapped.settings("solver") == "settings of verifier"
+            and swapped.prompt_tokens("verifier", None) == 6)
+    with pytest.raises(Preempted):
+        swapped.check_stop()
 
-
-def test_the_old_record_names_are_read_for_one_release():
-    from drmas import records
-
-    with pytest.warns(FutureWarning, match="Experience is deprecated and will be removed: use Sample"):
-        assert records.Experience is records.Sample
-    with pytest.warns(FutureWarning, match="IterationPlan is deprecated and will be removed: use PreparedIteration"):
-        assert records.IterationPlan is records.PreparedIteration
-    result = records.RolloutResult([], [])
-    with pytest.warns(FutureWarning, match="RolloutResult.experiences is deprecated .*: use RolloutResult.samples"):
-        assert result.experiences is result.samples
-    backend = ScriptedBackend(lambda agent, i: "\\boxed{1}")
-    rollouts = Rollouts(SolverVerifierWorkflow(max_turns=1), estimator="drmas", group_size=2, tasks_per_iteration=1,
-                        val_tasks=0)
-    with pytest.warns(FutureWarning, match="Rollouts.plan is deprecated .*: use Rollouts.prepare"):
-        assert rollouts.plan(backend, iteration=1).iteration == 1
-    with pytest.warns(FutureWarning, match="RolloutDataModule.plan is deprecated .*: use RolloutDataModule.current"):
-        assert RolloutDataModule(SolverVerifierWorkflow(max_turns=1), val_tasks=0).plan is None

@@ -13,11 +13,11 @@ import os
 import pytest
 import torch
 
-from drmas.engines import ENGINES, Generation, HFEngine, SamplingParams, vllm_available
+from drmas.engines import ENGINES, Generation, HFEngine, GenerationParams, vllm_available
 from drmas.engines.base import check_request
 from drmas.models import load_causal_lm, resolve_model_path
 
-GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+GREEDY = GenerationParams(temperature=0.0, max_new_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def teacher_forced(model, prompt: list[int], response: list[int], temperature: f
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
 
 
-def assert_consistent(gen: Generation, tok, params: SamplingParams) -> None:
+def assert_consistent(gen: Generation, tok, params: GenerationParams) -> None:
     assert 1 <= len(gen.token_ids) <= params.max_new_tokens
     assert len(gen.logprobs) == len(gen.token_ids)
     assert all(lp <= 0.0 for lp in gen.logprobs)
@@ -85,7 +85,7 @@ def test_hf_n_per_prompt_in_order_and_batch_invariant(tiny, prompts):
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
 def test_hf_logprobs_equal_teacher_forced(tiny, prompts, temperature):
     model, tok = tiny
-    params = SamplingParams(temperature=temperature, max_new_tokens=16)
+    params = GenerationParams(temperature=temperature, max_new_tokens=16)
     torch.manual_seed(0)
     out = HFEngine(model, tok).generate(prompts, 3, params)
     for prompt, gens in zip(prompts, out):
@@ -98,7 +98,7 @@ def test_hf_logprobs_equal_teacher_forced(tiny, prompts, temperature):
 def test_hf_sampling_reproducible_under_manual_seed(tiny, prompts):
     model, tok = tiny
     engine = HFEngine(model, tok)
-    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8)
+    params = GenerationParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8)
     torch.manual_seed(7)
     a = engine.generate(prompts, 3, params)
     torch.manual_seed(7)
@@ -108,11 +108,12 @@ def test_hf_sampling_reproducible_under_manual_seed(tiny, prompts):
     assert len({tuple(g.token_ids) for g in a[0]}) > 1
 
 
-@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, top_k=50, max_new_tokens=12)])
+@pytest.mark.parametrize("params", [GREEDY, GenerationParams(temperature=1.0, top_k=50, max_new_tokens=12)])
 def test_hf_prompts_prefilled_once_give_the_same_samples(tiny, prompts, params):
     model, tok = tiny
     calls = []
-    hook = model.register_forward_pre_hook(lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
     try:
         torch.manual_seed(3)
         shared = HFEngine(model, tok).generate([*prompts, prompts[0]], 3, params)
@@ -131,7 +132,7 @@ def test_hf_prompts_prefilled_once_give_the_same_samples(tiny, prompts, params):
 
 def test_hf_max_new_tokens_and_length_reason(tiny, prompts):
     model, tok = tiny
-    params = SamplingParams(temperature=1.0, max_new_tokens=5)
+    params = GenerationParams(temperature=1.0, max_new_tokens=5)
     torch.manual_seed(1)
     for gens in HFEngine(model, tok).generate(prompts, 2, params):
         for g in gens:
@@ -152,7 +153,7 @@ def test_hf_stop_string_cuts_text_and_tokens(tiny, prompts):
     for prompt in prompts:
         free = engine.generate([prompt], 1, GREEDY)[0][0]
         stop, expected = _stop_case(tok, free)
-        params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
+        params = GenerationParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
         g = engine.generate([prompt], 1, params)[0][0]
         assert g.finish_reason == "stop"
         assert g.text == expected
@@ -218,7 +219,7 @@ def test_hf_eos_in_tokens_not_in_text(tiny, prompts):
 def test_hf_restores_train_mode(tiny, prompts):
     model, tok = tiny
     engine = HFEngine(model, tok)
-    params = SamplingParams(temperature=0.0, max_new_tokens=2)
+    params = GenerationParams(temperature=0.0, max_new_tokens=2)
     for mode in (True, False):
         model.train(mode)
         engine.generate(prompts[:1], 1, params)
@@ -236,11 +237,11 @@ def test_hf_sync_weights_switches_model(tiny):
 
 def test_request_checks():
     with pytest.raises(ValueError, match="n must be"):
-        check_request([[1]], 0, SamplingParams())
+        check_request([[1]], 0, GenerationParams())
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        check_request([[1], []], 1, SamplingParams())
+        check_request([[1], []], 1, GenerationParams())
     with pytest.raises(ValueError, match="temperature"):
-        check_request([[1]], 1, SamplingParams(temperature=-1))
+        check_request([[1]], 1, GenerationParams(temperature=-1))
 
 
 def test_hf_no_prompts(tiny):
@@ -263,7 +264,8 @@ def _vllm_missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def vllm_engine():
-    """One fp32 engine for the module: creating one takes ~5-40 s on 2 cores."""
+    """One fp32 engine for the module: creating one takes ~5-40 s on 2 cores (its users are marked
+    ``integration``)."""
     reason = _vllm_missing()
     if reason:
         pytest.skip(reason)
@@ -285,10 +287,12 @@ def vllm_engine():
     engine.close()
 
 
+@pytest.mark.integration
 def test_vllm_creation_keeps_caller_rng(vllm_engine):
     assert vllm_engine.rng_preserved
 
 
+@pytest.mark.integration
 def test_vllm_created_with_llvmlite_loaded(vllm_engine):
     import sys
 
@@ -297,6 +301,7 @@ def test_vllm_created_with_llvmlite_loaded(vllm_engine):
     assert "llvmlite.binding.ffi" in sys.modules  # the fixture's engine was built with it loaded
 
 
+@pytest.mark.integration
 def test_vllm_greedy_equals_hf(tiny, prompts, vllm_engine):
     model, tok = tiny
     hf = HFEngine(model, tok).generate(prompts, 1, GREEDY)
@@ -310,9 +315,10 @@ def test_vllm_greedy_equals_hf(tiny, prompts, vllm_engine):
         assert (torch.tensor(v[0].logprobs) - ref).abs().max() < 1e-3
 
 
+@pytest.mark.integration
 def test_vllm_logprobs_are_after_temperature(tiny, prompts, vllm_engine):
     model, tok = tiny
-    params = SamplingParams(temperature=0.7, max_new_tokens=16)
+    params = GenerationParams(temperature=0.7, max_new_tokens=16)
     torch.manual_seed(0)
     out = vllm_engine.generate(prompts, 2, params)
     diffs, raw_diffs = [], []
@@ -327,6 +333,7 @@ def test_vllm_logprobs_are_after_temperature(tiny, prompts, vllm_engine):
     assert torch.cat(raw_diffs).mean() > 1e-2
 
 
+@pytest.mark.integration
 def test_vllm_reports_prompt_tokens_served_from_its_prefix_cache(vllm_engine):
     vllm_engine.take_cache_stats()
     prompt = [(7 * i) % 1000 + 5 for i in range(300)]  # longer than a cache block (128 on CPU)
@@ -338,9 +345,10 @@ def test_vllm_reports_prompt_tokens_served_from_its_prefix_cache(vllm_engine):
     assert vllm_engine.take_cache_stats() == (0, 0)  # taking resets
 
 
+@pytest.mark.integration
 def test_vllm_n_generations(tiny, prompts, vllm_engine):
     _, tok = tiny
-    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    params = GenerationParams(temperature=1.0, max_new_tokens=12)
     torch.manual_seed(0)
     out = vllm_engine.generate(prompts, 4, params)
     assert len(out) == len(prompts) and all(len(g) == 4 for g in out)
@@ -350,18 +358,20 @@ def test_vllm_n_generations(tiny, prompts, vllm_engine):
         assert len({tuple(g.token_ids) for g in gens}) > 1
 
 
+@pytest.mark.integration
 def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
     model, tok = tiny
     hf = HFEngine(model, tok)
     for prompt in prompts:
         stop, expected = _stop_case(tok, hf.generate([prompt], 1, GREEDY)[0][0])
-        params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
+        params = GenerationParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
         h = hf.generate([prompt], 1, params)[0][0]
         v = vllm_engine.generate([prompt], 1, params)[0][0]
         assert v.text == h.text == expected
         assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "stop"
 
 
+@pytest.mark.integration
 def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, prompts, vllm_engine):
     model, tok = tiny
     free, stops, lengths, expected = per_prompt_case(HFEngine(model, tok), tok, prompts)
@@ -369,6 +379,7 @@ def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, promp
     check_per_prompt(free, outs, lengths, expected)
 
 
+@pytest.mark.integration
 def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
     """One engine per policy: closing one must leave the others working."""
     from drmas.engines import VLLMEngine
@@ -386,6 +397,7 @@ def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
     assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
 
 
+@pytest.mark.integration
 def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):
     model, tok = tiny
     before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]

@@ -18,8 +18,8 @@ def test_each_ranks_vllm_engine_takes_its_own_gpu_through_the_external_launcher(
 
 
 def test_a_gpu_list_that_vllm_would_not_follow_is_refused():
-    from drmas.engines import Placement, VLLMConfig, VLLMEngine
+    from drmas.engines import Placement, VLLMSettings, VLLMEngine
 
     place = Placement(rank=1, local_rank=1, world_size=2, device=torch.device("cuda", 5))
     with pytest.raises(ValueError, match=r"rank 1 trains on cuda:5 but its vLLM engine would take cuda:1"):
-        VLLMEngine.create(None, VLLMConfig(), place, {}, {})
+        VLLMEngine.create(None, VLLMSettings(), place, {}, {})

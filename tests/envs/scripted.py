@@ -1,18 +1,21 @@
 """A scripted engine: a ``generate`` function whose completions a test writes."""
 
 from drmas.envs.base import Completion
+from drmas.records import ScriptedGenerate
 
 
-class Script:
+class Script(ScriptedGenerate):
     """``fn(agent, prompt, i)`` writes the i-th of n completions (after the prompt's prefill);
     every call is recorded."""
 
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
+    def __init__(self, fn, train=True):
+        super().__init__(fn, train)
+        self.calls = []
 
     def __call__(self, agent, prompts, n):
         self.calls.append((agent, list(prompts), n))
-        return [[Completion([1], [2, 3], [-0.5, -0.5], p.prefill + self.fn(agent, p, i), "stop") for i in range(n)]
+        return [[Completion([1], [2, 3], [-0.5, -0.5], p.prefill + self.fn(agent, p, i), "stop")
+                 for i in range(n)]
                 for p in prompts]
 
     def prompts(self, agent):

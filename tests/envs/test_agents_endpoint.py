@@ -28,7 +28,8 @@ def make(episode, tasks_file, **kwargs):
 
 
 def ask(client, agent, text, **kwargs):
-    reply = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": text}], **kwargs)
+    reply = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": text}],
+                                           **kwargs)
     return reply.choices[0].message.content
 
 
@@ -66,7 +67,7 @@ def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(task
     assert len(result.samples) == 36
     for s in result.samples:
         task = s.traj_uid.split("#")[0]
-        assert s.task_uid == task and s.env_uid == s.traj_uid
+        assert s.task_uid == task
         assert f"task{task}" in s.text  # the episode's own task, through its own URL
         # the trained text keeps the stop string; the content the program read did not
         want = {("writer", 0): f"writer<task{task}>!", ("writer", 1): f"writer<writer<task{task}>+>!",
@@ -92,8 +93,9 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
     finally:
         wf.close()
     assert not [e for e in result.episodes if "failure" in e.info]
-    assert [(agent, len(prompts), n) for agent, prompts, n in script.calls] == [("writer", 4, 4)] * 3  # 16 episodes
-    assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/sampling_overrides": 0.0,
+    # 16 episodes
+    assert [(agent, len(prompts), n) for agent, prompts, n in script.calls] == [("writer", 4, 4)] * 3
+    assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/generation_overrides": 0.0,
                                          "endpoint/batch_size_mean": 16.0}
 
 
@@ -113,7 +115,8 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
         seen["unknown"] = status(lambda: ask(client, "judge", "x"))
         seen["n"] = status(lambda: ask(client, "writer", "x", n=2))
         seen["long"] = status(lambda: ask(client, "writer", "x", max_tokens=100))
-        seen["tools"] = status(lambda: ask(client, "writer", "x", tools=[{"type": "function", "function": {"name": "f"}}]))
+        seen["tools"] = status(lambda: ask(client, "writer", "x",
+                                           tools=[{"type": "function", "function": {"name": "f"}}]))
         seen["stream"] = status(lambda: ask(client, "writer", "x", stream=True))
         seen["parts"] = status(lambda: client.chat.completions.create(
             model="writer", messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]))
@@ -123,7 +126,8 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
         seen["json"] = httpx.post(f"{url}/chat/completions", content=b"{not json",
                                   headers={"Authorization": f"Bearer {key}"}).status_code
         seen["no_key"] = httpx.post(f"{url}/chat/completions", json={}).status_code
-        seen["wrong_key"] = status(lambda: openai.OpenAI(base_url=url, api_key="nope", max_retries=0).models.list())
+        seen["wrong_key"] = status(
+            lambda: openai.OpenAI(base_url=url, api_key="nope", max_retries=0).models.list())
         seen["models"] = [m.id for m in client.models.list()]
         seen["content"] = ask(client, "writer", "ok", stop=["!"], max_tokens=5, temperature=0.2)
         return 1.0
@@ -146,7 +150,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     # the good call carried its stop and length to the engine; the policy's temperature answered it
     prompt = [p for agent, ps, _ in script.calls for p in ps if p.messages[-1][1] == "ok"][0]
     assert prompt.stop == ("!",) and prompt.max_new_tokens == 5
-    assert wf.scalars(result.counts)["endpoint/sampling_overrides"] == 1.0
+    assert wf.scalars(result.counts)["endpoint/generation_overrides"] == 1.0
     assert len([s for s in result.samples if s.task_uid == "0"]) == 1  # refused calls leave no sample
 
 
@@ -200,7 +204,8 @@ def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
         return "fine"
 
     def episode(task, client):
-        impatient = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0, timeout=0.2)
+        impatient = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
+                                  timeout=0.2)
         with pytest.raises(openai.APITimeoutError):
             ask(impatient, "writer", "slow")
         return float(ask(client, "critic", "patient") == "fine")
@@ -219,7 +224,8 @@ def test_async_programs_and_concurrent_calls(tasks_file):
 
     async def episode(task, client):
         async def one(agent):
-            reply = await client.chat.completions.create(model=agent, messages=[{"role": "user", "content": task["q"]}])
+            reply = await client.chat.completions.create(
+                model=agent, messages=[{"role": "user", "content": task["q"]}])
             return reply.choices[0].message.content
 
         a, b = await asyncio.gather(one("writer"), one("critic"))
@@ -232,7 +238,8 @@ def test_async_programs_and_concurrent_calls(tasks_file):
     finally:
         wf.close()
     assert all(e.success for e in result.episodes)
-    assert sorted((s.agent, s.reward) for s in result.samples) == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4
+    assert (sorted((s.agent, s.reward) for s in result.samples)
+            == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4)
 
 
 def test_what_an_episode_may_return():
@@ -253,7 +260,8 @@ def test_tasks_splits_and_bad_arguments(tmp_path, tasks_file):
         wf.tasks("test")
     ids = tmp_path / "ids.jsonl"
     ids.write_text('{"id": "a"}\n{"id": 7}\n')
-    assert [t.uid for t in AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids), val_share=0).tasks("train")] == ["a", "7"]
+    assert ([t.uid for t in AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids), val_share=0).tasks("train")]
+            == ["a", "7"])
     ids.write_text('{"id": "a"}\n{"id": "a"}\n')
     with pytest.raises(ValueError, match="'a' is given to more than one row"):
         AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids))
@@ -297,7 +305,7 @@ class Backend:
 
 
 def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_traceback(tasks_file):
-    from drmas.data.rollouts import OutageError, Rollouts
+    from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
 
     def episode(task, client):
         ask(client, "writer", task["q"])
@@ -307,7 +315,8 @@ def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_tr
 
     wf = make(episode, tasks_file)
     try:
-        rollouts = Rollouts(wf, estimator="grpo", group_size=2, tasks_per_iteration=4, val_tasks=0, max_failed_share=0.5)
+        rollouts = Rollouts(wf, RolloutConfig(estimator="grpo", group_size=2, tasks_per_iteration=4,
+                                              val_tasks=0, max_failed_share=0.5))
         fail = {"task1"}
         plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
         assert plan.scalars["rollout/failed_episodes"] == 2.0 and plan.scalars["endpoint/requests"] == 8.0
@@ -320,10 +329,11 @@ def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_tr
 
 
 def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason(tasks_file):
-    from drmas.data.rollouts import Rollouts
+    from drmas.data.rollouts import RolloutConfig, Rollouts
 
     def episode(task, client):
-        reply = client.chat.completions.create(model="critic", messages=[{"role": "user", "content": "x"}], n=2)
+        reply = client.chat.completions.create(model="critic", messages=[{"role": "user", "content": "x"}],
+                                               n=2)
         return float(len(reply.choices) == 2)
 
     evaluating = Script(echo)
@@ -332,8 +342,9 @@ def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason
     try:
         result = wf.rollout(wf.tasks("train")[:1], evaluating, n=2)
         with pytest.raises(ValueError, match="sampling='tree' .*an opaque program cannot be copied"):
-            Rollouts(wf, sampling="tree", estimator="at_grpo")
+            Rollouts(wf, RolloutConfig(sampling="tree", estimator="at_grpo"))
     finally:
         wf.close()
     assert [e.success for e in result.episodes] == [True, True] and len(result.samples) == 4
-    assert [(a, n) for a, _, n in evaluating.calls] == [("critic", 4)]  # two episodes' identical prompts, merged
+    # two episodes' identical prompts, merged
+    assert [(a, n) for a, _, n in evaluating.calls] == [("critic", 4)]

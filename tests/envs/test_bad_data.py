@@ -34,8 +34,10 @@ def test_a_parquet_file_missing_a_column_is_refused_before_any_row(tmp_path, kin
     del row[PROMPT[kind]]
     row["other"] = "x"
     path = tmp_path / "set.parquet"
-    pq.write_table(pa.Table.from_pylist([{**row, "tests": json.dumps(TESTS)} if kind == "code" else row]), path)
-    with pytest.raises(ValueError, match=rf"set\.parquet has no column '{PROMPT[kind]}' \(its columns: .*other"):
+    pq.write_table(pa.Table.from_pylist([{**row, "tests": json.dumps(TESTS)} if kind == "code" else row]),
+                   path)
+    with pytest.raises(ValueError, match=rf"set\.parquet has no column '{PROMPT[kind]}' "
+                                         r"\(its columns: .*other"):
         LOAD[kind](path)
 
 
@@ -43,7 +45,8 @@ def test_a_parquet_file_missing_a_column_is_refused_before_any_row(tmp_path, kin
 def test_a_one_megabyte_prompt_is_refused_naming_the_line(tmp_path, kind):
     huge = dict(GOOD[kind], **{PROMPT[kind]: "why? " * 210_000})  # 1.05 MB
     path = write_jsonl(tmp_path / "set.jsonl", [GOOD[kind], GOOD[kind], huge])
-    with pytest.raises(ValueError, match=rf"set\.jsonl: line 3, field '{PROMPT[kind]}' holds 1,050,000 characters, "
+    with pytest.raises(ValueError, match=rf"set\.jsonl: line 3, field '{PROMPT[kind]}' "
+                                         r"holds 1,050,000 characters, "
                                          rf"more than the {MAX_PROMPT_CHARS:,}"):
         LOAD[kind](path)
     assert len(LOAD[kind](write_jsonl(tmp_path / "ok.jsonl", [GOOD[kind]] * 2))) == 2

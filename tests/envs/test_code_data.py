@@ -96,7 +96,8 @@ def test_benchmark_rows_in_their_own_formats():
     apps = {"question": "Add.", "solutions": json.dumps(["print(sum(map(int, input().split())))"]),
             "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})}
     (task,) = tasks_from_rows([apps], "apps", "test")
-    assert task.uid == "apps-test-0" and task.solution.startswith("print") and task.tests == (TestCase("1 2\n", "3\n"),)
+    assert (task.uid == "apps-test-0" and task.solution.startswith("print")
+            and task.tests == (TestCase("1 2\n", "3\n"),))
 
     contests = {"description": "Add.", "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
                 "private_tests": {"input": ["2 2\n"], "output": ["4\n"]}, "generated_tests": None,
@@ -134,8 +135,10 @@ def test_a_benchmark_by_name_through_the_real_datasets_library(monkeypatch, tmp_
     from drmas.envs.code import load_code_dataset
 
     path = tmp_path / "apps.jsonl"
-    path.write_text(json.dumps({"question": "Add two numbers.", "solutions": json.dumps(["print(sum(map(int, input().split())))"]),
-                                "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})}) + "\n")
+    path.write_text(json.dumps({"question": "Add two numbers.",
+                                "solutions": json.dumps(["print(sum(map(int, input().split())))"]),
+                                "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})})
+                    + "\n")
     real, calls = datasets.load_dataset, []
 
     def local(path_or_id, name=None, split=None):

@@ -1,5 +1,5 @@
 """The coder / tester team, driven by a scripted engine: rewards by the rules, turns, what each
-agent sees, invalid replies, a task without a reference, and tree mode's executed candidate."""
+agent sees, invalid replies, a task without a reference, and tree sampling's executed candidate."""
 
 import pytest
 from scripted import Script
@@ -10,8 +10,10 @@ from drmas.envs.programs import SandboxSettings
 
 ADD = "a, b = map(int, input().split())\nprint(a + b)"
 TASK = CodeTask("add-0", "Read two integers and print their sum.",
-                tuple(TestCase(f"{a} {b}\n", f"{a + b}\n") for a, b in [(1, 2), (0, 0), (-5, 5), (7, 8)]), ADD, "t")
-GOOD_TESTS = "<input>\n2 3\n</input>\n<output>\n5\n</output>\n<input>\n1 1\n</input><output>2</output>\n</tests>"
+                tuple(TestCase(f"{a} {b}\n", f"{a + b}\n") for a, b in [(1, 2), (0, 0), (-5, 5), (7, 8)]),
+                ADD, "t")
+GOOD_TESTS = ("<input>\n2 3\n</input>\n<output>\n5\n</output>\n"
+              "<input>\n1 1\n</input><output>2</output>\n</tests>")
 
 
 def written_tests(pairs):
@@ -49,7 +51,8 @@ def test_a_right_program_and_right_tests_solve_in_one_turn(wf):
 def test_a_wrong_program_is_caught_and_every_turn_is_played(wf):
     wrong = "a, b = map(int, input().split())\nprint(a * b)"
     # the second test (2, 2 -> 4) passes by chance; the first (2, 3 -> 5) does not
-    script = Script(lambda agent, p, i: wrong + "\n```" if agent == "coder" else written_tests([("2 3", 5), ("2 2", 4)]))
+    script = Script(lambda agent, p, i: wrong + "\n```" if agent == "coder"
+                    else written_tests([("2 3", 5), ("2 2", 4)]))
     result = wf.rollout([TASK], script, n=1, sampling="parallel")
     (ep,) = result.episodes
     assert not ep.success and ep.turns == 2 and ep.team_reward == 0.25  # 0 0 -> 0 passes, 1/4
@@ -65,7 +68,8 @@ def test_a_wrong_program_is_caught_and_every_turn_is_played(wf):
 
 def test_wrong_expected_outputs_cost_the_tester(wf):
     # one right test, one wrong (the reference prints 5, the tester expects 6)
-    script = Script(lambda agent, p, i: ADD + "\n```" if agent == "coder" else written_tests([("1 1", 2), ("2 3", 6)]))
+    script = Script(lambda agent, p, i: ADD + "\n```" if agent == "coder"
+                    else written_tests([("1 1", 2), ("2 3", 6)]))
     result = wf.rollout([TASK], script, n=1, sampling="parallel")
     assert [s.local_reward for s in by(result, "tester")] == [0.5, 0.5]
     # the right program fails the wrong test, so the episode goes on; the team reward is 1 all the same
@@ -108,7 +112,7 @@ def test_tree_executes_the_best_candidate(wf):
     adv = compute_advantages(result.samples, "at_grpo")
     groups = {}
     for s, a in zip(result.samples, adv.tolist()):
-        groups.setdefault((s.env_uid, s.agent, s.turn), []).append(a)
+        groups.setdefault((s.traj_uid, s.agent, s.turn), []).append(a)
     assert all(abs(sum(g)) < 1e-6 for g in groups.values()) and adv.abs().sum() > 0
 
 
@@ -126,13 +130,16 @@ def test_bad_settings_are_refused():
 def test_the_largest_settings_judge_every_test_in_runs_of_at_most_64():
     """70 golden tests and a tester's 64: the coder's second turn judges 134 tests (three sandbox
     runs); training caps the golden tests at max_golden_tests, validation judges all of them."""
-    many = CodeTask("add-70", TASK.question, tuple(TestCase(f"{a} 1\n", f"{a + 1}\n") for a in range(70)), ADD, "t")
+    many = CodeTask("add-70", TASK.question, tuple(TestCase(f"{a} 1\n", f"{a + 1}\n") for a in range(70)),
+                    ADD, "t")
     # a program right on the first 65 golden tests only: a cap at 64 could not tell it from a right one
     almost = "a, b = map(int, input().split())\nprint(a + b if a < 65 else 0)\n```"
     tests = written_tests([(f"{a} 2", a + 2) for a in range(63)] + [("70 2", 72)])  # the last one fails
     script = Script(lambda agent, p, i: almost if agent == "coder" else tests)
-    wf = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2), max_golden_tests=0, max_tests=64)
-    capped = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2), max_golden_tests=64, max_tests=64)
+    wf = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2),
+                             max_golden_tests=0, max_tests=64)
+    capped = CoderTesterWorkflow(max_turns=2, sandbox=SandboxSettings(time_limit_s=1.0, workers=2),
+                                 max_golden_tests=64, max_tests=64)
     try:
         result = wf.rollout([many], script, n=1)
         assert [s.local_reward for s in by(result, "coder")] == [65 / 70] * 2

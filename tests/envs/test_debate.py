@@ -4,7 +4,7 @@ the judge is rewarded for a right pick; rewards by hand for every case, with a s
 import pytest
 from scripted import Script
 
-from drmas.data.rollouts import Rollouts
+from drmas.data.rollouts import RolloutConfig, Rollouts
 from drmas.envs.debate import DebateWorkflow, parse_verdict
 from drmas.envs.math import MathTask
 
@@ -43,8 +43,10 @@ def test_no_verdict_and_no_box_get_the_format_penalty_and_no_final_reward():
 
 def test_rounds_show_each_debater_the_others_last_argument():
     rewards, result, script = play("A</verdict>", max_turns=2)
-    assert sorted(rewards) == [("debater_a", 0), ("debater_a", 1), ("debater_b", 0), ("debater_b", 1), ("judge", 1)]
-    assert all(r[2] == 2.0 for k, r in rewards.items() if k[0] == "debater_a")  # the final reward on every sample
+    assert sorted(rewards) == [("debater_a", 0), ("debater_a", 1), ("debater_b", 0), ("debater_b", 1),
+                               ("judge", 1)]
+    # the final reward on every sample
+    assert all(r[2] == 2.0 for k, r in rewards.items() if k[0] == "debater_a")
     a_prompts, b_prompts = script.prompts("debater_a"), script.prompts("debater_b")
     assert "Debater B says" not in a_prompts[0] and f"Debater B says:\n{WRONG}" in a_prompts[1]
     assert f"Debater A says:\n{RIGHT}" in b_prompts[0]
@@ -53,9 +55,10 @@ def test_rounds_show_each_debater_the_others_last_argument():
 
 
 def test_parse_verdict_and_tree_refused_with_the_reason():
-    assert parse_verdict("<verdict>b </verdict>") == "B" and parse_verdict("<verdict>A</verdict> because") == "A"
+    assert (parse_verdict("<verdict>b </verdict>") == "B"
+            and parse_verdict("<verdict>A</verdict> because") == "A")
     assert parse_verdict("<verdict>maybe</verdict>") is None
     with pytest.raises(ValueError, match="tree candidates are scored before any verdict exists"):
-        Rollouts(DebateWorkflow(), sampling="tree", estimator="at_grpo")
+        Rollouts(DebateWorkflow(), RolloutConfig(sampling="tree", estimator="at_grpo"))
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         DebateWorkflow(max_turns=0)

@@ -25,11 +25,11 @@ class Count(TurnWorkflow):
     when the total hits the target at a stop. Proposer role reward: the digit, scaled by 0.1."""
 
     agents = ("proposer", "closer")
+    default_max_turns = 2
 
-    def __init__(self, turns=2, **kw):
+    def __init__(self, **kw):
         templates = {a: PromptTemplate(instruction=a + " {turn}") for a in self.agents}
         super().__init__(default_templates=templates, **kw)
-        self.turns = turns
 
     def tasks(self, split):
         return [Task("t", 3)]
@@ -43,12 +43,14 @@ class Count(TurnWorkflow):
     def evaluate(self, agent, states, completions):
         if agent == "proposer":
             digits = [c.text.strip() for c in completions]
-            return [Action(d.isdigit(), 0.1 * int(d) if d.isdigit() else 0.0, value=int(d) if d.isdigit() else 0)
+            return [Action(d.isdigit(), 0.1 * int(d) if d.isdigit() else 0.0,
+                           value=int(d) if d.isdigit() else 0)
                     for d in digits]
         out = []
         for st, c in zip(states, completions):
-            stop = c.text.strip() == "stop" or st.turn == self.turns - 1
-            out.append(Action(c.text.strip() in ("stop", "go"), ends=stop, team_reward=float(st.total == st.task.target)))
+            stop = c.text.strip() == "stop" or st.turn == self.max_turns - 1
+            out.append(Action(c.text.strip() in ("stop", "go"), ends=stop,
+                              team_reward=float(st.total == st.task.target)))
         return out
 
     def advance(self, agent, state, action):
@@ -79,15 +81,17 @@ def test_tree_scores_candidates_on_their_own_and_executes_the_best():
     assert rewards == [("proposer", 0, 0.1), ("proposer", 0, -0.5), ("proposer", 0, 0.3),
                        ("closer", 0, 0.0), ("closer", 0, 2.0), ("closer", 0, -0.5)]
     assert res.episodes[0].success and res.episodes[0].turns == 1
-    assert [c[2] for c in script.calls] == [3, 3] and {s.env_uid for s in res.samples} == {"t#tree"}
+    assert [c[2] for c in script.calls] == [3, 3] and {s.traj_uid for s in res.samples} == {"t#tree"}
 
 
-@pytest.mark.parametrize("role_rewards, expected", [(False, [2.0, 2.0, 2.0, 2.0]), (True, [2.0, 2.0, 2.3, 2.0])])
+@pytest.mark.parametrize("role_rewards, expected",
+                         [(False, [2.0, 2.0, 2.0, 2.0]), (True, [2.0, 2.0, 2.3, 2.0])])
 def test_parallel_rewards_every_sample_with_the_episodes_team_reward(role_rewards, expected):
     # two turns: propose 0, go; propose 3, stop -> total 3 = target
     script = by_turn({"proposer": [["0"], ["3"]], "closer": [["go"], ["stop"]]})
     res = Count(alpha=2.0, role_rewards=role_rewards).rollout([Task("t", 3)], script, n=1)
-    assert [(s.agent, s.turn) for s in res.samples] == [("proposer", 0), ("closer", 0), ("proposer", 1), ("closer", 1)]
+    assert ([(s.agent, s.turn) for s in res.samples]
+            == [("proposer", 0), ("closer", 0), ("proposer", 1), ("closer", 1)])
     assert [round(s.reward, 6) for s in res.samples] == expected
     assert all(s.team_reward == 1.0 for s in res.samples) and res.episodes[0].turns == 2
 
@@ -101,42 +105,24 @@ def test_identical_prompts_are_one_request_and_samplings_are_checked():
     class ParallelOnly(Count):
         samplings = ("parallel",)
 
-    with pytest.raises(ValueError, match="ParallelOnly runs in parallel mode only, not 'tree'"):
+    with pytest.raises(ValueError, match="ParallelOnly plays parallel sampling only, not 'tree'"):
         ParallelOnly().rollout([Task("a", 1)], script, n=2, sampling="tree")
     with pytest.raises(ValueError, match=r"sampling must be one of \['parallel', 'tree'\]"):
         Count().rollout([Task("a", 1)], script, n=2, sampling="beam")
     with pytest.raises(ValueError, match="tie_break"):
         Count(tie_break="best")
-
-
-def test_a_domain_written_with_the_old_names_plays_for_one_release():
-    """``modes`` and ``rollout(..., mode=...)`` (now ``samplings``, ``sampling``): read, with a warning."""
-    with pytest.warns(FutureWarning) as caught:
-        class Old(Count):
-            modes = ("parallel",)
-
-            def rollout(self, tasks, generate, *, n, mode="parallel", seed=0, **kw):
-                self.played = mode
-                return super().rollout(tasks, generate, n=n, sampling=mode, seed=seed, **kw)
-
-    assert [str(w.message) for w in caught] == [
-        "Old.modes is deprecated and will be removed: name it samplings",
-        "Old.rollout(..., mode=...) is deprecated and will be removed: name the argument sampling"]
-    old = Old()
-    assert old.samplings == ("parallel",)
-    res = old.rollout([Task("a", 1)], Script(lambda a, p, i: "stop"), n=2, sampling="parallel")
-    assert old.played == "parallel" and len(res.episodes) == 2
-    with pytest.raises(ValueError, match="Old runs in parallel mode only, not 'tree'"):
-        old.rollout([Task("a", 1)], Script(lambda a, p, i: "stop"), n=2, sampling="tree")
     with pytest.raises(ValueError, match=r"templates for unknown agents \['judge'\]"):
         Count(templates={"judge": PromptTemplate("x")})
+    with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
+        Count(max_turns=0)
 
 
 def test_progress_is_told_each_episode_once_as_it_finishes(capsys):
     from drmas.data.progress import EpisodeBar
 
     # both play two turns (1, go; 1, stop): a's total 2 hits its target, b's misses 3
-    script = Script(lambda a, p, i: "1" if a == "proposer" else ("stop" if p.messages[-1][1] == "closer 1" else "go"))
+    script = Script(lambda a, p, i: "1" if a == "proposer"
+                    else ("stop" if p.messages[-1][1] == "closer 1" else "go"))
     seen = []
     res = Count().rollout([Task("a", 2), Task("b", 3)], script, n=1, progress=seen.append)
     assert seen == [e.success for e in res.episodes] == [True, False]
@@ -147,3 +133,13 @@ def test_progress_is_told_each_episode_once_as_it_finishes(capsys):
     bar.close()
     assert "val" in capsys.readouterr().err  # tqdm draws on stderr
     assert not EpisodeBar(total=2, desc="off", enabled=False).active
+
+
+def test_max_turns_is_one_setting_with_each_domains_own_default():
+    from drmas.envs.debate import DebateWorkflow
+    from drmas.envs.math import SolverVerifierWorkflow
+
+    assert (SolverVerifierWorkflow().max_turns, DebateWorkflow().max_turns, Count().max_turns) == (2, 1, 2)
+    assert (SolverVerifierWorkflow(max_turns=3).max_turns, TurnWorkflow.default_max_turns) == (3, 4)
+    with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
+        DebateWorkflow(max_turns=0)

@@ -22,7 +22,8 @@ def grid_path(text):
             return seen[(r, c)]
         for dr, dc in D.values():
             n = (r + dr, c + dc)
-            if 0 <= n[0] < len(rows) and 0 <= n[1] < len(rows[0]) and rows[n[0]][n[1]] != "#" and n not in seen:
+            if (0 <= n[0] < len(rows) and 0 <= n[1] < len(rows[0]) and rows[n[0]][n[1]] != "#"
+                    and n not in seen):
                 seen[n] = seen[(r, c)] + 1
                 queue.append(n)
     return None
@@ -102,7 +103,8 @@ def sudoku_solutions(text, limit=2):
 
     def options(r, c):
         seen = set(grid[r]) | {grid[i][c] for i in range(n)}
-        seen |= {grid[i][j] for i in range(r - r % box, r - r % box + box) for j in range(c - c % box, c - c % box + box)}
+        seen |= {grid[i][j] for i in range(r - r % box, r - r % box + box)
+                 for j in range(c - c % box, c - c % box + box)}
         return [v for v in range(1, n + 1) if v not in seen]
 
     def count():
@@ -207,12 +209,14 @@ def test_plan_path_moves_and_solves():
                 seen.add(nxt.position)
                 queue.append((nxt, path + [a]))
     env.step(path)
-    assert env.solved and env.distance == 0 and env.illegal == 2 and branch.observation == start  # copies are independent
+    # copies are independent
+    assert env.solved and env.distance == 0 and env.illegal == 2 and branch.observation == start
     assert len(path) == grid_path(start)
 
 
 def test_make_names_and_sizes():
-    assert make("sokoban", seed=3, size=7, boxes=2).observation == make("sokoban", seed=3, size=7, boxes=2).observation
+    assert (make("sokoban", seed=3, size=7, boxes=2).observation
+            == make("sokoban", seed=3, size=7, boxes=2).observation)
     assert make("plan_path", seed=3).observation != make("plan_path", seed=4).observation
     with pytest.raises(KeyError, match="unknown game 'chess'; known: plan_path, sokoban, sudoku"):
         make("chess")

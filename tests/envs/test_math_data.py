@@ -337,14 +337,18 @@ def test_registry_with_the_real_datasets_library(monkeypatch: pytest.MonkeyPatch
 # ------------------------------------------------------------------------------------------
 
 
-def test_math_splits_mix_files_names_and_the_embedded_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_math_splits_mix_files_names_and_the_embedded_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
-    b.write_text(json.dumps({"problem": "2+2?", "answer": "4"}) + "\n" + json.dumps({"problem": "3+3?", "answer": "6"}) + "\n")
+    b.write_text(json.dumps({"problem": "2+2?", "answer": "4"}) + "\n"
+                 + json.dumps({"problem": "3+3?", "answer": "6"}) + "\n")
     _fake_datasets(monkeypatch, [{"question": "Q?", "answer": "#### 7"}])
     splits = math_splits(0, train=str(a), val=[str(a), str(b), "gsm8k"])
     assert [t.source for t in splits["train"]] == ["a"]
-    assert [(t.source, t.answer) for t in splits["val"]] == [("a", "2"), ("b", "4"), ("b", "6"), ("gsm8k", "7")]
+    assert ([(t.source, t.answer) for t in splits["val"]]
+            == [("a", "2"), ("b", "4"), ("b", "6"), ("gsm8k", "7")])
     assert splits["test"] == arithmetic_word_problems(seed=0)["test"]  # not given: embedded
 
 

@@ -1,5 +1,5 @@
 """The planner / tool-user team on the puzzles, driven by a scripted engine: success, failure,
-crashing and silent programs, malformed replies, and tree mode's executed candidate."""
+crashing and silent programs, malformed replies, and tree sampling's executed candidate."""
 
 from collections import deque
 
@@ -33,7 +33,8 @@ def wf():
 def test_a_tool_plan_copied_by_the_planner_solves_in_one_turn(wf):
     task = wf.tasks("train")[0]
     plan = ", ".join(shortest_plan(task.make()))
-    script = Script(lambda agent, p, i: f"print('{plan}')\n```" if agent == "tool_user" else f"{plan}</actions>")
+    script = Script(lambda agent, p, i: f"print('{plan}')\n```" if agent == "tool_user"
+                    else f"{plan}</actions>")
     result = wf.rollout([task], script, n=1, sampling="parallel")
     (ep,) = result.episodes
     assert ep.success and ep.turns == 1
@@ -55,7 +56,8 @@ def test_crashing_and_silent_programs_and_malformed_plans(wf):
     assert [s.local_reward for s in tool] == [-1.0, -1.0] and all(s.valid for s in tool)
     # an empty <actions></actions> is a malformed plan: no progress, the format penalty
     assert all(not s.valid and s.reward == pytest.approx(-0.1) for s in plans)
-    assert [p.split("It printed: ")[1].split("\n")[0] for p in script.prompts("planner")] == ["an error: exit code 3", "nothing"]
+    assert ([p.split("It printed: ")[1].split("\n")[0] for p in script.prompts("planner")]
+            == ["an error: exit code 3", "nothing"])
 
 
 def test_a_plan_cut_at_the_output_cap_is_never_used(wf):
@@ -73,7 +75,8 @@ def test_illegal_moves_change_nothing_and_are_counted(wf):
     task = wf.tasks("train")[2]
     env = task.make()
     wall = next(a for a in "UDLR" if not env.copy().apply(a))
-    script = Script(lambda agent, p, i: f"print('{wall}')\n```" if agent == "tool_user" else f"{wall}, {wall}</actions>")
+    script = Script(lambda agent, p, i: f"print('{wall}')\n```" if agent == "tool_user"
+                    else f"{wall}, {wall}</actions>")
     result = wf.rollout([task], script, n=1, sampling="parallel")
     assert result.episodes[0].info["illegal"] == 4 and result.episodes[0].info["progress"] == 0.0
     # no progress; an illegal move makes the plan invalid (the format penalty); the program itself was fine
@@ -85,7 +88,8 @@ def test_plans_are_parsed_strictly(wf):
     task = wf.tasks("train")[0]
     plan = shortest_plan(task.make())
     loose = "".join(plan).lower() + " please"  # not the documented "U, R, R" format
-    script = Script(lambda agent, p, i: f"print('{loose}')\n```" if agent == "tool_user" else f"{loose}</actions>")
+    script = Script(lambda agent, p, i: f"print('{loose}')\n```" if agent == "tool_user"
+                    else f"{loose}</actions>")
     result = wf.rollout([task], script, n=1, sampling="parallel")
     assert result.episodes[0].info["moves"] == 0  # nothing executed
     tool = next(s for s in result.samples if s.agent == "tool_user")
@@ -119,7 +123,8 @@ def test_tree_executes_the_best_candidate_and_shows_its_board(wf):
     # so -1/sqrt(3), 2/sqrt(3), -1/sqrt(3). A group keyed without the turn would pool six
     # planner samples (-0.645, 1.291), one without the agent the tool user's -1s as well.
     low, high, z = -0.1, round(1 / 3, 4), 3 ** -0.5  # an empty plan is invalid; one good step of three
-    planner = [(low, pytest.approx(-z, abs=1e-4)), (high, pytest.approx(2 * z, abs=1e-4)), (low, pytest.approx(-z, abs=1e-4))]
+    planner = [(low, pytest.approx(-z, abs=1e-4)), (high, pytest.approx(2 * z, abs=1e-4)),
+               (low, pytest.approx(-z, abs=1e-4))]
     assert got == {("tool_user", 0): [(-1.0, 0.0)] * 3, ("planner", 0): planner,
                    ("tool_user", 1): [(-1.0, 0.0)] * 3, ("planner", 1): planner}
 

@@ -42,7 +42,8 @@ def test_parsers():
 
 
 def test_agreement_on_the_right_answer_ends_the_episode(wf, task):
-    script = Script(lambda a, p, i: program(task.answer) if a == "tool_user" else f"so \\boxed{{{task.answer}}}")
+    script = Script(lambda a, p, i: program(task.answer) if a == "tool_user"
+                    else f"so \\boxed{{{task.answer}}}")
     res = wf.rollout([task], script, n=2)
     # tool +1 and reasoner 1 (local) plus alpha * team 1, for both trajectories; one turn each
     assert rewards(res) == [("tool_user", 0, 2.0), ("reasoner", 0, 2.0)] * 2
@@ -62,7 +63,8 @@ def test_disagreement_runs_every_turn_and_each_sees_the_other(wf, task):
     res = wf.rollout([task], script, n=1)
     # never agreeing: both turns are played; the final (reasoner's) answer is right, so team = 1
     # tool: wrong answer, local 0 -> 1; reasoner: right, local 1 -> 2
-    assert rewards(res) == [("tool_user", 0, 1.0), ("reasoner", 0, 2.0), ("tool_user", 1, 1.0), ("reasoner", 1, 2.0)]
+    assert rewards(res) == [("tool_user", 0, 1.0), ("reasoner", 0, 2.0),
+                            ("tool_user", 1, 1.0), ("reasoner", 1, 2.0)]
     assert res.episodes[0].success and res.episodes[0].turns == 2 and not res.episodes[0].info["agreed"]
     tool_prompts = script.prompts("tool_user")
     assert "teammate" not in tool_prompts[0]
@@ -105,7 +107,7 @@ def test_tree_scores_each_candidate_and_executes_the_best(wf, task):
     assert rewards(res) == [("tool_user", 0, -1.0), ("tool_user", 0, 0.0), ("tool_user", 0, 1.0),
                             ("reasoner", 0, -0.1), ("reasoner", 0, 0.0), ("reasoner", 0, 2.0)]
     assert [c[2] for c in script.calls] == [3, 3]
-    assert len({s.env_uid for s in res.samples}) == 1
+    assert len({s.traj_uid for s in res.samples}) == 1
     assert res.episodes[0].success and res.episodes[0].turns == 1
     adv = compute_advantages(res.samples, "at_grpo")
     for g in (adv[:3], adv[3:]):  # agent-and-turn groups have zero mean

@@ -69,7 +69,8 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
 class ScriptedServer:
     """Answers request i with script(i) -> (status, body dict); records how many came in."""
 
-    def __init__(self, script: Callable[[int], tuple[int, dict]], delay: Callable[[int], float] = lambda i: 0.0):
+    def __init__(self, script: Callable[[int], tuple[int, dict]],
+                 delay: Callable[[int], float] = lambda i: 0.0):
         self.count = 0
         self.times: list[float] = []
         lock = threading.Lock()
@@ -100,7 +101,8 @@ class ScriptedServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/retrieve"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -208,7 +210,8 @@ def test_http_client_matches_in_process_retriever(bm25: BM25Retriever, bm25_url:
 
 
 def test_server_speaks_the_search_r1_format(bm25: BM25Retriever, bm25_url: str) -> None:
-    status, data = _post(bm25_url, json.dumps({"queries": ["Everest"], "topk": 1, "return_scores": True}).encode())
+    status, data = _post(bm25_url,
+                         json.dumps({"queries": ["Everest"], "topk": 1, "return_scores": True}).encode())
     (expected,) = bm25.search(["Everest"], topk=1)[0]
     assert status == 200
     assert data == {"result": [[{"document": {"contents": CORPUS[2]}, "score": expected.score}]]}

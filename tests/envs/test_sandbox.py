@@ -335,7 +335,8 @@ loop = sb.run_python("while True: pass", timeout_s=1.5)
 orphan = sb.run_python(sys.argv[2])
 writes = sb.run_python(sys.argv[3])
 print(json.dumps({"drop": feats.drop_uid, "confined": feats.confined, "normal": normal.stdout,
-                  "loop": [loop.timed_out, loop.returncode], "orphan": orphan.stdout, "writes": writes.stdout}))
+                  "loop": [loop.timed_out, loop.returncode], "orphan": orphan.stdout,
+                  "writes": writes.stdout}))
 """
 
 _TRY_WRITES = """
@@ -460,7 +461,9 @@ print(json.dumps({"refused": refused, "allowed": allowed.stdout, "confined": sb.
 """
 
 
-def test_without_user_namespaces_programs_are_refused_unless_allowed(user_dirs: tuple[int, Path, Path]) -> None:
+def test_without_user_namespaces_programs_are_refused_unless_allowed(
+    user_dirs: tuple[int, Path, Path]
+) -> None:
     python = _unprivileged_python()
     uid, _, home = user_dirs
     proc = subprocess.run(

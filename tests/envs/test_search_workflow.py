@@ -5,18 +5,21 @@ import pytest
 from drmas.algorithms import compute_advantages
 from drmas.envs.base import ChatPrompt, Completion
 from drmas.envs.search import SearchWorkflow, contains_answer
+from drmas.records import ScriptedGenerate
 
 
-class Script:
+class Script(ScriptedGenerate):
     """A generate function whose responses come from ``fn(agent, prompt, i)`` (text after the prefill)."""
 
     def __init__(self, fn):
-        self.fn, self.calls = fn, []
+        super().__init__(fn)
+        self.calls = []
 
     def __call__(self, agent, prompts, n):
         self.calls.append((agent, list(prompts), n))
         return [
-            [Completion([7] * 4, [1, 2, 3], [-0.5] * 3, p.prefill + self.fn(agent, p, i), "stop") for i in range(n)]
+            [Completion([7] * 4, [1, 2, 3], [-0.5] * 3, p.prefill + self.fn(agent, p, i), "stop")
+             for i in range(n)]
             for p in prompts
         ]
 
@@ -59,14 +62,16 @@ def test_parallel_episode_routes_searches_and_answers(wf, task):
     assert [e.success for e in res.episodes] == [True, True]
     assert [e.turns for e in res.episodes] == [2, 2]
     traj = [s for s in res.samples if s.traj_uid == res.episodes[0].traj_uid]
-    assert [(s.agent, s.turn) for s in traj] == [("verifier", 0), ("searcher", 0), ("verifier", 1), ("answerer", 1)]
+    assert ([(s.agent, s.turn) for s in traj]
+            == [("verifier", 0), ("searcher", 0), ("verifier", 1), ("answerer", 1)])
     # team reward for every sample, no format penalty, role rewards off by default
     assert all(s.team_reward == 1.0 and s.local_reward == 0.0 and s.reward == 1.0 and s.valid for s in traj)
     # turn 0: both trajectories share the verifier prompt, so it is one request with n=2
     assert script.calls[0][0] == "verifier" and len(script.calls[0][1]) == 1 and script.calls[0][2] == 2
     # the turn-1 verifier prompt holds the executed search and its passages
     turn1 = [c for c in script.calls if c[0] == "verifier"][1][1][0]
-    assert f"<search>{task.entity}</search>" in user_msg(turn1) and contains_answer(user_msg(turn1), task.answers)
+    assert (f"<search>{task.entity}</search>" in user_msg(turn1)
+            and contains_answer(user_msg(turn1), task.answers))
     assert traj[0].text.startswith("<verify>")  # the prefill is part of the parsed text
 
 
@@ -95,8 +100,9 @@ def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task)
     script = Script(fn)
     res = wf.rollout([task], script, n=3, sampling="tree")
     s = res.samples
-    assert [(x.agent, x.turn) for x in s] == [("verifier", 0)] * 3 + [("searcher", 0)] * 3 + [("verifier", 1)] * 3 + [("answerer", 1)] * 3
-    assert len({x.env_uid for x in s}) == 1
+    assert ([(x.agent, x.turn) for x in s]
+            == [("verifier", 0)] * 3 + [("searcher", 0)] * 3 + [("verifier", 1)] * 3 + [("answerer", 1)] * 3)
+    assert len({x.traj_uid for x in s}) == 1
     # scores: verifier routing, searcher found-the-answer (-0.1 when malformed), answerer EM + alpha * team
     assert [x.reward for x in s] == [0, 1, 1, 0, 1, -0.1, 0, 1, 1, 0, 2, 2]
     # ties go to the lowest index: verifier candidate 1 ("no"), then searcher candidate 1 (the entity)
@@ -111,8 +117,9 @@ def test_tree_sampling_advances_the_real_state_with_the_best_candidate(wf, task)
 
 def test_tree_keys_never_merge_two_tasks(wf):
     tasks = list(wf.tasks("train"))[:2]
-    res = wf.rollout(tasks, Script(lambda a, p, i: "no</verify>" if a == "verifier" else "x</search>"), n=2, sampling="tree")
-    envs = {s.task_uid: {x.env_uid for x in res.samples if x.task_uid == s.task_uid} for s in res.samples}
+    res = wf.rollout(tasks, Script(lambda a, p, i: "no</verify>" if a == "verifier" else "x</search>"),
+                     n=2, sampling="tree")
+    envs = {s.task_uid: {x.traj_uid for x in res.samples if x.task_uid == s.task_uid} for s in res.samples}
     assert len(envs) == 2 and all(len(v) == 1 for v in envs.values())
     assert envs[tasks[0].uid] != envs[tasks[1].uid]
 
@@ -137,7 +144,8 @@ def test_random_tie_break_is_seeded_and_only_picks_among_the_best(task):
 
 @pytest.mark.parametrize(
     "bad",
-    ["I think the answer is yes", "yes", "x" * 10_000, "\udcff\x00\ufffd broken", "</verify><search></search>"],
+    ["I think the answer is yes", "yes", "x" * 10_000, "\udcff\x00\ufffd broken",
+     "</verify><search></search>"],
     ids=["no-tags", "unclosed", "10k-chars", "non-utf8", "empty-tags"],
 )
 def test_malformed_output_is_an_invalid_action_with_a_penalty(wf, task, bad):
@@ -156,4 +164,5 @@ def test_bad_configuration_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown agents"):
         SearchWorkflow(templates={"planner": None})
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        SearchWorkflow(train_file="nope.jsonl", val_file="nope.jsonl", test_file="nope.jsonl", corpus_file="c.jsonl")
+        SearchWorkflow(train_file="nope.jsonl", val_file="nope.jsonl", test_file="nope.jsonl",
+                       corpus_file="c.jsonl")

@@ -19,7 +19,8 @@ def test_parse_verdict():
 
 def test_approved_right_answer_ends_after_one_loop(wf):
     task = wf.tasks("train")[0]
-    script = Script(lambda a, p, i: f"so \\boxed{{{task.answer}}}" if a == "solver" else "approve</verify> ok")
+    script = Script(lambda a, p, i: f"so \\boxed{{{task.answer}}}" if a == "solver"
+                    else "approve</verify> ok")
     res = wf.rollout([task], script, n=2)
     assert [(s.agent, s.turn) for s in res.samples] == [("solver", 0), ("verifier", 0)] * 2
     assert all(s.reward == 1.0 and s.valid for s in res.samples)
@@ -48,40 +49,17 @@ def test_rejection_feeds_back_and_the_last_loop_is_unchecked(wf):
 def test_malformed_outputs_are_penalised_and_wrong_answers_get_no_team_reward(wf):
     task = wf.tasks("train")[0]
     res = wf.rollout([task], Script(lambda a, p, i: "I am not sure" if a == "solver" else "hmm"), n=1)
-    assert [(s.agent, s.valid) for s in res.samples] == [("solver", False), ("verifier", False), ("solver", False)]
+    assert ([(s.agent, s.valid) for s in res.samples]
+            == [("solver", False), ("verifier", False), ("solver", False)])
     assert all(s.reward == pytest.approx(-0.1) for s in res.samples)
     assert res.episodes[0].success is False
 
 
 def test_tree_mode_and_bad_settings_are_refused(wf):
-    with pytest.raises(ValueError, match="parallel mode only"):
+    with pytest.raises(ValueError, match="parallel sampling only"):
         wf.rollout(wf.tasks("train")[:1], Script(lambda a, p, i: ""), n=2, sampling="tree")
     with pytest.raises(ValueError, match="max_turns"):
         SolverVerifierWorkflow(max_turns=0)
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         SolverVerifierWorkflow(train_file="nope.jsonl", val_file="nope.jsonl", test_file="nope.jsonl")
 
-
-def test_renamed_arguments_are_read_for_one_release_with_a_warning(tmp_path):
-    from drmas.envs.code import CoderTesterWorkflow
-    from drmas.envs.math import ReasonerToolUserWorkflow
-    from drmas.envs.programs import SandboxSettings
-
-    with pytest.warns(FutureWarning, match="'max_loops' is now 'max_turns'"):
-        assert SolverVerifierWorkflow(max_loops=3).max_turns == 3
-    rtu = None
-    with pytest.warns(FutureWarning, match="'turns' is now 'max_turns'"):
-        rtu = ReasonerToolUserWorkflow(turns=2)
-    assert rtu.max_turns == 2
-    rtu.close()
-    missing = str(tmp_path / "gone.jsonl")
-    with pytest.warns(FutureWarning, match="'val' is now 'val_file'"), pytest.raises(FileNotFoundError, match="gone.jsonl"):
-        CoderTesterWorkflow(val=missing)  # the old name still reaches the loader
-    # the flat sandbox arguments, now one `sandbox` settings object
-    with pytest.warns(FutureWarning, match=r"'sandbox_workers' is now 'sandbox: \{workers: \.\.\.\}'"):
-        code = CoderTesterWorkflow(sandbox_workers=2)
-    assert (code.judge.runner.settings.workers, code.judge.time_limit_s) == (2, 1.0)  # the rest: the domain's
-    with pytest.warns(FutureWarning, match=r"'code_timeout_s' is now 'sandbox: \{time_limit_s: \.\.\.\}'"):
-        rtu = ReasonerToolUserWorkflow(code_timeout_s=3.0, sandbox=SandboxSettings(workers=3))
-    assert (rtu.programs.settings.time_limit_s, rtu.programs.settings.workers) == (3.0, 3)
-    rtu.close()

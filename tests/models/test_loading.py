@@ -13,7 +13,8 @@ def test_tiny_random_is_a_seeded_small_llama_with_the_smollm2_chat_template(tmp_
     cfg = model.config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim) == (2, 64, 2, 32)
     assert cfg.vocab_size == len(tok) == 49152
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in text
     assert tok.pad_token is not None
 
@@ -51,7 +52,8 @@ def test_materialise_is_atomic_when_the_build_fails(tmp_path):
 
 
 def test_unknown_names_are_clear_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown embedded model 'embedded:gpt5'; known: embedded:smollm2-135m-instruct"):
+    with pytest.raises(ValueError, match=r"unknown embedded model 'embedded:gpt5'; "
+                                         r"known: embedded:smollm2-135m-instruct"):
         load_causal_lm("embedded:gpt5")
     with pytest.raises(FileNotFoundError, match="nowhere/model"):
         load_causal_lm(str(tmp_path / "nowhere/model"))
@@ -67,7 +69,7 @@ def test_a_local_directory_loads(tmp_path):
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_embedded_smollm2_loads_trains_saves_and_answers(tmp_path):
     model, tok = load_causal_lm("embedded:smollm2-135m-instruct")
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
@@ -76,7 +78,8 @@ def test_embedded_smollm2_loads_trains_saves_and_answers(tmp_path):
     assert "quantization_config" not in cfg
 
     ids = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_tensors="pt",
+        return_dict=True
     )
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     assert "4" in tok.decode(out[0, ids["input_ids"].shape[1]:])
@@ -113,7 +116,8 @@ def test_a_deferred_policy_gets_the_same_weights_buffers_and_reference(tmp_path,
     ids = torch.tensor([[5, 9, 42, 7]])
     assert torch.equal(late.model(ids).logits, eager.model(ids).logits)  # the rotary frequencies too
     # the same checks of what the model allows, made once the weights are there
-    assert (late.chunk_tokens, late.prefix_sharing) == (eager.chunk_tokens, eager.prefix_sharing) == (1024, True)
+    assert ((late.chunk_tokens, late.prefix_sharing) == (eager.chunk_tokens, eager.prefix_sharing)
+            == (1024, True))
     # a checkpoint without safetensors files is read whole (once), with a warning
     bin_dir = tmp_path / "bin"
     eager.model.save_pretrained(bin_dir)

@@ -18,7 +18,8 @@ import torch
 # same folder: hand-set advantages on samples sharing prompt prefixes (tree- and parallel-shaped)
 from test_prefix_sharing import Fixed
 
-from drmas.engines import SamplingParams
+from drmas.algorithms import LossConfig
+from drmas.engines import GenerationParams
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy import deferred_weights
 
@@ -26,11 +27,12 @@ from drmas.modules.policy import deferred_weights
 def main(out: str, shard: bool) -> None:
     torch.manual_seed(0)
     cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=3,
-                       train_generation=SamplingParams(temperature=1.0, max_new_tokens=8))
+                       train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
     # sharded: built on the meta device, each rank reading only its rows of the weights once
     # sharded; a wrong row would change the loss and the step
     with deferred_weights(shard):
-        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None, entropy_coef=0.01)
+        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None,
+                              loss=LossConfig(entropy_coef=0.01))
     strategy = "auto"
     if shard:
         from drmas.modules.sharding import FSDP
@@ -41,7 +43,8 @@ def main(out: str, shard: bool) -> None:
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dm = Fixed(module, micro_batch_size=3)
     # the weights every run starts from: what the step moved each element by, seen from the test
-    initial = {} if shard else {n: p.detach().clone() for n, p in module.policies["p"].model.named_parameters()}
+    initial = ({} if shard
+               else {n: p.detach().clone() for n, p in module.policies["p"].model.named_parameters()})
     trainer.fit(module, datamodule=dm)
     weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                for n, p in module.policies["p"].model.named_parameters()}
@@ -58,7 +61,8 @@ def main(out: str, shard: bool) -> None:
                     "packed": sum(b.packed is not None for b in dm.batches), "shares": shares,
                     "read": module.weights_read,
                     "engine_copy": engine.model is not module.policies["p"].model, "engine_diff": engine_diff,
-                    "sharded": any(hasattr(p, "full_tensor") for p in module.policies["p"].model.parameters())}, out)
+                    "sharded": any(hasattr(p, "full_tensor")
+                                   for p in module.policies["p"].model.parameters())}, out)
 
 
 if __name__ == "__main__":

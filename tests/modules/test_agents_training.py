@@ -8,8 +8,8 @@ import torch
 
 from drmas.callbacks import RolloutStats
 from drmas.data.datamodule import RolloutDataModule
-from drmas.data.rollouts import Rollouts
-from drmas.engines import SamplingParams
+from drmas.data.rollouts import RolloutConfig, Rollouts
+from drmas.engines import GenerationParams
 from drmas.envs.agents import AgentsWorkflow
 from drmas.modules import MultiAgentRL, PolicyConfig
 
@@ -29,19 +29,23 @@ def conversation(task, client):
         model="critic", messages=[{"role": "user", "content": task["q"]},
                                   {"role": "assistant", "content": text.choices[0].message.content},
                                   {"role": "user", "content": "Is that right?"}])
-    return {"team": 1.0, "writer": -text.usage.completion_tokens / 10, "critic": -critique.usage.completion_tokens / 10}
+    return {"team": 1.0, "writer": -text.usage.completion_tokens / 10,
+            "critic": -critique.usage.completion_tokens / 10}
 
 
 def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     # two model families, two temperatures: each agent's tokens come from its own policy
     module = MultiAgentRL(policies={
-        "w": PolicyConfig(model="tiny-random", train_generation=SamplingParams(temperature=0.7, max_new_tokens=8)),
-        "c": PolicyConfig(model="tiny-random-qwen3", train_generation=SamplingParams(temperature=1.0, max_new_tokens=6),
+        "w": PolicyConfig(model="tiny-random",
+                          train_generation=GenerationParams(temperature=0.7, max_new_tokens=8)),
+        "c": PolicyConfig(model="tiny-random-qwen3",
+                          train_generation=GenerationParams(temperature=1.0, max_new_tokens=6),
                           chat_template_kwargs={"enable_thinking": False})},
         agents={"writer": "w", "critic": "c"}, engine="hf")
     wf = AgentsWorkflow(conversation, ["writer", "critic"], tasks_file, val_share=0)
     try:
-        rollouts = Rollouts(wf, estimator="drmas", group_size=2, tasks_per_iteration=2, val_tasks=0)
+        rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=2,
+                                              val_tasks=0))
         plan = rollouts.prepare(module, iteration=1)
     finally:
         wf.close()
@@ -73,8 +77,9 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
     # temperature 0.1: tiny-random's next-token distribution is uniform over 49k tokens, where no
     # few steps can move the mass of the ~9% of tokens holding a "y"; at 0.1 a few dozen tokens
     # take most of it (the trainer computes log-probs at the same temperature)
-    sampling = SamplingParams(temperature=0.1, max_new_tokens=16)
-    policies = {"w": PolicyConfig(model="tiny-random", lr=lr, micro_batch_size=32, ppo_epochs=4, train_generation=sampling)}
+    sampling = GenerationParams(temperature=0.1, max_new_tokens=16)
+    policies = {"w": PolicyConfig(model="tiny-random", lr=lr, micro_batch_size=32, ppo_epochs=4,
+                                  train_generation=sampling)}
     agents = {"writer": "w"}
     if frozen_critic:
         policies["c"] = PolicyConfig(model="tiny-random", trainable=False, train_generation=sampling)
@@ -82,12 +87,12 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
     module = MultiAgentRL(policies=policies, agents=agents, engine="hf")
     # no window: a call waits for every episode's, so the batches (and the sampled tokens) never
     # depend on how fast the threads ran
-    wf = AgentsWorkflow(conversation if frozen_critic else short_answers, list(agents), tasks_file, val_share=0,
-                        window_ms=10**7)
+    wf = AgentsWorkflow(conversation if frozen_critic else short_answers, list(agents), tasks_file,
+                        val_share=0, window_ms=10**7)
     dm = RolloutDataModule(wf, estimator="drmas", group_size=8, tasks_per_iteration=4, val_tasks=0, seed=seed)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=tmp_path, callbacks=[RolloutStats()])
+    trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path, callbacks=[RolloutStats()])
     trainer.fit(module, datamodule=dm)
     return module, [h["rollout/writer/response_tokens_mean"] for h in module.history
                     if "rollout/writer/response_tokens_mean" in h]
@@ -111,4 +116,5 @@ def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, t
     assert module.policies["c"].version == 0 and module.policies["c"].reference is None
     assert len(module.optimizers() if isinstance(module.optimizers(), list) else [module.optimizers()]) == 1
     last = [h for h in module.history if "rollout/critic/samples" in h][-1]
-    assert last["rollout/critic/samples"] == 32 and "train/c/loss" not in {k for h in module.history for k in h}
+    assert (last["rollout/critic/samples"] == 32
+            and "train/c/loss" not in {k for h in module.history for k in h})

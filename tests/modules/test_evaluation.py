@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_training_step import Fixed
 
-from drmas.engines import SamplingParams
+from drmas.engines import GenerationParams
 from drmas.evaluation import load_weights
 from drmas.modules import MultiAgentRL, PolicyConfig
 
@@ -13,7 +13,8 @@ from drmas.modules import MultiAgentRL, PolicyConfig
 def test_load_weights_restores_the_trained_policies(tmp_path):
     def module():
         torch.manual_seed(0)
-        cfg = PolicyConfig(model="tiny-random", lr=1e-2, train_generation=SamplingParams(temperature=1.0, max_new_tokens=8))
+        cfg = PolicyConfig(model="tiny-random", lr=1e-2,
+                           train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
         return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None)
 
     trained = module()

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.integration  # spawns 2 ranks (gloo) in processes of their own
 
 SCRIPT = Path(__file__).with_name("fsdp_step.py")
 
@@ -23,7 +26,8 @@ def test_a_sharded_step_equals_the_unsharded_one(tmp_path):
     single, sharded = run(tmp_path), run(tmp_path, "--shard")
     assert sharded["sharded"] and not single["sharded"]  # the 2-process run really was sharded
     assert sharded["read"] == {"p": "slices"} and single["read"] == {}  # each rank read only its rows
-    assert sharded["chunk_tokens"] == single["chunk_tokens"] == 1024  # response-only chunked log-probs in both
+    # response-only chunked log-probs in both
+    assert sharded["chunk_tokens"] == single["chunk_tokens"] == 1024
     assert sharded["packed"] >= 1 and single["packed"] >= 2  # shared prefixes packed in both
     # each rank trained its own share: together every sample once, in equal numbers of passes,
     # one of them a zero-weight padding pass

@@ -9,7 +9,7 @@ from drmas.data.batching import make_micro_batches
 from drmas.models import load_causal_lm
 from drmas.modules import PolicyConfig
 from drmas.modules.logprobs import chunked_logprobs_match, full_logprobs, response_logprobs
-from drmas.records import Sample
+from drmas.records import BatchSpec, Sample
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,8 @@ def model():
 def batch():
     # prompts of different lengths, right padding: response positions differ per row
     rows = [([1, 2, 3, 4, 5, 6], [40, 41, 42]), ([7, 8], [50, 51, 52, 53, 54]), ([9, 10, 11, 12], [60])]
-    samples = [Sample("t", str(i), str(i), "a", 0, "p", p, r, [0.0] * len(r)) for i, (p, r) in enumerate(rows)]
-    return make_micro_batches(samples, "p", 8, pad_id=0)[0]
+    samples = [Sample("t", str(i), "a", 0, "p", p, r, [0.0] * len(r)) for i, (p, r) in enumerate(rows)]
+    return make_micro_batches(samples, "p", BatchSpec(pad_id=0, micro_batch_size=8))[0]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1024])

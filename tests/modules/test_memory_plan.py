@@ -6,7 +6,8 @@ import torch
 from drmas.modules.memory import GIB, PolicyMemory, memory_plan
 from drmas.modules.sharding import FSDP, check_resume, resolve_strategy
 
-ONE_B = PolicyMemory("shared", parameters=10**9, vocab_size=100_000, chunk_tokens=1024, tokens_per_micro_batch=10**5)
+ONE_B = PolicyMemory("shared", parameters=10**9, vocab_size=100_000, chunk_tokens=1024,
+                     tokens_per_micro_batch=10**5)
 
 
 def test_plan_counts_sharded_state_logits_and_engines():
@@ -21,8 +22,8 @@ def test_plan_counts_sharded_state_logits_and_engines():
 
 
 def test_plan_refuses_what_cannot_fit_and_offloading_fits_it():
-    big = PolicyMemory("big", parameters=8 * 10**9, vocab_size=151_936, chunk_tokens=0, tokens_per_micro_batch=8192,
-                       reference=True)
+    big = PolicyMemory("big", parameters=8 * 10**9, vocab_size=151_936, chunk_tokens=0,
+                       tokens_per_micro_batch=8192, reference=True)
     text, fits = memory_plan([big], ranks=1, device_bytes=80 * GIB, engine_fractions=[0.3])
     assert not fits and "does not fit in 80.0 GiB" in text and "fsdp_offload" in text
     # 8 ranks: 8e9 x (16 + 2 reference) / 8 = 18e9 B of state plus 8192-token logits
@@ -64,12 +65,14 @@ def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):
     assert resolve_strategy("auto") == "auto"
     assert isinstance(resolve_strategy("fsdp"), FSDP) and not resolve_strategy("fsdp").cpu_offload
     assert resolve_strategy("fsdp_offload").cpu_offload
-    with pytest.raises(ValueError, match=r"--trainer.strategy 'deepspeed' is not supported; use one of: auto"):
+    with pytest.raises(ValueError,
+                       match=r"--trainer.strategy 'deepspeed' is not supported; use one of: auto"):
         resolve_strategy("deepspeed")
     ckpt = tmp_path / "last.ckpt"
     ckpt.mkdir()
     torch.save({"drmas": {"rng": [{}, {}, {}, {}]}}, ckpt / "meta.pt")
-    with pytest.raises(ValueError, match="written by 4 ranks: resume it with --trainer.strategy fsdp and 4 ranks"):
+    with pytest.raises(ValueError,
+                       match="written by 4 ranks: resume it with --trainer.strategy fsdp and 4 ranks"):
         check_resume(str(ckpt), "auto")
     check_resume(str(ckpt), FSDP())  # sharded: the rank count is checked when the state loads
     check_resume(None, "auto")

@@ -6,18 +6,20 @@ import lightning as L
 import pytest
 import torch
 
+from drmas.algorithms import LossConfig
 from drmas.data.datamodule import RolloutDataModule
-from drmas.data.rollouts import Rollouts
-from drmas.engines import SamplingParams
+from drmas.data.rollouts import RolloutConfig, Rollouts
+from drmas.engines import GenerationParams
 from drmas.envs.search import SearchWorkflow
-from drmas.modules import MultiAgentRL, PolicyConfig, VLLMConfig
+from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy import lr_factor
 
 AGENTS = ("verifier", "searcher", "answerer")
 
 
 def tiny(**kw) -> PolicyConfig:
-    return PolicyConfig(model="tiny-random", lr=1e-2, train_generation=SamplingParams(max_new_tokens=6), **kw)
+    return PolicyConfig(model="tiny-random", lr=1e-2, train_generation=GenerationParams(max_new_tokens=6),
+                        **kw)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,8 @@ def fit(module, dm, tmp_path, epochs=1):
 
 
 def test_a_non_finite_loss_skips_the_step_and_is_logged(workflow, tmp_path, caplog):
-    module = MultiAgentRL(policies={"shared": tiny(micro_batch_size=64)}, engine="hf", entropy_coef=0.1)
+    module = MultiAgentRL(policies={"shared": tiny(micro_batch_size=64)}, engine="hf",
+                          loss=LossConfig(entropy_coef=0.1))
     before = {k: v.clone() for k, v in module.policies["shared"].model.state_dict().items()}
     dm = poison(RolloutDataModule(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0))
     with caplog.at_level("WARNING"):
@@ -64,7 +67,8 @@ def test_a_non_finite_loss_skips_the_step_and_is_logged(workflow, tmp_path, capl
 
 
 def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
-    module = MultiAgentRL(policies={"shared": tiny(ppo_epochs=2)}, engine="hf", entropy_coef=0.1)
+    module = MultiAgentRL(policies={"shared": tiny(ppo_epochs=2)}, engine="hf",
+                          loss=LossConfig(entropy_coef=0.1))
     before = module.policies["shared"].model.lm_head.weight.detach().clone()
     dm = RolloutDataModule(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
     fit(module, dm, tmp_path)
@@ -76,7 +80,7 @@ def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
 
 def test_routing_with_one_policy_per_agent(workflow):
     module = MultiAgentRL(policies={a: tiny() for a in AGENTS}, engine="hf")
-    rollouts = Rollouts(workflow, group_size=2, tasks_per_iteration=2)
+    rollouts = Rollouts(workflow, RolloutConfig(group_size=2, tasks_per_iteration=2))
     plan = rollouts.prepare(module, iteration=1)  # the real module as the backend, real HF generation
     res, batches = plan.rollout, plan.micro_batches
     per_policy = {a: [s for s in res.samples if s.agent == a] for a in AGENTS}
@@ -141,39 +145,33 @@ def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
     with pytest.raises(ValueError, match=r"ask for 1.5 of it \(a 0.5, b 0.5, c 0.5\).*at most 0.33"):
         check_gpu_fractions({"a": 0.5, "b": 0.5, "c": 0.5})
     with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
-        MultiAgentRL(policies={"a": tiny()}, engine="hf", vllm=VLLMConfig(gpu_memory_utilization=1.5))
+        MultiAgentRL(policies={"a": tiny()}, engine="vllm", engine_settings={"gpu_memory_utilization": 1.5})
     with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 0"):
-        MultiAgentRL(policies={"a": tiny(engine={"gpu_memory_utilization": 0})}, engine="vllm")
-    with pytest.raises(ValueError, match=r"unknown vLLM engine setting\(s\) \['kv_cache'\] in a policy's engine; "
-                                         r"known: \['dtype', 'gpu_memory_utilization', 'kv_cache_gib'"):
-        MultiAgentRL(policies={"a": tiny(engine={"kv_cache": 1.0})}, engine="vllm")
+        MultiAgentRL(policies={"a": tiny(engine_settings={"gpu_memory_utilization": 0})}, engine="vllm")
 
 
-def test_the_old_generation_keys_are_read_for_one_release_with_a_warning():
-    from drmas.engines import SamplingParams
-
-    params = SamplingParams(temperature=0.3, max_new_tokens=7)
-    with pytest.warns(FutureWarning, match="the policy setting eval_sampling is deprecated and will be removed: "
-                                           "name it eval_generation"):
-        old = PolicyConfig(model="tiny-random", eval_sampling=params)
-    assert old.eval_generation == params and old.eval_sampling is None
-    assert old.train_generation == PolicyConfig().train_generation  # the other one keeps its default
-    for value, expected in ((3.0, 3.0), (None, None)):
-        with pytest.warns(FutureWarning, match="--model.is_cap is deprecated and will be removed: name it "
-                                               "--model.importance_cap"):
-            assert MultiAgentRL(policies={"a": tiny()}, engine="hf", is_cap=value).importance_cap == expected
-
-
-def test_the_old_per_policy_engine_keys_still_work_for_one_release_with_a_warning():
-    with pytest.warns(FutureWarning, match=r"the policy setting gpu_memory_utilization is deprecated and will be "
-                                           r"removed: use engine: \{gpu_memory_utilization: 0.25\}"):
-        old = PolicyConfig(model="tiny-random", gpu_memory_utilization=0.25, engine={"dtype": "float32"})
-    assert old.engine == {"dtype": "float32", "gpu_memory_utilization": 0.25} and old.gpu_memory_utilization is None
-    from drmas.engines.vllm_settings import engine_fractions, engine_sizes
-
-    team = {"old": old, "new": PolicyConfig(engine={"kv_cache_gib": 0.5})}
-    assert engine_fractions(team, VLLMConfig()) == {"old": 0.25, "new": 0.5}  # the rest from --model.vllm
-    assert engine_sizes(team, VLLMConfig()) == {"old": 2.0, "new": 0.5}
+def test_engine_settings_are_the_engines_own_and_unknown_keys_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown setting 'kv_cache' of engine 'vllm' "
+                                         r"in the engine_settings of policy 'a'; "
+                                         r"known: \['dtype', 'max_model_len', 'gpu_memory_utilization'"):
+        MultiAgentRL(policies={"a": tiny(engine_settings={"kv_cache": 1.0})}, engine="vllm")
+    with pytest.raises(ValueError,
+                       match=r"unknown setting 'max_len' of engine 'vllm' in --model.engine_settings"):
+        MultiAgentRL(policies={"a": tiny()}, engine="vllm", engine_settings={"max_len": 8})
+    with pytest.raises(ValueError, match=r"setting 'max_model_len' of engine 'vllm' in "
+                                         r"--model.engine_settings must be int, got 'long'"):
+        MultiAgentRL(policies={"a": tiny()}, engine="vllm", engine_settings={"max_model_len": "long"})
+    with pytest.raises(ValueError, match=r"unknown setting 'kv_cache' of engine 'hf' in "
+                                         r"--model.engine_settings; known: \[\]"):
+        MultiAgentRL(policies={"a": tiny()}, engine="hf", engine_settings={"kv_cache": 1.0})
+    # one config serves every engine: the HF engine leaves vLLM's keys to vLLM
+    assert MultiAgentRL(policies={"a": tiny()}, engine="hf",
+                        engine_settings={"kv_cache_gib": 1.0})._engine_settings is None
+    module = MultiAgentRL(policies={"a": tiny(engine_settings={"kv_cache_gib": 0.25})}, engine="vllm",
+                          engine_settings={"max_model_len": 512, "kv_cache_gib": 1})
+    # int -> float
+    assert (module._engine_settings.max_model_len, module._engine_settings.kv_cache_gib) == (512, 1.0)
+    assert module._plan_length(module.policies["a"].config) == 512  # the memory plan reads the engine's limit
 
 
 def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
@@ -184,7 +182,9 @@ def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
                                          r"more than the 6.0 GiB they may use"):
         check_kv_caches({"a": 4.0, "b": 3.0}, machine_bytes=8 * 2**30)
     with pytest.raises(ValueError, match="KV caches take"):  # this machine, through the module's own check
-        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", engine={"kv_cache_gib": 4096.0})}, engine="vllm")
+        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random",
+                                                 engine_settings={"kv_cache_gib": 4096.0})},
+                     engine="vllm")
 
 
 def test_engines_sleep_for_the_update_and_sync_wakes_them():
@@ -235,7 +235,7 @@ def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():
     """Two model families in one team: the same chat prompt becomes each family's own tokens."""
     from drmas.records import ChatPrompt
 
-    short = SamplingParams(temperature=1.0, max_new_tokens=3)
+    short = GenerationParams(temperature=1.0, max_new_tokens=3)
     m = MultiAgentRL(policies={"llama": PolicyConfig(model="tiny-random", train_generation=short),
                                "qwen": PolicyConfig(model="tiny-random-qwen3", train_generation=short,
                                                     chat_template_kwargs={"enable_thinking": False})},
@@ -247,10 +247,12 @@ def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():
     ltok, qtok = m.policies["llama"].tokenizer, m.policies["qwen"].tokenizer
     assert qtok.decode(qwen.prompt_ids) == (
         "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:")
-    assert ltok.decode(llama.prompt_ids).endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nAnswer:")
+    assert ltok.decode(llama.prompt_ids).endswith(
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\nAnswer:")
     assert qwen.prompt_ids[0] == qtok.convert_tokens_to_ids("<|im_start|>") != llama.prompt_ids[0]
     assert max(qwen.response_ids) < len(qtok) and len(qtok) > 3 * len(ltok)
-    assert (m.batch_spec("qwen").pad_id, m.batch_spec("llama").pad_id) == (qtok.pad_token_id, ltok.pad_token_id)
+    assert ((m.batch_spec("qwen").pad_id, m.batch_spec("llama").pad_id)
+            == (qtok.pad_token_id, ltok.pad_token_id))
 
 
 def test_fp16_mixed_precision_is_refused_with_the_reason():
@@ -258,14 +260,15 @@ def test_fp16_mixed_precision_is_refused_with_the_reason():
 
     for ok in ("bf16-mixed", "32-true", "32", "bf16-true"):
         check_precision(ok)
-    with pytest.raises(ValueError, match="precision '16-mixed' is not supported.*loss scaler; use bf16-mixed"):
+    with pytest.raises(ValueError,
+                       match="precision '16-mixed' is not supported.*loss scaler; use bf16-mixed"):
         check_precision("16-mixed")
 
 
 def test_prompts_of_one_call_keep_their_own_length_within_the_policys_budget():
     from drmas.records import ChatPrompt
 
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    greedy = GenerationParams(temperature=0.0, max_new_tokens=6)
     m = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", train_generation=greedy)}, engine="hf")
     m.bind_agents(["a"])
     generate = m.generate_fn(train=True)
@@ -280,7 +283,8 @@ def test_a_run_is_resumed_in_the_precision_it_started_in():
     module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
     state = {}
     module.on_save_checkpoint(state)
-    assert state["drmas"]["precision"] is None and "cores, bf16" in state["drmas"]["machine"]  # no trainer here
+    # no trainer here
+    assert state["drmas"]["precision"] is None and "cores, bf16" in state["drmas"]["machine"]
     state["drmas"]["precision"] = "bf16-mixed"
 
     class Trainer:

@@ -1,16 +1,18 @@
 """MultiAgentRL.training_step with hand-set, non-zero advantages: outcomes known in advance."""
 
 import math
+from dataclasses import replace
 
 import lightning as L
 import pytest
 import torch
 
+from drmas.algorithms import LossConfig
 from drmas.data.batching import make_micro_batches
-from drmas.engines import SamplingParams
+from drmas.engines import GenerationParams
 from drmas.hardware import fast_dtype
 from drmas.modules import MultiAgentRL, PolicyConfig
-from drmas.records import Sample
+from drmas.records import BatchSpec, Sample
 
 PROMPT = [1, 504, 2000, 31, 2]
 # four responses of different lengths; advantages of both signs
@@ -19,7 +21,7 @@ ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
 
 
 def samples(advantages=ADVANTAGES):
-    return [Sample("t", f"j{i}", f"j{i}", "a", 0, "p", PROMPT, r, [0.0] * len(r), advantage=a)
+    return [Sample("t", f"j{i}", "a", 0, "p", PROMPT, r, [0.0] * len(r), advantage=a)
             for i, (r, a) in enumerate(zip(RESPONSES, advantages))]
 
 
@@ -34,8 +36,8 @@ class Fixed(L.LightningDataModule):
         module, mbs, epochs, adv = self.args
         spec = module.batch_spec("p")
         batches = [b for e in range(epochs)
-                   for b in make_micro_batches(samples(adv), "p", mbs, spec.pad_id, spec.agg, e,
-                                               prefix_sharing=spec.prefix_sharing)]
+                   for b in make_micro_batches(samples(adv), "p", replace(spec, micro_batch_size=mbs),
+                                               ppo_epoch=e)]
         return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda x: x)
 
 
@@ -46,29 +48,31 @@ class Grads(L.Callback):
         self.steps = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.steps.append({n: p.grad.detach().clone() for n, p in pl_module.policies["p"].model.named_parameters()
+        self.steps.append({n: p.grad.detach().clone()
+                           for n, p in pl_module.policies["p"].model.named_parameters()
                            if p.grad is not None})
 
 
 def module(agg="token-mean", lr=1e-3, ppo_epochs=1, clip=0.2, micro_batch_size=4, kl_coef=0.0):
     torch.manual_seed(0)
-    cfg = PolicyConfig(model="tiny-random", lr=lr, grad_clip=0.0, ppo_epochs=ppo_epochs, micro_batch_size=micro_batch_size,
-                       train_generation=SamplingParams(temperature=1.0, max_new_tokens=8))
-    return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", agg=agg, importance_cap=None,
-                        clip_low=clip, clip_high=clip, kl_coef=kl_coef)
+    cfg = PolicyConfig(model="tiny-random", lr=lr, grad_clip=0.0, ppo_epochs=ppo_epochs,
+                       micro_batch_size=micro_batch_size,
+                       train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
+    return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None,
+                        loss=LossConfig(clip_low=clip, clip_high=clip, agg=agg, kl_coef=kl_coef))
 
 
 def fit(m, micro_batch_size, ppo_epochs=1, callbacks=(), advantages=ADVANTAGES, iterations=1):
-    trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=list(callbacks))
+    trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=list(callbacks))
     trainer.fit(m, datamodule=Fixed(m, micro_batch_size, ppo_epochs, advantages))
     return trainer
 
 
 def sequence_logprobs(m) -> list[float]:
     """Mean response-token log-prob of each sample under the current weights."""
-    b = make_micro_batches(samples(), "p", 8, m.batch_spec("p").pad_id)[0]
+    b = make_micro_batches(samples(), "p", BatchSpec(pad_id=m.batch_spec("p").pad_id, micro_batch_size=8))[0]
     with torch.no_grad():
         logp, _ = m.token_logprobs(m.policies["p"], b, 1.0)
     per_row = (logp * b.response_mask).sum(-1) / b.response_mask.sum(-1)
@@ -148,7 +152,8 @@ class ByAgent(L.LightningDataModule):
         for i, x in enumerate(s):
             x.agent = "a" if i % 2 == 0 else "b"
         spec = self.module.batch_spec("p")
-        batches = make_micro_batches(s, "p", 1, spec.pad_id, spec.agg, by_agent=spec.by_agent)
+        batches = make_micro_batches(s, "p", BatchSpec(pad_id=spec.pad_id, micro_batch_size=1, agg=spec.agg,
+                                                       by_agent=spec.by_agent))
         if self.only is not None:
             batches = [b for b in batches if b.agent == self.only]
             for b in batches:
@@ -162,14 +167,15 @@ def test_per_agent_grad_norms_are_each_agents_own_gradient():
         m = module(micro_batch_size=1)
         m.agent_grad_norms = True
         grads = Grads()
-        trainer = L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[grads])
+        trainer = L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[grads])
         trainer.fit(m, datamodule=ByAgent(m, only))
         return m, grads.steps[0]
 
     def norm(grad):
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grad.values()])))
+        return float(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g) for g in grad.values()])))
 
     both, total = run()
     logged = both.history[-1]

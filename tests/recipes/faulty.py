@@ -120,17 +120,23 @@ if "engine_error" in faults or "sigterm_rollout" in faults:
 
     def failing_generate_fn(self, train):
         inner = generate_fn(self, train)
+        module = self
 
-        def generate(agent, prompts, n):
-            if due("sigterm_rollout", self) and not state.get("sent"):
-                state["sent"] = True
-                os.kill(os.getpid(), signal.SIGTERM)
-            elif due("engine_error", self):
-                engine = self._engine(self.policy_of(agent))
-                engine.generate = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error: device lost"))
-            return inner(agent, prompts, n)
+        class Failing:  # the trainer's generate function, failing on cue
+            train = inner.train
+            settings, prompt_tokens, check_stop = inner.settings, inner.prompt_tokens, inner.check_stop
 
-        return generate
+            def __call__(self, agent, prompts, n):
+                if due("sigterm_rollout", module) and not state.get("sent"):
+                    state["sent"] = True
+                    os.kill(os.getpid(), signal.SIGTERM)
+                elif due("engine_error", module):
+                    engine = module._engine(module.policy_of(agent))
+                    engine.generate = lambda *a, **k: (_ for _ in ()).throw(
+                    RuntimeError("CUDA error: device lost"))
+                return inner(agent, prompts, n)
+
+        return Failing()
 
     MultiAgentRL.generate_fn = failing_generate_fn
 

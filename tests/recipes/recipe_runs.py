@@ -27,7 +27,8 @@ def run_recipe(recipe: str, tmp: Path, *args: str, check: bool = True) -> subpro
             "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *args]
     proc = run_script(argv, cwd=tmp)
     if check and proc.returncode != 0:
-        raise AssertionError(f"recipe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"recipe failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 
@@ -78,6 +79,7 @@ def check_run(tmp: Path, agents: tuple[str, ...], iterations: int = 2, policy: s
 
     saved = AutoModelForCausalLM.from_pretrained(os.path.join(d, "hf", f"iter_{iterations}", policy))
     start = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-random"))
-    moved = [n for (n, a), (_, b) in zip(saved.state_dict().items(), start.state_dict().items()) if not torch.equal(a, b)]
+    moved = [n for (n, a), (_, b) in zip(saved.state_dict().items(), start.state_dict().items())
+             if not torch.equal(a, b)]
     assert moved, "no weight changed"
     return s

@@ -3,18 +3,23 @@
 import subprocess
 import sys
 
+import pytest
 from recipe_runs import ROOT
+
+pytestmark = pytest.mark.integration  # runs bench/baselines.py, and the recipes, in processes of their own
 
 
 def test_two_rows_of_the_baselines_matrix(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "baselines.py"), "--recipe", "math",
-           "--config", str(ROOT / "configs" / "tiny_random.yaml"), "--rows", "prompt_only", "drmas", "at_grpo",
+           "--config", str(ROOT / "configs" / "tiny_random.yaml"),
+           "--rows", "prompt_only", "drmas", "at_grpo",
            "--seeds", "0", "--iterations", "1", "--val_every", "1", "--model", "tiny-random",
            "--out", str(tmp_path / "bl"), "--", "--model.engine", "hf"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "bl" / "baselines.md").read_text()
-    assert "| prompt_only | 0.000 ± 0.000 | - | 1 |" in table and "| drmas | 0.000 ± 0.000 | 0.000 ± 0.000 | 1 |" in table
+    assert ("| prompt_only | 0.000 ± 0.000 | - | 1 |" in table
+            and "| drmas | 0.000 ± 0.000 | 0.000 ± 0.000 | 1 |" in table)
     # the trained row did not evaluate its initial weights again: its iteration-0 point is prompt_only's
     from drmas.plots import read_scalars
 

@@ -6,12 +6,14 @@ from recipe_runs import check_run, run_recipe
 
 from drmas.engines import vllm_available
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 AGENTS = ("coder", "tester")
 
 
 def run(tmp, *args):
     # the random model's rewards are mostly equal: the entropy bonus makes weights move
-    return run_recipe("code", tmp, "--model.entropy_coef", "0.01", *args)
+    return run_recipe("code", tmp, "--model.loss.entropy_coef", "0.01", *args)
 
 
 def test_code_with_the_hf_engine_in_tree_mode_one_model_per_agent_and_the_swap_probe(tmp_path):
@@ -42,7 +44,8 @@ def test_a_coder_that_writes_the_reference_solution_passes_every_golden_test(tmp
     from recipe_runs import ROOT, TINY
 
     argv = [str(ROOT / "tests" / "recipes" / "oracle.py"), "code", "fit", *TINY, "--model.engine", "oracle",
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--model.entropy_coef", "0.01"]
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+            "--model.loss.entropy_coef", "0.01"]
     proc = run_script(argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     s = check_run(tmp_path, AGENTS)

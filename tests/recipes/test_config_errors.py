@@ -7,6 +7,8 @@ import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 MISTAKES = {
     "unknown estimator": ("math", ["--data.estimator", "grpoo"], "unknown estimator 'grpoo'; known: "),
     "unknown game": ("games", ["--data.workflow.init_args.game", "chess"],
@@ -15,7 +17,8 @@ MISTAKES = {
                                            "does not support sampling='tree'; it supports: parallel"),
     "a missing file": ("math", ["--data.workflow.init_args.train_file", "nowhere.jsonl"],
                        "train data 'nowhere.jsonl': no such file"),
-    "an agent without a policy": ("math", ["--model.policies", "{a: {model: tiny-random}, b: {model: tiny-random}}"],
+    "an agent without a policy": ("math",
+                                  ["--model.policies", "{a: {model: tiny-random}, b: {model: tiny-random}}"],
                                   "agent 'solver' has no policy: set --model.agents"),
     "a misspelt key": ("math", ["--data.grup_size", "2"], "grup_size"),
 }

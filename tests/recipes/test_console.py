@@ -1,12 +1,16 @@
 """What a user reads: a tiny-random run prints drmas's own lines only (the precision, one line per
 policy, the summary); ``--verbose`` brings the third-party notes back."""
 
+import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 
 def run(tmp, *args):
-    argv = [str(ROOT / "recipes" / "math.py"), "fit", *TINY, "--trainer.logger.init_args.save_dir", str(tmp / "runs"),
+    argv = [str(ROOT / "recipes" / "math.py"), "fit", *TINY,
+            "--trainer.logger.init_args.save_dir", str(tmp / "runs"),
             "--model.engine", "hf", "--trainer.max_epochs", "1", "--data.val_tasks", "1", *args]
     proc = run_script(argv, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -15,9 +19,11 @@ def run(tmp, *args):
 
 def test_the_console_shows_drmas_lines_only_unless_verbose(tmp_path):
     lines = run(tmp_path)
-    assert lines[0].startswith("precision: ") and lines[1].startswith("policy shared: tiny-random, 3.2M parameters")
+    assert (lines[0].startswith("precision: ")
+            and lines[1].startswith("policy shared: tiny-random, 3.2M parameters"))
     noise = [line for line in lines if any(s in line for s in (
-        "Warning", "warn", "GPU available", "Tip", "FLOPs", "Seed set", "Loading weights", "Trainer.fit", "%|"))]
+        "Warning", "warn", "GPU available", "Tip", "FLOPs", "Seed set", "Loading weights", "Trainer.fit",
+        "%|"))]
     assert noise == []
     # measured: 22 lines (2 at start, the summary of 3 paths, the agent table and 10 val lines,
     # the HF export and the grad-norm plot)

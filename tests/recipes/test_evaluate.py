@@ -9,7 +9,10 @@ import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY, run_dir, run_recipe, scalars
 
-GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_generation.temperature", "0", "--data.val_tasks", "2"]
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
+GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_generation.temperature", "0",
+          "--data.val_tasks", "2"]
 
 
 def evaluate(tmp, subcommand, *args):
@@ -26,7 +29,7 @@ def read_record(tmp, split):
 
 def test_validate_a_checkpoint_and_test_an_hf_export(tmp_path):
     # a learning rate that changes the random model's greedy answers in one step
-    run_recipe("math", tmp_path, *GREEDY, "--model.entropy_coef", "0.01", "--trainer.max_epochs", "1",
+    run_recipe("math", tmp_path, *GREEDY, "--model.loss.entropy_coef", "0.01", "--trainer.max_epochs", "1",
                "--model.policies.shared.lr", "0.05")
     fit_dir = run_dir(tmp_path)
     final = {tag: points[1] for tag, points in scalars(fit_dir).items() if tag.startswith("val/")}
@@ -47,4 +50,5 @@ def test_validate_a_checkpoint_and_test_an_hf_export(tmp_path):
     evaluate(tmp_path, "test", "--model.policies.shared.model", export)
     record = json.loads(open(os.path.join(run_dir(tmp_path), "eval_test.json")).read())
     assert record["split"] == "test" and record["ckpt_path"] is None
-    assert {"test/avg@2", "test/pass@2", "test/success_rate", "test/turns_mean", "test/solver/valid_ratio"} <= set(record["scalars"])
+    assert ({"test/avg@2", "test/pass@2", "test/success_rate", "test/turns_mean", "test/solver/valid_ratio"}
+            <= set(record["scalars"]))

@@ -7,13 +7,16 @@ sharded checkpoint's completion and its swap resumes, through ``--ckpt_path last
 import os
 import time
 
+import pytest
 import torch
 from recipe_runs import run_dir, scalars
 from safetensors.torch import load_file
 from test_resume import run_faulty
 
-FSDP = ["--trainer.devices", "2", "--trainer.strategy", "fsdp", "--model.engine", "hf", "--data.val_tasks", "0",
-        "--model.entropy_coef", "0.01"]
+pytestmark = pytest.mark.integration  # runs the recipe in processes of its own, on 2 ranks
+
+FSDP = ["--trainer.devices", "2", "--trainer.strategy", "fsdp", "--model.engine", "hf",
+        "--data.val_tasks", "0", "--model.loss.entropy_coef", "0.01"]
 
 
 def exits(folder, ranks=2, wait=60.0) -> dict[int, tuple[int, float]]:
@@ -29,7 +32,8 @@ def exits(folder, ranks=2, wait=60.0) -> dict[int, tuple[int, float]]:
 
 
 def saved_iteration(ckpt: str) -> int:
-    return torch.load(os.path.join(ckpt, "meta.pt"), map_location="cpu", weights_only=True)["drmas"]["iteration"]
+    return torch.load(os.path.join(ckpt, "meta.pt"), map_location="cpu",
+                      weights_only=True)["drmas"]["iteration"]
 
 
 def hf_weights(tmp, iteration):
@@ -40,7 +44,8 @@ def test_nan_then_sigterm_on_rank_1_alone(tmp_path):
     (tmp_path / "exits").mkdir()
     stamp = tmp_path / "sent"
     env = {"FAULT_RANK": "1", "FAULT_STAMP": str(stamp), "FAULT_EXITS": str(tmp_path / "exits")}
-    proc = run_faulty("nan_loss@2,sigterm_update", 3, tmp_path, *FSDP, "--hf_checkpoint.every_n_iterations", "1",
+    proc = run_faulty("nan_loss@2,sigterm_update", 3, tmp_path, *FSDP,
+                      "--hf_checkpoint.every_n_iterations", "1",
                       "--model.policies.shared.micro_batch_size", "1",  # several micro-batches per rank
                       env=env)
     assert proc.returncode == 143, proc.stderr[-4000:]
@@ -54,11 +59,13 @@ def test_nan_then_sigterm_on_rank_1_alone(tmp_path):
     # SIGTERM on rank 1 alone in iteration 3's update: both ranks stop with 143, soon after it
     ended = exits(tmp_path / "exits")
     assert sorted(ended) == [0, 1] and {code for code, _ in ended.values()} == {143}, ended
-    print("SIGTERM to each rank's exit (s):", {r: round(t - float(stamp.read_text()), 1) for r, (_, t) in ended.items()})
+    print("SIGTERM to each rank's exit (s):",
+          {r: round(t - float(stamp.read_text()), 1) for r, (_, t) in ended.items()})
     ckpt = os.path.join(run_dir(tmp_path), "checkpoints", "last.ckpt")
     assert saved_iteration(ckpt) == 2  # the checkpoint of the last whole iteration, none partial
     assert not [f for f in os.listdir(os.path.dirname(ckpt)) if f.startswith(".")]
-    assert f"drmas: preempted (SIGTERM) during iteration 3; the last checkpoint is {ckpt} (iteration 2)" in proc.stderr
+    assert (f"drmas: preempted (SIGTERM) during iteration 3; the last checkpoint is {ckpt} "
+            "(iteration 2)") in proc.stderr
 
 
 def test_a_kill_before_the_checkpoint_swap_resumes_from_it_and_sigterm_on_both_ranks(tmp_path):
@@ -70,8 +77,8 @@ def test_a_kill_before_the_checkpoint_swap_resumes_from_it_and_sigterm_on_both_r
     # resumed through --ckpt_path last: from iteration 2's checkpoint, the newest whole one; both
     # ranks get SIGTERM at the first request of iteration 4 and stop together
     (tmp_path / "exits").mkdir()
-    proc = run_faulty("sigterm_rollout", 4, tmp_path, *FSDP, "--trainer.max_epochs", "5", "--ckpt_path", "last",
-                      env={"FAULT_EXITS": str(tmp_path / "exits")})
+    proc = run_faulty("sigterm_rollout", 4, tmp_path, *FSDP, "--trainer.max_epochs", "5",
+                      "--ckpt_path", "last", env={"FAULT_EXITS": str(tmp_path / "exits")})
     assert proc.returncode == 143, proc.stderr[-4000:]
     assert f"--ckpt_path last: resuming from {os.path.join(folder, 'last.ckpt')}" in proc.stdout
     assert saved_iteration(os.path.join(folder, "last.ckpt")) == 2 and not os.path.exists(

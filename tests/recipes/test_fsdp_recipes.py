@@ -4,9 +4,12 @@ sharded policies, sharded checkpoints and resume, as a user runs them."""
 import math
 import os
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from recipe_runs import check_run, run_dir, run_recipe, scalars
+
+pytestmark = pytest.mark.integration  # runs the recipe in processes of its own, on 2 ranks
 
 AGENTS = ("verifier", "searcher", "answerer")
 FSDP = ["--trainer.devices", "2", "--trainer.strategy", "fsdp"]
@@ -17,7 +20,7 @@ def meta(ckpt: str) -> dict:
 
 
 def test_search_on_two_ranks_logs_every_rank_and_checkpoints_shards(tmp_path):
-    run_recipe("search", tmp_path, *FSDP, "--model.engine", "hf", "--model.entropy_coef", "0.01")
+    run_recipe("search", tmp_path, *FSDP, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01")
     check_run(tmp_path, AGENTS)
     first = run_dir(tmp_path)
     s = scalars(first)
@@ -32,8 +35,8 @@ def test_search_on_two_ranks_logs_every_rank_and_checkpoints_shards(tmp_path):
     assert state["iteration"] == 2 and len(state["rng"]) == 2  # each rank's random state
 
     # a sharded checkpoint without sharding: one line naming what to do, not IsADirectoryError
-    proc = run_recipe("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "3", "--ckpt_path", ckpt,
-                      check=False)
+    proc = run_recipe("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "3",
+                      "--ckpt_path", ckpt, check=False)
     assert proc.returncode != 0
     assert "is a sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp" in proc.stderr
 
@@ -41,7 +44,7 @@ def test_search_on_two_ranks_logs_every_rank_and_checkpoints_shards(tmp_path):
 def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path):
     # no validation: the 2-iteration run would validate at its end and draw random numbers
     # that the 3-iteration run draws later
-    args = (*FSDP, "--model.engine", "hf", "--model.entropy_coef", "0.01", "--data.val_tasks", "0")
+    args = (*FSDP, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01", "--data.val_tasks", "0")
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     run_recipe("search", full, *args, "--trainer.max_epochs", "3")
@@ -56,7 +59,8 @@ def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path
     for key in compared:  # each rank's random state and optimiser shard restored: same numbers
         assert got[key][3] == want[key][3], key
     # and the same final weights in the HF export
-    final = [load_file(os.path.join(run_dir(d), "hf", "iter_3", "shared", "model.safetensors")) for d in (full, part)]
+    final = [load_file(os.path.join(run_dir(d), "hf", "iter_3", "shared", "model.safetensors"))
+             for d in (full, part)]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
@@ -64,7 +68,7 @@ def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path
 def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
     policies = "{solver: {model: tiny-random, lr: 1.0e-3}, verifier: {model: tiny-random, lr: 1.0e-3}}"
     proc = run_recipe("math", tmp_path, *FSDP, "--model.engine", "vllm", "--model.policies", policies,
-                      "--model.entropy_coef", "0.01", "--data.tasks_per_iteration", "3")
+                      "--model.loss.entropy_coef", "0.01", "--data.tasks_per_iteration", "3")
     # each rank built its own engines, once, as its LLM was asked for them (on CPU: vLLM's
     # single-process executor in the rank's own process; on GPUs external_launcher on cuda:<local rank>)
     built = sorted(line for line in proc.stdout.splitlines() if " vLLM engine of policy " in line)
@@ -83,4 +87,5 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
 def test_unknown_strategy_names_the_accepted_ones(tmp_path):
     proc = run_recipe("math", tmp_path, "--trainer.strategy", "ddp", check=False)
     assert proc.returncode != 0
-    assert "--trainer.strategy 'ddp' is not supported; use one of: auto" in proc.stderr and "fsdp" in proc.stderr
+    assert ("--trainer.strategy 'ddp' is not supported; use one of: auto" in proc.stderr
+            and "fsdp" in proc.stderr)

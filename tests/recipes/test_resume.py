@@ -17,8 +17,10 @@ from recipe_runs import ROOT, TINY, run_dir, scalars
 from recipe_runs import run_recipe as _run
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 # cosine decay with one warm-up iteration over 4 iterations: the lr differs every iteration
-COMMON = ["--model.engine", "hf", "--model.entropy_coef", "0.01", "--trainer.max_epochs", "4",
+COMMON = ["--model.engine", "hf", "--model.loss.entropy_coef", "0.01", "--trainer.max_epochs", "4",
           "--model.policies.shared.lr_schedule", "cosine", "--model.policies.shared.warmup_iterations", "1",
           "--data.val_tasks", "1"]
 TAGS = ("train/shared/lr", "train/shared/loss", "train/shared/grad_norm", "train/shared/entropy",
@@ -80,8 +82,9 @@ def test_sigterm_stops_at_the_next_micro_batch_and_the_run_resumes(tmp_path, uni
     stopped = time.time() - float(stamp.read_text())
     assert proc.returncode == 143, proc.stderr[-3000:]  # as a process killed by SIGTERM: requeue me
     ckpt = str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")
-    assert (f"drmas: preempted (SIGTERM) during iteration 3; the last checkpoint is {ckpt} (iteration 2); resume "
-            f"with --ckpt_path {ckpt} (or --ckpt_path last); the unfinished iteration is played again") in proc.stderr
+    assert (f"drmas: preempted (SIGTERM) during iteration 3; the last checkpoint is {ckpt} (iteration 2); "
+            f"resume with --ckpt_path {ckpt} (or --ckpt_path last); "
+            "the unfinished iteration is played again") in proc.stderr
     assert saved_iteration(ckpt) == 2 and not os.path.exists(os.path.join(run_dir(tmp_path), "hf", "iter_4"))
     print(f"SIGTERM to exit: {stopped:.1f} s")  # one micro-batch and the teardown; no wall-clock assert
     _run("search", tmp_path, *COMMON, "--ckpt_path", "last")
@@ -102,7 +105,8 @@ def test_a_kill_while_checkpoints_are_written_leaves_the_previous_ones(tmp_path)
     assert proc.returncode == -9, proc.stderr[-3000:]
     root = os.path.join(run_dir(hf), "hf")
     assert open(os.path.join(root, "latest")).read().strip() == "iter_1"
-    assert sorted(os.listdir(root))[0].startswith(".iter_2.tmp-") and not os.path.exists(os.path.join(root, "iter_2"))
+    assert (sorted(os.listdir(root))[0].startswith(".iter_2.tmp-")
+            and not os.path.exists(os.path.join(root, "iter_2")))
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(os.path.join(root, "iter_1", "shared"))  # loads
     with pytest.raises(Exception):  # what the kill left behind is indeed broken
@@ -113,10 +117,12 @@ def test_an_engine_failure_names_the_agent_and_policy_after_the_last_checkpoint(
     proc = run_faulty("engine_error", 2, tmp_path)
     assert proc.returncode == 1
     assert re.search(r"EngineError: the hf engine of policy 'shared' failed generating for agent 'verifier' "
-                     r"\(\d+ prompts x \d+\): RuntimeError: CUDA error: device lost", proc.stderr), proc.stderr[-3000:]
+                     r"\(\d+ prompts x \d+\): RuntimeError: CUDA error: device lost",
+                     proc.stderr), proc.stderr[-3000:]
     ckpt = str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")
     assert saved_iteration(ckpt) == 1
-    assert f"drmas: stopped by EngineError during iteration 2; the last checkpoint is {ckpt} (iteration 1)" in proc.stderr
+    assert (f"drmas: stopped by EngineError during iteration 2; the last checkpoint is {ckpt} "
+            "(iteration 1)") in proc.stderr
 
 
 def test_sigterm_during_a_rollout_stops_before_the_next_request(tmp_path):
@@ -124,19 +130,23 @@ def test_sigterm_during_a_rollout_stops_before_the_next_request(tmp_path):
     assert proc.returncode == 143, proc.stderr[-3000:]
     ckpt = str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")
     assert saved_iteration(ckpt) == 1
-    assert f"drmas: preempted (SIGTERM) during iteration 2; the last checkpoint is {ckpt} (iteration 1)" in proc.stderr
-    assert sorted(scalars(run_dir(tmp_path))["rollout/success_rate"]) == [1]  # iteration 2's rollout never finished
+    assert (f"drmas: preempted (SIGTERM) during iteration 2; the last checkpoint is {ckpt} "
+            "(iteration 1)") in proc.stderr
+    # iteration 2's rollout never finished
+    assert sorted(scalars(run_dir(tmp_path))["rollout/success_rate"]) == [1]
 
 
 def test_ckpt_path_last_without_a_checkpoint_starts_fresh(tmp_path):
-    proc = _run("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "1", "--ckpt_path", "last")
-    assert "--ckpt_path last: no checkpoint matches" in proc.stdout and "starting from the beginning" in proc.stdout
+    proc = _run("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "1",
+                "--ckpt_path", "last")
+    assert ("--ckpt_path last: no checkpoint matches" in proc.stdout
+            and "starting from the beginning" in proc.stdout)
     assert sorted(scalars(run_dir(tmp_path))["rollout/success_rate"]) == [1]
 
 
 def test_stale_rollouts_are_refused(tmp_path):
-    proc = _run("search", tmp_path, "--model.engine", "hf", "--trainer.reload_dataloaders_every_n_epochs", "2",
-                check=False)
+    proc = _run("search", tmp_path, "--model.engine", "hf",
+                "--trainer.reload_dataloaders_every_n_epochs", "2", check=False)
     assert proc.returncode != 0
     assert "reload_dataloaders_every_n_epochs must be 1 (one rollout per iteration), got 2" in proc.stderr
 

@@ -10,13 +10,15 @@ from recipe_runs import run_recipe as _run
 from drmas.engines import vllm_available
 from drmas.hardware import default_precision
 
+pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
+
 AGENTS = ("verifier", "searcher", "answerer")
 # The random model never writes a valid action, so every reward is the same penalty and every
 # advantage is 0; a small entropy bonus gives the update a real gradient so weights must move.
 
 
 def run(tmp, *args, check=True):
-    return _run("search", tmp, "--model.entropy_coef", "0.01", *args, check=check)
+    return _run("search", tmp, "--model.loss.entropy_coef", "0.01", *args, check=check)
 
 
 def test_parallel_sampling_with_the_hf_engine(tmp_path):
@@ -35,7 +37,7 @@ def test_parallel_sampling_with_the_hf_engine(tmp_path):
 def test_tree_sampling_with_at_grpo(tmp_path):
     run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo")
     s = check_run(tmp_path, AGENTS)
-    # tree mode: group_size candidates at every node, one executed trajectory per task
+    # tree sampling: group_size candidates at every node, one executed trajectory per task
     assert s["rollout/verifier/samples"][1] % 2 == 0
 
 
@@ -53,8 +55,10 @@ def test_a_team_of_two_model_families_and_lora_adapters_on_one_base(tmp_path):
     """The verifier and the searcher train LoRA adapters on one shared Llama base (SmolLM2's
     tokenizer); the answerer is a Qwen3 with Qwen's tokenizer and chat template, fully trained."""
     sampling = "train_generation: {max_new_tokens: 8}"
-    lora = f"model: tiny-random, lr: 1.0e-3, lora: {{rank: 4, target_modules: [q_proj, v_proj]}}, share_base: true, {sampling}"
-    policies = (f"{{verifier: {{{lora}}}, searcher: {{{lora}}}, answerer: {{model: tiny-random-qwen3, lr: 1.0e-3, "
+    lora = (f"model: tiny-random, lr: 1.0e-3, lora: {{rank: 4, target_modules: [q_proj, v_proj]}}, "
+            f"share_base: true, {sampling}")
+    policies = (f"{{verifier: {{{lora}}}, searcher: {{{lora}}}, "
+                f"answerer: {{model: tiny-random-qwen3, lr: 1.0e-3, "
                 f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}}}")
     proc = run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--data.val_tasks", "0",
                "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))

@@ -10,14 +10,18 @@ import subprocess
 import sys
 import time
 
+import pytest
 from recipe_runs import ROOT
 
 from drmas.plots import read_scalars
 
+pytestmark = pytest.mark.integration  # runs bench/study.py, and the recipe, in processes of their own
+
 
 def test_a_killed_study_continues_and_refuses_another_precision(tmp_path):
     out = tmp_path / "study"
-    cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--config", str(ROOT / "configs" / "tiny_random.yaml"),
+    cmd = [sys.executable, str(ROOT / "bench" / "learning.py"),
+           "--config", str(ROOT / "configs" / "tiny_random.yaml"),
            "--seeds", "0", "--iterations", "3", "--val_every", "3", "--val_tasks", "1", "--val_k", "2",
            "--out", str(out), "--", "--model.engine", "hf"]
     run = out / "main" / "seed0"
@@ -39,7 +43,8 @@ def test_a_killed_study_continues_and_refuses_another_precision(tmp_path):
     (run / "run.json").write_text(json.dumps({**record, "precision": other}))
     refused = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0
-    assert f"main-seed0 started in {other} on" in refused.stderr and "two precisions in one curve" in refused.stderr
+    assert (f"main-seed0 started in {other} on" in refused.stderr
+            and "two precisions in one curve" in refused.stderr)
     (run / "run.json").write_text(json.dumps(record))
 
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)

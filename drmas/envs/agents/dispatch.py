@@ -30,8 +30,6 @@ class Dispatcher:
 
     def __init__(self, inbox: queue.Queue, generate: GenerateFn, window_s: float) -> None:
         self.inbox, self.generate, self.window_s = inbox, generate, window_s
-        self._tokens: Callable[..., int] | None = getattr(generate, "prompt_tokens", None)
-        self._check_stop: Callable[[], None] | None = getattr(generate, "check_stop", None)
         self.counts: dict[str, float] = defaultdict(float)
 
     def run(self, runs: Sequence[EpisodeRun], on_end: Callable[[EpisodeRun], None] | None = None) -> None:
@@ -61,8 +59,7 @@ class Dispatcher:
                     self._serve(pending)
                     pending, first_at = [], None
                     continue
-                if self._check_stop is not None:
-                    self._check_stop()  # a preemption ends the rollout even while no episode calls
+                self.generate.check_stop()  # a preemption ends the rollout even while no episode calls
                 wait = _POLL_S if first_at is None else max(0.0, first_at + self.window_s - now)
                 deadlines = [run.deadline - now for run in runs if run.running]
                 for item in self._take(min([wait, *deadlines, _POLL_S])):
@@ -94,10 +91,12 @@ class Dispatcher:
     def _fits(self, call: Call) -> bool:
         """Whether the prompt and its response fit the agent's context (else it is answered 400)."""
         settings = (call.session.settings or {}).get(call.request.agent)
-        if self._tokens is None or settings is None or settings.context_length is None:
+        if settings is None or settings.context_length is None:
             return True
         prompt = call.request.prompt
-        tokens = self._tokens(call.request.agent, prompt)
+        tokens = self.generate.prompt_tokens(call.request.agent, prompt)
+        if tokens is None:
+            return True
         budget = prompt.max_new_tokens or settings.max_new_tokens
         if tokens + budget <= settings.context_length:
             return True

@@ -53,7 +53,7 @@ class ChatRequest:
     agent: str
     prompt: ChatPrompt
     n: int = 1
-    overrides_sampling: bool = False
+    overrides_generation: bool = False
 
 
 def _unsupported(what: str, param: str) -> ApiError:

@@ -192,7 +192,7 @@ class Endpoint:
             future = loop.create_future()
             with session._lock:
                 seq, session.calls = session.calls, session.calls + 1
-                session.overrides += int(req.overrides_sampling)
+                session.overrides += int(req.overrides_generation)
             self.inbox.put(Call(session, req, seq, lambda value: loop.call_soon_threadsafe(_settle, future, value)))
             result = await future
             if isinstance(result, ApiError):

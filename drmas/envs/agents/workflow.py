@@ -85,7 +85,8 @@ class AgentsWorkflow(Workflow):
             val_share: the share of ``train_file`` held apart for validation when there is no
                 ``val_file`` (at least one task; 0 = none: set ``--data.val_tasks 0``).
             alpha: weight of the team reward in ``alpha * team + local``.
-            format_penalty: local penalty of a call that ended by length rather than by a stop.
+            format_penalty: the format term of a call that ended by length rather than by a stop
+                (``-format_penalty`` in its local reward).
             window_ms: the longest a call waits for others to be batched with it.
             episode_timeout_s: an episode still running after this long fails; its URL answers 410.
         """
@@ -135,14 +136,14 @@ class AgentsWorkflow(Workflow):
     def rollout(self, tasks: Sequence[RowTask], generate: GenerateFn, *, n: int, sampling: str = "parallel",
                 seed: int = 0, progress: Callable[[bool], None] | None = None) -> RolloutResult:
         if sampling not in self.samplings:
-            raise ValueError(f"the agents workflow runs in parallel mode only: {self.why_not.get(sampling, sampling)}")
+            raise ValueError(f"the agents workflow plays parallel sampling only: {self.why_not.get(sampling, sampling)}")
         if self._endpoint is None:
             self._endpoint = Endpoint(self.agents)
             self._endpoint.start()
         endpoint = self._endpoint
-        training = getattr(generate, "train", True)
-        settings_of = getattr(generate, "settings", None)
-        settings = {a: settings_of(a) for a in self.agents} if settings_of is not None else None
+        training = generate.train
+        known = {a: generate.settings(a) for a in self.agents}
+        settings = None if any(v is None for v in known.values()) else known
         self._rollouts += 1
         runs = []
         for i, (task, j) in enumerate((t, j) for t in tasks for j in range(n)):
@@ -160,7 +161,7 @@ class AgentsWorkflow(Workflow):
                 endpoint.end_session(run.session)
         result = self._results(runs)
         result.counts.update(dispatcher.counts)
-        result.counts["endpoint/sampling_overrides"] = float(sum(r.session.overrides for r in runs))
+        result.counts["endpoint/generation_overrides"] = float(sum(r.session.overrides for r in runs))
         return result
 
     def _ended_well(self, run: EpisodeRun) -> bool:
@@ -181,7 +182,7 @@ class AgentsWorkflow(Workflow):
                 local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid, self.alpha,
                                               self.format_penalty)
                 samples.append(Sample(
-                    task_uid=run.task.uid, traj_uid=run.traj_uid, env_uid=run.traj_uid, agent=rec.agent, turn=rec.turn,
+                    task_uid=run.task.uid, traj_uid=run.traj_uid, agent=rec.agent, turn=rec.turn,
                     policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
                     text=c.text, valid=valid, team_reward=outcome.team, local_reward=local, reward=reward))
             episodes.append(EpisodeResult(run.task.uid, run.traj_uid, outcome.success, len(records), outcome.team))
@@ -192,7 +193,7 @@ class AgentsWorkflow(Workflow):
         asked for sampling other than the policy's."""
         calls = counts.get("endpoint/engine_calls", 0.0)
         out = {"endpoint/requests": counts.get("endpoint/requests", 0.0),
-               "endpoint/sampling_overrides": counts.get("endpoint/sampling_overrides", 0.0)}
+               "endpoint/generation_overrides": counts.get("endpoint/generation_overrides", 0.0)}
         if calls:
             out["endpoint/batch_size_mean"] = counts.get("endpoint/samples", 0.0) / calls
         return out

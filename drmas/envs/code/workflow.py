@@ -16,7 +16,7 @@ also adds ``-format_penalty``):
 - tester local: the share of its tests that the reference solution passes (0 when the task
   has no reference solution, e.g. LiveCodeBench).
 
-An episode is a success when the final program passes every golden test. Tree mode (AT-GRPO)
+An episode is a success when the final program passes every golden test. Tree sampling (AT-GRPO)
 judges each candidate on its own and executes the best one.
 """
 
@@ -27,12 +27,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, GenerateFn, PromptTemplate, RolloutResult, split_tasks
 from drmas.envs.code.judge import MAX_TESTS, Judge, Verdict, pass_rate
 from drmas.envs.code.loaders import embedded_problems, load_code_source
 from drmas.envs.code.task import CodeTask, TestCase
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
-from drmas.envs.programs import SandboxSettings, parse_program, sandbox_settings
+from drmas.envs.programs import SandboxSettings, parse_program
 from drmas.records import Completion
 
 log = logging.getLogger(__name__)
@@ -117,17 +117,9 @@ class CoderTesterWorkflow(TurnWorkflow):
         train_file: SplitSource = None,
         val_file: SplitSource = None,
         test_file: SplitSource = None,
-        max_turns: int = 4,
         sandbox: SandboxSettings = SandboxSettings(time_limit_s=1.0),  # noqa: B008 (frozen)
         max_golden_tests: int = 16,
         max_tests: int = 8,
-        train: SplitSource = None,
-        val: SplitSource = None,
-        test: SplitSource = None,
-        time_limit_s: float | None = None,
-        code_memory_mb: int | None = None,
-        sandbox_workers: int | None = None,
-        allow_unconfined: bool | None = None,
         **options: Any,
     ) -> None:
         """
@@ -136,24 +128,14 @@ class CoderTesterWorkflow(TurnWorkflow):
                 ``livecodebench``); default: the embedded problems.
             val_file: the same for validation.
             test_file: the same for testing.
-            max_turns: turns per episode (each: the coder, then the tester).
             sandbox: how programs are judged: ``time_limit_s`` (of a program on one test),
                 memory, workers, ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
             max_golden_tests: golden tests judged per program in training (the first ones of
                 each task; 0 = all); validation and test always judge all of them.
             max_tests: test cases read from a tester's reply.
-            train: deprecated name of ``train_file`` (read for one release); ``val``, ``test`` likewise.
-            time_limit_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
-                ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
-                (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
-            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+            **options: ``max_turns`` (each turn: the coder, then the tester), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
                 turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
-        train_file = renamed("train", "train_file", train, train_file)
-        val_file = renamed("val", "val_file", val, val_file)
-        test_file = renamed("test", "test_file", test, test_file)
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_golden_tests < 0 or not 1 <= max_tests <= MAX_TESTS:
             raise ValueError(f"max_golden_tests must be >= 0 (0 = all) and max_tests in 1..{MAX_TESTS}, got "
                              f"{max_golden_tests} and {max_tests}")
@@ -167,9 +149,7 @@ class CoderTesterWorkflow(TurnWorkflow):
             if len({t.uid for t in tasks}) != len(tasks):
                 raise ValueError(f"{split} data: duplicate task uids (the same file or data set given twice?)")
             self._splits[split] = tasks
-        self.max_turns, self.max_golden_tests, self.max_tests = max_turns, max_golden_tests, max_tests
-        sandbox = sandbox_settings(sandbox, time_limit_s=time_limit_s, code_memory_mb=code_memory_mb,
-                                   sandbox_workers=sandbox_workers, allow_unconfined=allow_unconfined)
+        self.max_golden_tests, self.max_tests = max_golden_tests, max_tests
         self.judge = Judge(sandbox)
         self._all_golden = False  # set per rollout: validation and test judge every golden test
         capped = sum(len(t.tests) > max_golden_tests for t in self._splits["train"]) if max_golden_tests else 0
@@ -184,11 +164,11 @@ class CoderTesterWorkflow(TurnWorkflow):
     def close(self) -> None:
         self.judge.close()
 
-    def rollout(self, tasks: Sequence[CodeTask], generate: Any, *, n: int, sampling: str = "parallel", seed: int = 0,
-                **kwargs: Any) -> Any:
+    def rollout(self, tasks: Sequence[CodeTask], generate: GenerateFn, *, n: int, sampling: str = "parallel",
+                seed: int = 0, **kwargs: Any) -> RolloutResult:
         # a benchmark is scored as its authors score it: on every golden test (the trainer's
         # generate function says whether it samples for training)
-        self._all_golden = not getattr(generate, "train", True)
+        self._all_golden = not generate.train
         return super().rollout(tasks, generate, n=n, sampling=sampling, seed=seed, **kwargs)
 
     def golden_tests(self, task: CodeTask) -> list[TestCase]:

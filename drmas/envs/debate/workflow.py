@@ -71,6 +71,7 @@ class DebateState(EpisodeState):
 class DebateWorkflow(TurnWorkflow):
     agents = AGENTS
     samplings = ("parallel",)
+    default_max_turns = 1  # rounds of arguments before the verdict
     why_not = {"tree": "the debaters' rewards are decided by the verdict at the episode's end, and tree "
                        "candidates are scored before any verdict exists"}
 
@@ -80,7 +81,6 @@ class DebateWorkflow(TurnWorkflow):
         train_file: str | list[str] | None = None,
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
-        max_turns: int = 1,
         zero_sum: bool = True,
         **options: Any,
     ) -> None:
@@ -90,15 +90,12 @@ class DebateWorkflow(TurnWorkflow):
             train_file: training problems (``problem`` and ``answer`` columns), as the math recipe reads them.
             val_file: validation problems, likewise.
             test_file: test problems, likewise.
-            max_turns: rounds of arguments (one per debater each) before the verdict.
             zero_sum: the chosen debater gets +1 and the other -1 (False: +1 and 0).
-            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+            **options: ``max_turns`` (rounds of arguments, one per debater each, before the verdict), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
                 turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(default_templates=default_templates(), **options)
-        self.max_turns, self.zero_sum = max_turns, zero_sum
+        self.zero_sum = zero_sum
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:

@@ -19,7 +19,7 @@ block, or a plan that is not an action list or holds an illegal action, also add
 - tool user local: the progress its printed plan would make from the current board (measured on
   a copy), or -1 when its program fails, prints nothing, or has no code block.
 
-Tree mode (AT-GRPO) scores each candidate on its own copy of the puzzle and executes the best
+Tree sampling (AT-GRPO) scores each candidate on its own copy of the puzzle and executes the best
 one; the next prompts show the board after that candidate only.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.games.base import GAMES, Game, make
-from drmas.envs.programs import ProgramRunner, SandboxSettings, run_failure, sandbox_settings
+from drmas.envs.programs import ProgramRunner, SandboxSettings, run_failure
 from drmas.records import Completion
 
 __all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
@@ -111,12 +111,7 @@ class PlanningWorkflow(TurnWorkflow):
         train_size: int = 2000,
         val_size: int = 100,
         test_size: int = 100,
-        max_turns: int = 4,
         sandbox: SandboxSettings = SandboxSettings(),  # noqa: B008 (frozen)
-        code_timeout_s: float | None = None,
-        code_memory_mb: int | None = None,
-        sandbox_workers: int | None = None,
-        allow_unconfined: bool | None = None,
         **options: Any,
     ) -> None:
         """
@@ -127,19 +122,13 @@ class PlanningWorkflow(TurnWorkflow):
             train_size: puzzles in the train split (seeds 0..); val and test use later seeds.
             val_size: puzzles in the val split.
             test_size: puzzles in the test split.
-            max_turns: turns per episode (each: the tool user, then the planner).
             sandbox: how the tool user's programs run: time and memory limits, workers,
                 ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
-            code_timeout_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
-                ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
-                (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
-            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+            **options: ``max_turns`` (each turn: the tool user, then the planner), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
                 turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if game not in GAMES:
             raise ValueError(f"game must be one of {GAMES.names()}, got {game!r}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(default_templates=default_templates(), **options)
         args = {k: v for k, v in {"size": size, "boxes": boxes}.items() if k in GAMES.get(game).options}
         make(game, seed=0, **args)  # a bad size fails here, naming the value
@@ -149,9 +138,7 @@ class PlanningWorkflow(TurnWorkflow):
         self._splits = {split: [GameTask(f"{name}/{seed}", game, seed, tuple(args.items()), name)
                                 for seed in range(starts[split], starts[split] + counts[split])]
                         for split in starts}
-        self.game, self.max_turns = game, max_turns
-        sandbox = sandbox_settings(sandbox, code_timeout_s=code_timeout_s, code_memory_mb=code_memory_mb,
-                                   sandbox_workers=sandbox_workers, allow_unconfined=allow_unconfined)
+        self.game = game
         self.programs = ProgramRunner(sandbox)
 
     def tasks(self, split: str) -> Sequence[GameTask]:

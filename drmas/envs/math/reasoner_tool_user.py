@@ -15,7 +15,7 @@ without a code block, also adds ``-format_penalty``):
   (error, timeout, no code) or prints nothing;
 - team: the final answer is correct.
 
-``parallel`` mode gives every sample of a trajectory the episode's team reward. ``tree`` mode
+``parallel`` sampling gives every sample of a trajectory the episode's team reward. ``tree`` sampling
 (AT-GRPO): for each (task, turn, agent) ``n`` candidates from one prompt, each scored on its
 own copy of the state: its local reward, plus ``alpha * team`` when that candidate would end
 the episode (a reasoner agreeing with this turn's program, or any reasoner on the last turn),
@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.math.grading import extract_boxed, same_answer
 from drmas.envs.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
 from drmas.envs.math.splits import math_splits
 from drmas.envs.math.task import MathTask
-from drmas.envs.programs import ProgramRunner, SandboxSettings, parse_program, run_failure, sandbox_settings
+from drmas.envs.programs import ProgramRunner, SandboxSettings, parse_program, run_failure
 from drmas.envs.sandbox import Result
 from drmas.records import Completion
 
@@ -112,13 +112,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
         train_file: str | list[str] | None = None,
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
-        max_turns: int = 4,
         sandbox: SandboxSettings = SandboxSettings(),  # noqa: B008 (frozen)
-        code_timeout_s: float | None = None,
-        code_memory_mb: int | None = None,
-        sandbox_workers: int | None = None,
-        allow_unconfined: bool | None = None,
-        turns: int | None = None,
         **options: Any,
     ) -> None:
         """
@@ -128,24 +122,13 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
                 ``problem`` and ``answer`` columns, a benchmark name (``MATH_DATASETS``), or a list.
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
-            max_turns: turns per episode (each: the tool user, then the reasoner).
             sandbox: how the tool user's programs run: time and memory limits, workers,
                 ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
-            code_timeout_s: deprecated (one release): ``sandbox.time_limit_s``; likewise
-                ``code_memory_mb`` (``sandbox.memory_mb``), ``sandbox_workers``
-                (``sandbox.workers``) and ``allow_unconfined`` (``sandbox.allow_unconfined``).
-            turns: deprecated name of ``max_turns`` (read for one release).
-            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+            **options: ``max_turns`` (each turn: the tool user, then the reasoner), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
                 turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
-        max_turns = renamed("turns", "max_turns", turns, max_turns)
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(default_templates=default_templates(), **options)
-        self.max_turns = max_turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
-        sandbox = sandbox_settings(sandbox, code_timeout_s=code_timeout_s, code_memory_mb=code_memory_mb,
-                                   sandbox_workers=sandbox_workers, allow_unconfined=allow_unconfined)
         self.programs = ProgramRunner(sandbox)
 
     def tasks(self, split: str) -> Sequence[MathTask]:

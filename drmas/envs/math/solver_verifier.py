@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, renamed, split_tasks
+from drmas.envs.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.math.grading import extract_boxed, is_correct
 from drmas.envs.math.splits import math_splits
@@ -73,7 +73,8 @@ class SolverVerifierState(EpisodeState):
 @WORKFLOWS.register("math_solver_verifier")
 class SolverVerifierWorkflow(TurnWorkflow):
     agents = ("solver", "verifier")
-    samplings = ("parallel",)  # Dr. MAS's loop has no tree mode
+    samplings = ("parallel",)  # Dr. MAS's loop has no tree sampling
+    default_max_turns = 2  # solver attempts; every attempt but the last is checked by the verifier
 
     def __init__(
         self,
@@ -81,8 +82,6 @@ class SolverVerifierWorkflow(TurnWorkflow):
         train_file: str | list[str] | None = None,
         val_file: str | list[str] | None = None,
         test_file: str | list[str] | None = None,
-        max_turns: int = 2,
-        max_loops: int | None = None,
         **options: Any,
     ) -> None:
         """
@@ -92,16 +91,10 @@ class SolverVerifierWorkflow(TurnWorkflow):
                 ``problem`` and ``answer`` columns, a benchmark name (``MATH_DATASETS``), or a list.
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
-            max_turns: solver attempts; every attempt but the last is checked by the verifier.
-            max_loops: deprecated name of ``max_turns`` (read for one release).
-            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+            **options: ``max_turns`` (solver attempts), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
                 turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
-        max_turns = renamed("max_loops", "max_turns", max_loops, max_turns)
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         super().__init__(default_templates=default_templates(), **options)
-        self.max_turns = max_turns
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
 
     def tasks(self, split: str) -> Sequence[MathTask]:

@@ -18,13 +18,13 @@ retriever's retries (a server outage) retrieves nothing without a penalty and is
 failed action (``rollout/searcher/failed_actions``); too many stop the run (see
 :class:`~drmas.data.rollouts.Rollouts`).
 
-- ``parallel`` mode: every sample of a trajectory gets ``alpha * team + local``, where local is
+- ``parallel`` sampling: every sample of a trajectory gets ``alpha * team + local``, where local is
   the format penalty, plus the role reward when ``role_rewards`` is on (off by default, as in
   Dr. MAS).
-- ``tree`` mode (AT-GRPO): for each (task, turn, agent) one prompt from the current state,
+- ``tree`` sampling (AT-GRPO): for each (task, turn, agent) one prompt from the current state,
   ``n`` candidates, each scored on its own: role reward + format penalty, plus
   ``alpha * team`` when the episode ends at that step (the answerer). All candidates are
-  recorded with the same ``env_uid`` (the task's tree); the best is executed (ties: the lowest
+  recorded with the same ``traj_uid`` (the task's tree); the best is executed (ties: the lowest
   index, or a seeded random one with ``tie_break="random"``) and the next prompt is built from
   the advanced state.
 """
@@ -78,7 +78,6 @@ class SearchWorkflow(TurnWorkflow):
         retriever: str = "bm25",
         retriever_url: str | None = None,
         topk: int = 3,
-        max_turns: int = 4,
         role_rewards: bool = False,
         think: bool = False,
         **options: Any,
@@ -97,17 +96,16 @@ class SearchWorkflow(TurnWorkflow):
                 Search-R1-compatible server at ``retriever_url``).
             retriever_url: full URL of the server's ``/retrieve`` endpoint for ``http``.
             topk: passages returned per search.
-            max_turns: turns per episode (each: verifier, then searcher or answerer).
-            role_rewards: in parallel mode, add the role rewards to the local term.
+            role_rewards: in parallel sampling, add the role rewards to the local term.
             think: prefill the searcher and answerer with ``<think>`` (the parser accepts an
                 optional think block either way).
-            **options: ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
+            **options: ``max_turns`` (each turn: the verifier, then the searcher or the answerer), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
                 turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
-        if max_turns < 1 or topk < 1:
-            raise ValueError(f"max_turns and topk must be >= 1, got {max_turns}, {topk}")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
         super().__init__(role_rewards=role_rewards, default_templates=default_templates(think), **options)
-        self.topk, self.max_turns = topk, max_turns
+        self.topk = topk
 
         files = {"train": train_file, "val": val_file, "test": test_file}
         world = None
