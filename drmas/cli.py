@@ -57,7 +57,8 @@ from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
 
-__all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow", "run_recipe"]
+__all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow",
+           "run_recipe"]
 
 #: What a configuration found wrong at start raises (an unknown name, values that cannot work
 #: together, a missing file): the recipe prints it as one ``error:`` line and exits 2.
@@ -70,12 +71,14 @@ class ConfigurationError(Exception):
 
 
 def _message(err: BaseException) -> str:
-    return str(err.args[0] if isinstance(err, KeyError) and err.args else err).strip()  # KeyError quotes its text
+    # KeyError quotes its text
+    return str(err.args[0] if isinstance(err, KeyError) and err.args else err).strip()
 
 #: The configs shipped with a checkout (the recipes' default configs live here).
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 PARSER_MODE = "drmas_yaml"
-_ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path", "recipes"}
+_ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path",
+              "recipes"}
 _active_recipe: list[str] = []  # the recipe whose section a config file contributes
 
 
@@ -191,13 +194,15 @@ class DrmasCLI(LightningCLI):
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
         # Full training state for --ckpt_path resume, at every iteration's end (written through a
         # temporary file, so an interrupted save leaves the old one intact).
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0, "checkpoint.every_n_epochs": 1})
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0,
+                             "checkpoint.every_n_epochs": 1})
 
 
     def instantiate_classes(self) -> None:
         # fit with a sharded strategy: the policies are built on the meta device and each rank
         # reads only its shards once they are sharded (drmas.modules.policy.deferred_weights)
-        sharded = self.subcommand == "fit" and is_sharded(self._get(self.config, "trainer", {}).get("strategy"))
+        sharded = (self.subcommand == "fit"
+                   and is_sharded(self._get(self.config, "trainer", {}).get("strategy")))
         with deferred_weights(sharded):
             try:
                 super().instantiate_classes()
@@ -212,7 +217,8 @@ class DrmasCLI(LightningCLI):
                 self.datamodule.rollouts.swapped_agents()
             ckpt_path = self._get(self.config_init, "ckpt_path")
             if ckpt_path == "last":
-                ckpt_path = self.config_init.get(str(self.subcommand), self.config_init)["ckpt_path"] = self._find_last()
+                ckpt_path = self.config_init.get(str(self.subcommand),
+                                                 self.config_init)["ckpt_path"] = self._find_last()
             check_resume(ckpt_path, self.trainer.strategy)
         except _CONFIG_ERRORS as err:
             raise ConfigurationError(_message(err)) from err
@@ -247,7 +253,8 @@ class DrmasCLI(LightningCLI):
                        key=lambda p: os.path.getmtime(p) if os.path.exists(p) else float("inf"))
         if self.trainer.is_global_zero:
             print(f"--ckpt_path last: resuming from {found[-1]}" if found
-                  else f"--ckpt_path last: no checkpoint matches {pattern}; starting from the beginning", flush=True)
+                  else f"--ckpt_path last: no checkpoint matches {pattern}; starting from the beginning",
+                  flush=True)
         return found[-1] if found else None
 
     # ``validate`` and ``test`` play episodes (drmas.evaluation) instead of Lightning's loops
@@ -276,7 +283,8 @@ class DrmasCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         # drmas's strategy names (``fsdp``) before Lightning reads the string as one of its own
         config = {**config, "strategy": resolve_strategy(config.get("strategy", "auto"))}
-        config["precision"] = resolve_precision(config.get("precision"), str(config.get("accelerator") or "auto"))
+        config["precision"] = resolve_precision(config.get("precision"),
+                                                str(config.get("accelerator") or "auto"))
         return super()._instantiate_trainer(config, callbacks)
 
 
@@ -288,7 +296,8 @@ def resolve_precision(precision: Any, accelerator: str) -> Any:
     if precision is None:
         precision = default_precision(accelerator)
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            why = "natively" if precision.startswith("bf16") else "only by emulation, many times slower than fp32"
+            why = ("natively" if precision.startswith("bf16")
+                   else "only by emulation, many times slower than fp32")
             print(f"precision: {precision} (this {device.upper()} computes bf16 {why}; "
                   "set --trainer.precision to choose)", flush=True)
     else:
@@ -323,7 +332,8 @@ def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
     vals = [h for h in module.history if any(k.startswith("val/") for k in h)]
     lines = []
     if trainer is not None and trainer.log_dir:
-        lines.append(f"TensorBoard logs: {trainer.log_dir}   (tensorboard --logdir {os.path.dirname(trainer.log_dir)})")
+        lines.append(f"TensorBoard logs: {trainer.log_dir}   "
+                     f"(tensorboard --logdir {os.path.dirname(trainer.log_dir)})")
         for cb in trainer.callbacks:
             if isinstance(cb, HFCheckpoint):
                 lines.append(f"HF checkpoints:   {cb.resolve_dirpath(trainer)}")
@@ -331,8 +341,10 @@ def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
                 lines.append(f"resume with:      --ckpt_path {cb.last_model_path}")
     if rows:
         first, last = rows[0], rows[-1]
-        agents = sorted({k.split("/")[1] for h in rows for k in h if k.count("/") == 2 and k.startswith("rollout/")})
-        lines.append(f"\n{'agent':10s} {'reward@first':>12s} {'reward@last':>12s} {'valid@first':>12s} {'valid@last':>11s}")
+        agents = sorted({k.split("/")[1] for h in rows for k in h
+                         if k.count("/") == 2 and k.startswith("rollout/")})
+        lines.append(f"\n{'agent':10s} {'reward@first':>12s} {'reward@last':>12s} "
+                     f"{'valid@first':>12s} {'valid@last':>11s}")
         for a in agents:
             g = lambda h, k: h.get(f"rollout/{a}/{k}", float("nan"))  # noqa: E731
             lines.append(f"{a:10s} {g(first, 'reward_mean'):12.3f} {g(last, 'reward_mean'):12.3f} "
@@ -365,7 +377,8 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
         sys.exit(2)  # as jsonargparse exits for an unknown key
     except SIGTERMException:
         _leave_process_group()  # every rank stops at the same point (drmas.modules.preemption)
-        sys.exit(143)  # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
+        # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
+        sys.exit(143)
     if getattr(cli, "subcommand", None) == "fit":
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
         if cli.trainer.is_global_zero:

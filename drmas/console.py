@@ -34,8 +34,9 @@ QUIET = False
 
 # Lightning's notes, by logger and start of message (drmas's own lines go through the same loggers)
 _LIGHTNING_NOTES = {
-    "lightning.pytorch.utilities.rank_zero": ("GPU available", "TPU available", "HPU available", "\U0001f4a1 Tip",
-                                              "`Trainer.fit` stopped", "Using bfloat16 Automatic Mixed Precision",
+    "lightning.pytorch.utilities.rank_zero": ("GPU available", "TPU available", "HPU available",
+                                              "\U0001f4a1 Tip", "`Trainer.fit` stopped",
+                                              "Using bfloat16 Automatic Mixed Precision",
                                               "Using 16bit Automatic Mixed Precision", "LOCAL_RANK:"),
     "lightning.fabric.utilities.seed": ("Seed set to",),
 }
@@ -66,9 +67,10 @@ def quiet() -> None:
         _drop(name, *prefixes)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
                             module=r"lightning\.pytorch\.utilities\._pytree")
-    warnings.filterwarnings("ignore", message=r"No seed found, seed set to", module=r"lightning\.fabric\.utilities\.seed")
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning,
-                            module=r"vllm\.triton_utils\.dispatcher")
+    warnings.filterwarnings("ignore", message=r"No seed found, seed set to",
+                            module=r"lightning\.fabric\.utilities\.seed")
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                            category=FutureWarning, module=r"vllm\.triton_utils\.dispatcher")
     _drop("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend")
     try:
         from transformers.utils import logging as hf_logging

@@ -31,8 +31,8 @@ def load_weights(module: Any, ckpt_path: str) -> int:
     try:  # tensors and plain values only: a checkpoint from elsewhere runs no code when read
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise ValueError(f"{ckpt_path} holds more than tensors and plain values, which drmas does not unpickle "
-                         f"(it could run code): {str(err).splitlines()[0][:300]}") from None
+        raise ValueError(f"{ckpt_path} holds more than tensors and plain values, which drmas does not "
+                         f"unpickle (it could run code): {str(err).splitlines()[0][:300]}") from None
     if "drmas" not in ckpt:
         raise ValueError(f"{ckpt_path} was not written by drmas (recipes/<recipe>.py fit)")
     module.load_state_dict(ckpt["state_dict"])
@@ -41,8 +41,10 @@ def load_weights(module: Any, ckpt_path: str) -> int:
     return int(ckpt["drmas"]["iteration"])
 
 
-def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None, out_dir: str | None) -> dict[str, float]:
-    """Play the split's evaluation tasks with each policy's eval generation settings; write and return the scalars."""
+def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None,
+             out_dir: str | None) -> dict[str, float]:
+    """Play the split's evaluation tasks with each policy's eval generation settings; write and return
+    the scalars."""
     iteration = load_weights(module, ckpt_path) if ckpt_path else 0
     module.to(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     module.eval()
@@ -55,7 +57,8 @@ def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None, ou
                   "tasks": len(rollouts.val_task_list(split)), "scalars": scalars,
                   "examples": examples(rollouts.last_validation)}
         write_text(os.path.join(out_dir, f"eval_{split}.json"), json.dumps(record, indent=2) + "\n")
-        write_text(os.path.join(out_dir, f"eval_{split}.md"), format_table(scalars, rollouts.config.val_k) + "\n")
+        write_text(os.path.join(out_dir, f"eval_{split}.md"),
+                   format_table(scalars, rollouts.config.val_k) + "\n")
     return scalars
 
 
@@ -77,12 +80,15 @@ def format_table(scalars: dict[str, float], k: int) -> str:
                           f"{top}/{key.split('/')[1]}/avg@{k}" in scalars})
         lines += [f"### {top}", "", f"| source | avg@{k} | pass@{k} |", "|---|---|---|"]
         for source, prefix in [("all", top)] + [(s, f"{top}/{s}") for s in sources]:
-            lines.append(f"| {source} | {scalars[f'{prefix}/avg@{k}']:.3f} | {scalars[f'{prefix}/pass@{k}']:.3f} |")
-        lines += ["", f"success rate {scalars[f'{top}/success_rate']:.3f}, turns {scalars[f'{top}/turns_mean']:.2f}", ""]
-        agents = sorted({key.split("/")[1] for key in scalars if key.startswith(f"{top}/") and key.endswith("/valid_ratio")})
+            lines.append(f"| {source} | {scalars[f'{prefix}/avg@{k}']:.3f} | "
+                         f"{scalars[f'{prefix}/pass@{k}']:.3f} |")
+        lines += ["", f"success rate {scalars[f'{top}/success_rate']:.3f}, "
+                      f"turns {scalars[f'{top}/turns_mean']:.2f}", ""]
+        agents = sorted({key.split("/")[1] for key in scalars
+                         if key.startswith(f"{top}/") and key.endswith("/valid_ratio")})
         if agents:
             lines += ["| agent | reward | valid |", "|---|---|---|"]
-            lines += [f"| {a} | {scalars[f'{top}/{a}/reward_mean']:.3f} | {scalars[f'{top}/{a}/valid_ratio']:.2f} |"
-                      for a in agents]
+            lines += [f"| {a} | {scalars[f'{top}/{a}/reward_mean']:.3f} | "
+                      f"{scalars[f'{top}/{a}/valid_ratio']:.2f} |" for a in agents]
             lines.append("")
     return "\n".join(lines).rstrip()

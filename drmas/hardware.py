@@ -15,7 +15,8 @@ import warnings
 
 import torch
 
-__all__ = ["bf16_is_native", "compute_device", "default_precision", "engine_dtype", "fast_dtype", "warn_if_slow_bf16"]
+__all__ = ["bf16_is_native", "compute_device", "default_precision", "engine_dtype", "fast_dtype",
+           "warn_if_slow_bf16"]
 
 
 def compute_device(accelerator: str = "auto") -> str:
@@ -59,6 +60,6 @@ def engine_dtype(dtype: str) -> str:
 def warn_if_slow_bf16(what: str, dtype: str, device: str) -> None:
     """Warn when bf16 was asked for explicitly on a device that only emulates it."""
     if ("bf16" in dtype or "bfloat16" in dtype) and not bf16_is_native(device):
-        warnings.warn(f"{what} {dtype} on a {device.upper()} without native bf16: bf16 is emulated here and runs "
-                      "many times slower than fp32 (measured 25x for a training step on an AVX2 CPU); leave it "
-                      "unset (or 'auto') to get fp32 on this machine", stacklevel=3)
+        warnings.warn(f"{what} {dtype} on a {device.upper()} without native bf16: bf16 is emulated here "
+                      "and runs many times slower than fp32 (measured 25x for a training step on an AVX2 "
+                      "CPU); leave it unset (or 'auto') to get fp32 on this machine", stacklevel=3)

@@ -60,7 +60,8 @@ def prefix_order(samples: Sequence[Sample], indices: Sequence[int]) -> list[int]
     return sorted(indices, key=lambda i: (list(samples[i].prompt_ids), list(samples[i].response_ids), i))
 
 
-def group_by_prefix(samples: Sequence[Sample], min_shared: int = MIN_SHARED_TOKENS) -> list[tuple[int, list[int]]]:
+def group_by_prefix(samples: Sequence[Sample],
+                    min_shared: int = MIN_SHARED_TOKENS) -> list[tuple[int, list[int]]]:
     """``(prefix length, positions)`` of consecutive samples sharing a prompt prefix.
 
     A sample joins the current group when their common prompt prefix is at least ``min_shared``

@@ -54,7 +54,8 @@ def plot_scalars(run_dir: str, tags: Sequence[str], path: str, title: str | None
         xs, ys = zip(*scalars[tag])
         color = f"C{n % 10}"
         if smooth > 1 and len(ys) > 1:
-            avg = [sum(ys[max(0, i - smooth + 1):i + 1]) / len(ys[max(0, i - smooth + 1):i + 1]) for i in range(len(ys))]
+            avg = [sum(ys[max(0, i - smooth + 1):i + 1]) / len(ys[max(0, i - smooth + 1):i + 1])
+                   for i in range(len(ys))]
             ax.plot(xs, ys, color=color, alpha=0.3, linewidth=1)
             ax.plot(xs, avg, color=color, linewidth=1.8, label=f"{tag} ({smooth}-iteration mean)")
         else:
@@ -74,7 +75,8 @@ def plot_scalars(run_dir: str, tags: Sequence[str], path: str, title: str | None
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m drmas.plots", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a run's log directory (runs/<recipe>/version_N)")
-    parser.add_argument("tags", nargs="+", help="scalar tags or globs, e.g. rollout/success_rate 'val/*/avg@2'")
+    parser.add_argument("tags", nargs="+",
+                        help="scalar tags or globs, e.g. rollout/success_rate 'val/*/avg@2'")
     parser.add_argument("-o", "--output", default="curves.png", help="the PNG to write")
     parser.add_argument("--title", default=None)
     parser.add_argument("--smooth", type=int, default=1, help="moving average over this many iterations")

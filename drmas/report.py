@@ -27,8 +27,8 @@ from typing import Sequence
 from drmas.atomic import write_bytes, write_text
 from drmas.plots import read_scalars
 
-__all__ = ["bootstrap_interval", "main", "quantile", "question_scores", "read_validations", "two_level_interval",
-           "write_report"]
+__all__ = ["bootstrap_interval", "main", "quantile", "question_scores", "read_validations",
+           "two_level_interval", "write_report"]
 
 _VAL = re.compile(r"^val/(?:(?P<source>[^/]+)/)?(?P<metric>(?:avg|pass)@\d+)$")
 _AGENT = re.compile(r"^rollout/(?P<agent>[^/]+)/(?P<metric>reward_mean|valid_ratio)$")
@@ -36,7 +36,8 @@ _GRAD = re.compile(r"^train/(?P<name>[^/]+(?:/[^/]+)?)/grad_norm$")
 _TIME = re.compile(r"^time/(?P<phase>[a-z_]+)_s$")
 
 
-def bootstrap_interval(values: Sequence[float], draws: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+def bootstrap_interval(values: Sequence[float], draws: int = 2000,
+                       seed: int = 0) -> tuple[float, float] | None:
     """The 95% percentile-bootstrap interval of the mean of ``values`` (None for fewer than 2)."""
     if len(values) < 2:
         return None
@@ -111,10 +112,11 @@ def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabe
         ax.plot(steps, means, color=color, marker="o" if len(steps) < 8 else None, label=name)
         band = (bands or {}).get(name, {})
         if band and all(s in band for s in steps):
-            ax.fill_between(steps, [band[s][0] for s in steps], [band[s][1] for s in steps], color=color, alpha=0.15)
-        elif any(len(by_step[s]) > 1 for s in steps):
-            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps], color=color,
+            ax.fill_between(steps, [band[s][0] for s in steps], [band[s][1] for s in steps], color=color,
                             alpha=0.15)
+        elif any(len(by_step[s]) > 1 for s in steps):
+            ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps],
+                            color=color, alpha=0.15)
     ax.set_xlabel("RL iteration")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -131,7 +133,8 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
     runs = {d: read_scalars(d) for d in run_dirs}
     questions = {d: read_validations(d) for d in run_dirs}
     os.makedirs(out_dir, exist_ok=True)
-    lines = [f"# Learning report: {len(runs)} run(s)", "", *[f"- `{os.path.relpath(d, out_dir)}`" for d in runs], ""]
+    lines = [f"# Learning report: {len(runs)} run(s)", "",
+             *[f"- `{os.path.relpath(d, out_dir)}`" for d in runs], ""]
 
     val: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     agents: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -150,8 +153,10 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
                     times[t.group("phase")].append(value)
 
     if val:
-        lines += ["## Validation", "", "Mean over the runs, with its 95% bootstrap interval: over runs and questions "
-                  "(two levels) where every run recorded its questions (interval marked `q`), else over the runs.",
+        lines += ["## Validation", "",
+                  "Mean over the runs, with its 95% bootstrap interval: over runs and questions "
+                  "(two levels) where every run recorded its questions (interval marked `q`), else over "
+                  "the runs.",
                   "", "| tag | iteration | mean | 95% interval | runs |", "|---|---|---|---|---|"]
         intervals: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
         for tag in sorted(val):
@@ -168,13 +173,15 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
                 if ci:
                     intervals[tag][step] = ci
                 shown = f"[{ci[0]:.3f}, {ci[1]:.3f}]{mark}" if ci else "-"
-                lines.append(f"| {tag} | {step} | {sum(values) / len(values):.3f} | {shown} | {len(values)} |")
-        _png(os.path.join(out_dir, "validation.png"), val, "validation (band: 95% interval)", "score", intervals)
+                lines.append(f"| {tag} | {step} | {sum(values) / len(values):.3f} | {shown} | "
+                             f"{len(values)} |")
+        _png(os.path.join(out_dir, "validation.png"), val, "validation (band: 95% interval)", "score",
+             intervals)
         lines += ["", "![validation](validation.png)", ""]
     if agents:
         # an iteration's rollout holds a few tasks: its means swing, a window of up to 5 holds
-        lines += ["## Agents", "", "Rollout reward and valid ratio: the mean over the runs and over the first and the "
-                  "last iterations (up to 5 each).", "",
+        lines += ["## Agents", "", "Rollout reward and valid ratio: the mean over the runs and over the "
+                  "first and the last iterations (up to 5 each).", "",
                   "| tag | first iterations | first | last iterations | last |", "|---|---|---|---|---|"]
         for tag in sorted(agents):
             steps = sorted(agents[tag])
@@ -192,8 +199,8 @@ def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
                   "| policy (/agent) | steps | median | 90th percentile | max |", "|---|---|---|---|---|"]
         for name in sorted(grads):
             values = grads[name]
-            lines.append(f"| {name} | {len(values)} | {quantile(values, 0.5):.3f} | {quantile(values, 0.9):.3f} | "
-                         f"{max(values):.3f} |")
+            lines.append(f"| {name} | {len(values)} | {quantile(values, 0.5):.3f} | "
+                         f"{quantile(values, 0.9):.3f} | {max(values):.3f} |")
         lines.append("")
     if times:
         lines += ["## Time per iteration", "", "| phase | mean s | iterations |", "|---|---|---|"]

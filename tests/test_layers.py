@@ -115,3 +115,23 @@ def test_envs_load_without_lightning_or_engines():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_trainer_and_the_rollout_side_name_no_engine():
+    """Everything engine-specific lives with its engine (``Engine.settings_type``, ``available``,
+    ``context_limit``...): a new engine is one file, not edits to the trainer."""
+    import re
+
+    named = re.compile(r"vllm|HFEngine|engines\.hf\b|[\"']hf[\"']", re.IGNORECASE)
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+            for package in ("modules", "data") for p in sorted((ROOT / "drmas" / package).rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if named.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_drmas_raises_no_future_warning_of_its_own():
+    """No renamed-name shims: before 1.0 a rename is outright (CHANGELOG.md)."""
+    hits = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in sorted((ROOT / "drmas").rglob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "warn" and "FutureWarning" in ast.unparse(node)]
+    assert not hits, hits

@@ -13,7 +13,8 @@ from drmas.algorithms.advantages import (
     group_advantages,
     register_estimator,
 )
-from drmas.algorithms.losses import AGGREGATIONS, LossConfig, aggregate, policy_loss, truncated_importance_weights
+from drmas.algorithms.losses import (AGGREGATIONS, LossConfig, aggregate, policy_loss,
+                                     truncated_importance_weights)
 from drmas.algorithms.rewards import format_term, mix_rewards, sample_reward
 
 __all__ = [

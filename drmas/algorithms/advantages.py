@@ -228,7 +228,8 @@ def compute_advantages(
         return torch.zeros(0, dtype=torch.float32)
     adv = fn(samples, scale, eps)
     if adv.shape != (len(samples),):
-        raise ValueError(f"estimator {estimator!r} returned shape {tuple(adv.shape)}, expected ({len(samples)},)")
+        raise ValueError(f"estimator {estimator!r} returned shape {tuple(adv.shape)}, "
+                         f"expected ({len(samples)},)")
     return adv.to(torch.float32)
 
 

@@ -46,7 +46,8 @@ def aggregate(values: Tensor, mask: Tensor, agg: str = "token-mean", norm_len: i
     return (per_seq * has_tokens).sum() / n_seq
 
 
-def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float = 2.0) -> Tensor:
+def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor,
+                                 cap: float = 2.0) -> Tensor:
     """Truncated importance weights ``min(exp(trainer - engine), cap)`` (no gradient).
 
     Corrects for the rollout engine sampling from slightly different numerics than the trainer

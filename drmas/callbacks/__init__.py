@@ -1,4 +1,5 @@
-"""Training callbacks: gradient-norm spike monitor, resumable and Hugging Face checkpoints, rollout statistics."""
+"""Training callbacks: gradient-norm spike monitor, resumable and Hugging Face checkpoints, rollout
+statistics."""
 
 from drmas.callbacks.grad_norm import GradNormSpikeMonitor
 from drmas.callbacks.hf_checkpoint import HFCheckpoint

@@ -136,7 +136,8 @@ class GradNormSpikeMonitor(Callback):
                 writer = getattr(lg, "experiment", None)
                 if hasattr(writer, "add_image"):
                     image = self._figure_pixels() if image is None else image
-                    writer.add_image("grad_norms", image, global_step=int(pl_module.iteration), dataformats="HWC")
+                    writer.add_image("grad_norms", image, global_step=int(pl_module.iteration),
+                                     dataformats="HWC")
 
     # ------------------------------------------------------------------ plot
 

@@ -111,7 +111,8 @@ class HFCheckpoint(Callback):
         root = self.resolve_dirpath(trainer)
         name = f"iter_{iteration}"
         target = os.path.join(root, name)
-        policies = {n: p for n, p in pl_module.policies.items() if getattr(p, "trainable", True)}  # frozen: as loaded
+        # frozen: as loaded
+        policies = {n: p for n, p in pl_module.policies.items() if getattr(p, "trainable", True)}
         full = {pname: _full_state_dict(policy.model) for pname, policy in policies.items()}
         if trainer.is_global_zero:
             os.makedirs(root, exist_ok=True)

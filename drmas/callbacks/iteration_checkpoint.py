@@ -97,7 +97,8 @@ class IterationCheckpoint(ModelCheckpoint):
             raise failure
         self._last_checkpoint_saved = filepath
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
         if not trainer.is_global_zero:
             return
         iteration = getattr(pl_module, "iteration", trainer.current_epoch)
@@ -109,7 +110,8 @@ class IterationCheckpoint(ModelCheckpoint):
             held = "" if saved is None else f" (iteration {saved})"
             replay = ("" if saved is not None and saved >= iteration
                       else "; the unfinished iteration is played again from its start")
-            resume = f"the last checkpoint is {path}{held}; resume with --ckpt_path {path} (or --ckpt_path last){replay}"
+            resume = (f"the last checkpoint is {path}{held}; resume with --ckpt_path {path} "
+                      f"(or --ckpt_path last){replay}")
         else:
             resume = "no checkpoint was written yet: a new run starts from the beginning"
         print(f"drmas: {why} during iteration {iteration}; {resume}", file=sys.stderr, flush=True)

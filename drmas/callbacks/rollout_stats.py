@@ -59,7 +59,8 @@ class RolloutStats(L.Callback):
         prepared: PreparedIteration | None = getattr(dm, "current", None)
         if prepared is None:
             return
-        pl_module.log_scalars({**rollout_scalars(prepared.rollout), **prepared.timings, **prepared.scalars}, step=prepared.iteration)
+        pl_module.log_scalars({**rollout_scalars(prepared.rollout), **prepared.timings, **prepared.scalars},
+                              step=prepared.iteration)
         every = getattr(dm, "log_completions_every", 0)
         if every and prepared.iteration % every == 0 and trainer.is_global_zero:
             self._log_text(trainer, prepared)

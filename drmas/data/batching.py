@@ -122,11 +122,13 @@ def make_micro_batches(
         return []
     total_tokens = sum(len(samples[i].response_ids) for i in real)
     shares = [[real[j] for j in share]
-              for share in shard_samples([samples[i] for i in real], world_size, prefix_sharing, micro_batch_size)]
+              for share in shard_samples([samples[i] for i in real], world_size, prefix_sharing,
+                                         micro_batch_size)]
     if prefix_sharing:
         order = prefix_order(samples, shares[rank])
     else:
-        order = sorted(shares[rank], key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i))
+        order = sorted(shares[rank],
+                       key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i))
     groups = [order]
     if by_agent:
         agents = list(dict.fromkeys(samples[i].agent for i in order))
@@ -146,7 +148,8 @@ def make_micro_batches(
             if prefix_sharing and (attention_window is None or all(
                     len(s.prompt_ids) + len(s.response_ids) <= attention_window for s in chunk)):
                 out[-1].packed = pack_shared_prefixes(chunk, pad_id)
-    passes = len(out) if world_size == 1 else max(math.ceil(len(share) / micro_batch_size) for share in shares)
+    passes = (len(out) if world_size == 1
+              else max(math.ceil(len(share) / micro_batch_size) for share in shares))
     while len(out) < passes:
         # index -1: never a real sample's slot among the kept old log-probs
         out.append(_micro_batch([samples[real[0]]], [-1], policy, pad_id, 0.0, ppo_epoch, stand_in=True))

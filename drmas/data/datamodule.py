@@ -95,8 +95,8 @@ class RolloutDataModule(L.LightningDataModule):
         if val_every < 0:
             raise ValueError(f"val_every must be >= 0, got {val_every}")
         config = RolloutConfig(sampling=sampling, estimator=estimator, scale=scale, group_size=group_size,
-                               tasks_per_iteration=tasks_per_iteration, val_tasks=val_tasks, val_k=val_k, seed=seed,
-                               progress=progress, max_failed_share=max_failed_share)
+                               tasks_per_iteration=tasks_per_iteration, val_tasks=val_tasks, val_k=val_k,
+                               seed=seed, progress=progress, max_failed_share=max_failed_share)
         self.rollouts = Rollouts(workflow, config)
         self.val_every, self.log_completions_every = val_every, log_completions_every
         self.val_before_training = val_before_training

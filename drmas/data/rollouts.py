@@ -80,7 +80,8 @@ class RolloutBackend(Protocol):
         """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
 
     def batch_spec(self, policy: str) -> BatchSpec:
-        """What packing this policy's samples into micro-batches needs (pad id, micro-batch size, PPO epochs)."""
+        """What packing this policy's samples into micro-batches needs (pad id, micro-batch size, PPO
+        epochs)."""
 
     def log_scalars(self, metrics: dict[str, float]) -> None:
         """Log at the current iteration."""
@@ -116,7 +117,8 @@ class RolloutConfig:
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
         if self.estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown estimator {self.estimator!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
+            raise ValueError(f"unknown estimator {self.estimator!r}; "
+                             f"known: {', '.join(ADVANTAGE_ESTIMATORS)}")
         if self.group_size < 1 or self.tasks_per_iteration < 1:
             raise ValueError("group_size and tasks_per_iteration must be >= 1")
         if self.val_tasks < 0 or self.val_k < 1:
@@ -164,8 +166,8 @@ class Rollouts:
     def check_ranks(self, world_size: int) -> None:
         """Refuse a rank count some rank would have no task for."""
         if self.config.tasks_per_iteration < world_size:
-            raise ValueError(f"tasks_per_iteration ({self.config.tasks_per_iteration}) must be >= the number of ranks "
-                             f"({world_size}): each rank plays whole tasks")
+            raise ValueError(f"tasks_per_iteration ({self.config.tasks_per_iteration}) must be >= the number "
+                             f"of ranks ({world_size}): each rank plays whole tasks")
 
     def prepare(self, backend: RolloutBackend, iteration: int) -> PreparedIteration:
         """Sync the weights, play this rank's share of the iteration's tasks, gather every rank's
@@ -195,7 +197,8 @@ class Rollouts:
         timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
         if prompt:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
-        return PreparedIteration(iteration, result, self.micro_batches(result.samples, backend), timings, scalars)
+        return PreparedIteration(iteration, result, self.micro_batches(result.samples, backend), timings,
+                                 scalars)
 
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
         """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``
@@ -205,8 +208,9 @@ class Rollouts:
         broken = [e.info["failure"] for e in result.episodes if "failure" in e.info]
         if broken and len(broken) > self.config.max_failed_share * len(result.episodes):
             raise OutageError(
-                f"{where}: {len(broken)} of {len(result.episodes)} episodes failed, more than max_failed_share="
-                f"{self.config.max_failed_share} allows; stopping. The first failure:\n{broken[0]}")
+                f"{where}: {len(broken)} of {len(result.episodes)} episodes failed, more than "
+                f"max_failed_share={self.config.max_failed_share} allows; stopping. "
+                f"The first failure:\n{broken[0]}")
         total: dict[str, int] = defaultdict(int)
         failed: dict[str, list[str]] = defaultdict(list)
         for s in result.samples:
@@ -219,9 +223,9 @@ class Rollouts:
             scalars[f"{prefix}/{agent}/failed_actions"] = float(len(why))
             if len(why) > self.config.max_failed_share * total[agent]:
                 raise OutageError(
-                    f"{where}: {len(why)} of {total[agent]} {agent} actions failed in the environment, more than "
-                    f"max_failed_share={self.config.max_failed_share} allows; stopping rather than training on an outage. "
-                    f"Last failure: {why[-1]}")
+                    f"{where}: {len(why)} of {total[agent]} {agent} actions failed in the environment, "
+                    f"more than max_failed_share={self.config.max_failed_share} allows; stopping rather "
+                    f"than training on an outage. Last failure: {why[-1]}")
         return scalars
 
     def _play(self, backend: RolloutBackend, desc: str, tasks: Sequence[Any], generate: GenerateFn, n: int,
@@ -231,7 +235,8 @@ class Rollouts:
         raised only once every rank has heard of it, in :func:`_gather`."""
         if not tasks:
             return RolloutResult([], []), None
-        bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc, show_progress(self.config.progress, backend.rank))
+        bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc,
+                         show_progress(self.config.progress, backend.rank))
         try:
             extra = {"progress": bar} if bar.active else {}
             return self.workflow.rollout(tasks, generate, n=n, sampling=sampling, seed=seed, **extra), None
@@ -277,7 +282,8 @@ class Rollouts:
                              f"{self.agent_map} (give --model.policies one entry per agent)")
         return {a: agents[(i + 1) % len(agents)] for i, a in enumerate(agents)}
 
-    def validate_all(self, backend: RolloutBackend, split: str = "val", swap_probe: bool = False) -> dict[str, float]:
+    def validate_all(self, backend: RolloutBackend, split: str = "val",
+                     swap_probe: bool = False) -> dict[str, float]:
         """:meth:`validate`, then (``swap_probe``) the same with the policies swapped; the scalars
         of both. :attr:`last_validation` keeps the first's samples."""
         scalars = self.validate(backend, split=split)
@@ -305,11 +311,12 @@ class Rollouts:
         generate = backend.generate_fn(train=False)
         if swap:
             generate = _Rerouted(generate, self.swapped_agents())
-        local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate, self.config.val_k,
-                                    "parallel", 0)
+        local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate,
+                                    self.config.val_k, "parallel", 0)
         result, _ = _gather(backend, local, failure)
         self.last_validation = result
-        failures = {k: v for k, v in self.check_failures(result, top, top).items() if v}  # only when some failed
+        # only when some failed
+        failures = {k: v for k, v in self.check_failures(result, top, top).items() if v}
         correct: dict[str, int] = defaultdict(int)
         for ep in result.episodes:
             correct[ep.task_uid] += int(ep.success)
@@ -390,8 +397,8 @@ def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseExceptio
     A rank whose rollout stopped (``failure``: a SIGTERM, an engine or environment error) still
     joins the collective and hands over what stopped it; then every rank raises the lowest failed
     rank's exception (the same type everywhere, so a SIGTERM on one rank stops every rank as
-    preempted, and two ranks failing differently still stop alike). A rank that raised before the gather would leave the others
-    waiting in it until the process group's timeout.
+    preempted, and two ranks failing differently still stop alike). A rank that raised before the
+    gather would leave the others waiting in it until the process group's timeout.
     """
     if backend.world_size == 1:
         if failure is not None:
@@ -401,13 +408,13 @@ def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseExceptio
     failures = [err for _, _, err in parts]
     if any(err is not None for err in failures):
         first = next(r for r, err in enumerate(failures) if err is not None)
-        log.error("rank %d stopped its rollout with %s: %s; every rank stops", first, type(failures[first]).__name__,
-                  failures[first])
+        log.error("rank %d stopped its rollout with %s: %s; every rank stops", first,
+                  type(failures[first]).__name__, failures[first])
         raise_first(failures, backend.rank, failure)
     counts: dict[str, float] = defaultdict(float)
     for r, _, _ in parts:
         for key, value in r.counts.items():
             counts[key] += value
-    return (RolloutResult([s for r, _, _ in parts for s in r.samples], [e for r, _, _ in parts for e in r.episodes],
-                          dict(counts)),
+    return (RolloutResult([s for r, _, _ in parts for s in r.samples],
+                          [e for r, _, _ in parts for e in r.episodes], dict(counts)),
             (sum(n for _, (n, _), _ in parts), sum(c for _, (_, c), _ in parts)))

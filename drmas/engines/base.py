@@ -130,7 +130,8 @@ class Engine(ABC):
     context_length: int | None = None
     """Prompt plus response tokens this engine takes (None: the model's own limit)."""
     prompt_tokens: int = 0
-    """Prompt tokens of the requests served since :meth:`take_cache_stats` (one per request, not per sample)."""
+    """Prompt tokens of the requests served since :meth:`take_cache_stats` (one per request, not per
+    sample)."""
     cached_tokens: int = 0
     """How many of them came from a prefix cache (engines without one leave both at 0)."""
 
@@ -178,22 +179,24 @@ def resolve_engine(name: str) -> tuple[str, type[Engine]]:
         if name not in ENGINES:
             raise ValueError(f"engine must be 'auto' or one of {ENGINES.names()}, got {name!r}")
         return name, ENGINES.get(name)
-    ranked = sorted(((c.auto_preference, n) for n, c in ENGINES.items() if c.auto_preference is not None), reverse=True)
+    ranked = sorted(((c.auto_preference, n) for n, c in ENGINES.items() if c.auto_preference is not None),
+                    reverse=True)
     for _, n in ranked:
         if ENGINES.get(n).available():
             return n, ENGINES.get(n)
     raise ValueError(f"--model.engine auto found no available engine among {[n for _, n in ranked]}")
 
 
-def parse_settings(name: str, engine: type[Engine], raw: dict[str, Any], where: str = "--model.engine_settings",
-                   base: Any = None) -> Any:
+def parse_settings(name: str, engine: type[Engine], raw: dict[str, Any],
+                   where: str = "--model.engine_settings", base: Any = None) -> Any:
     """``raw`` as an instance of the engine's :attr:`~Engine.settings_type` (over ``base``, else
     the type's defaults). One namespace serves every engine, as one config may run with any:
     the keys another registered engine declares are left to it; a key no engine declares, or a
     value of the wrong type, is refused in one line naming the key, the engine and ``where``."""
     kind = engine.settings_type
     hints = typing.get_type_hints(kind) if kind is not None else {}
-    others = {f.name for c in dict(ENGINES.items()).values() if c.settings_type is not None and c is not engine
+    others = {f.name for c in dict(ENGINES.items()).values()
+              if c.settings_type is not None and c is not engine
               for f in dataclasses.fields(c.settings_type)}
     own: dict[str, Any] = {}
     for key, value in raw.items():
@@ -205,7 +208,8 @@ def parse_settings(name: str, engine: type[Engine], raw: dict[str, Any], where: 
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         elif isinstance(want, type) and not isinstance(value, want):
-            raise ValueError(f"setting {key!r} of engine {name!r} in {where} must be {want.__name__}, got {value!r}")
+            raise ValueError(f"setting {key!r} of engine {name!r} in {where} must be {want.__name__}, "
+                             f"got {value!r}")
         own[key] = value
     if kind is None:
         return None
@@ -222,7 +226,8 @@ def policy_settings(settings: Any, config: Any) -> Any:
     return dataclasses.replace(settings, **{k: v for k, v in own.items() if k in known})
 
 
-def per_prompt(prompts: Sequence[Sequence[int]], params: GenerationParams, stops: Sequence[Sequence[str]] | None,
+def per_prompt(prompts: Sequence[Sequence[int]], params: GenerationParams,
+               stops: Sequence[Sequence[str]] | None,
                max_new_tokens: Sequence[int] | None) -> tuple[list[list[str]], list[int]]:
     """Each prompt's stop strings and length budget: the given ones, else ``params``'s; checked."""
     stops = [list(params.stop)] * len(prompts) if stops is None else [list(s) for s in stops]
@@ -252,7 +257,8 @@ def check_request(prompts: Sequence[Sequence[int]], n: int, params: GenerationPa
             raise ValueError(f"prompt {i} is empty; engines need at least one prompt token")
 
 
-def full_state_items(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def full_state_items(model: torch.nn.Module,
+                     dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s state-dict items one at a time, each a full tensor (cast to ``dtype``).
 
     A sharded (FSDP2) parameter is gathered from every rank when its turn comes and dropped once

@@ -28,8 +28,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request, full_state_items,
-                                per_prompt)
+from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request,
+                                full_state_items, per_prompt)
 from drmas.models import load_causal_lm
 from drmas.models.lora import activate
 
@@ -154,7 +154,8 @@ class HFEngine(Engine):
         if not place.sharded:
             return cls(policy.model, policy.tokenizer, adapter=policy.adapter), True
         model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]
-        return cls(model.to(place.device).eval().requires_grad_(False), policy.tokenizer, copy_weights=True), False
+        return cls(model.to(place.device).eval().requires_grad_(False), policy.tokenizer,
+                   copy_weights=True), False
 
     @classmethod
     def keeps_copy(cls, sharded: bool) -> bool:
@@ -197,7 +198,8 @@ class HFEngine(Engine):
     def _generate_rows(self, requests: list[tuple[list[int], list[str], int]],
                        params: GenerationParams) -> list[Generation]:
         """``(prompt, stop strings, length budget)`` rows in one ``generate`` call."""
-        rows, stops, limits = [r for r, _, _ in requests], [s for _, s, _ in requests], [m for _, _, m in requests]
+        rows, stops, limits = ([r for r, _, _ in requests], [s for _, s, _ in requests],
+                               [m for _, _, m in requests])
         device = next(self.model.parameters()).device
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -209,7 +211,8 @@ class HFEngine(Engine):
 
         greedy = params.temperature == 0
         eos_ids = self._eos_ids()
-        tracker = _StepTracker(self.tokenizer, width, len(rows), params.temperature, eos_ids, stops, limits, device)
+        tracker = _StepTracker(self.tokenizer, width, len(rows), params.temperature, eos_ids, stops, limits,
+                               device)
         # The recorder must see the raw logits, but generate appends custom processors after
         # its own warpers. So generate's warpers are switched off and ours follow the recorder.
         processors: list[LogitsProcessor] = [_Recorder(tracker)]
@@ -261,7 +264,8 @@ class HFEngine(Engine):
             )
         return results
 
-    def _shared_prefill(self, rows: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    def _shared_prefill(self, rows: list[list[int]], input_ids: torch.Tensor,
+                        attention_mask: torch.Tensor) -> Any:
         """The KV cache of every distinct prompt but its last token, computed once and repeated
         for each row that asks it; ``generate`` then starts from it. None when no prompt repeats
         (or the model keeps no cache): ``generate`` prefills as usual."""
@@ -274,7 +278,8 @@ class HFEngine(Engine):
         ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
         # the positions generate gives left-padded rows: counted from each row's first real token
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True).past_key_values
+        cache = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                           use_cache=True).past_key_values
         if cache is None or not hasattr(cache, "batch_select_indices"):
             return None
         cache.batch_select_indices(torch.tensor([slot[o] for o in owner], device=input_ids.device))

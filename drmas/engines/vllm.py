@@ -34,21 +34,20 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from drmas import console
-from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request, full_state_items,
-                                per_prompt)
-from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm, keep_dist_state, preserved_rng, vllm_available
-from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches, engine_fractions, engine_key,
-                                        engine_sizes, launcher_env, launcher_kwargs)
+from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request,
+                                full_state_items, per_prompt)
+from drmas.engines.vllm_runtime import (guard_kernel_rebind_scan, import_vllm, keep_dist_state,
+                                        preserved_rng, vllm_available)
+from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches,
+                                         engine_fractions, engine_key, engine_sizes, launcher_env,
+                                         launcher_kwargs)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
-
-if TYPE_CHECKING:
-    import vllm
 
 __all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 
@@ -154,8 +153,8 @@ class VLLMEngine(Engine):
         if key not in pool:
             sharing = [t.lora.rank for t in team.values() if t.share_base]
             lora = max(8, 1 << (max([c.lora.rank, *sharing]) - 1).bit_length())  # vLLM takes powers of two
-            pool[key] = cls(resolve_model_path(c.model), max_loras=len(sharing) if c.share_base else 1, max_lora_rank=lora,
-                            **kwargs)
+            pool[key] = cls(resolve_model_path(c.model), max_loras=len(sharing) if c.share_base else 1,
+                            max_lora_rank=lora, **kwargs)
             pool[key]._announce(key, place)
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
 
@@ -164,8 +163,9 @@ class VLLMEngine(Engine):
         device = place.device
         if device.type == "cuda" and place.world_size > 1 and device.index != place.local_rank:
             raise ValueError(f"rank {place.rank} trains on {device} but its vLLM engine would take "
-                             f"cuda:{place.local_rank} (vLLM's external launcher places an engine by LOCAL_RANK): "
-                             "give --trainer.devices a count, not a list, and choose GPUs with CUDA_VISIBLE_DEVICES")
+                             f"cuda:{place.local_rank} (vLLM's external launcher places an engine by "
+                             "LOCAL_RANK): give --trainer.devices a count, not a list, and choose GPUs "
+                             "with CUDA_VISIBLE_DEVICES")
 
     @classmethod
     def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool) -> None:
@@ -183,7 +183,8 @@ class VLLMEngine(Engine):
         if place.world_size > 1:  # which device each rank's engine took, as its LLM was asked for it
             executor = self.llm_kwargs.get("distributed_executor_backend", "uni")
             where = f"cuda:{place.local_rank}" if executor == "external_launcher" else "cpu"
-            print(f"[rank {place.rank}] vLLM engine of policy {name}: {where}, executor {executor}", flush=True)
+            print(f"[rank {place.rank}] vLLM engine of policy {name}: {where}, executor {executor}",
+                  flush=True)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
@@ -237,7 +238,8 @@ class VLLMEngine(Engine):
         """
         if self._asleep:  # GPU only: bring the weight memory back before writing into it
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_state_items(model, self.dtype)})
+        self.llm.collective_rpc("reload_weights",
+                                kwargs={"weights_iterator": full_state_items(model, self.dtype)})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         if self._asleep:
             self.llm.wake_up(tags=["kv_cache"])

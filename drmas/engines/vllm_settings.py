@@ -44,7 +44,8 @@ def engine_key(name: str, config: Any) -> str:
 
 
 def _per_engine(policies: dict[str, Any], value: Any) -> dict[str, Any]:
-    """``value(config)`` once per engine: policies sharing a LoRA base count once, with the first one's setting."""
+    """``value(config)`` once per engine: policies sharing a LoRA base count once, with the first one's
+    setting."""
     out: dict[str, Any] = {}
     for name, config in policies.items():
         out.setdefault(engine_key(name, config), value(config))
@@ -62,10 +63,10 @@ def check_gpu_fractions(fractions: dict[str, float]) -> None:
     total = sum(fractions.values())
     if total > 1.0 + 1e-9:
         shares = ", ".join(f"{name} {frac:g}" for name, frac in fractions.items())
-        raise ValueError(f"the vLLM engines of the policies share one GPU but ask for {total:g} of it ({shares}): "
-                         f"set --model.engine_settings.gpu_memory_utilization to at most {1.0 / len(fractions):.2f}, "
-                         f"or give the policies their own (engine_settings: {{gpu_memory_utilization: ...}}) adding up to "
-                         f"at most 1")
+        raise ValueError(f"the vLLM engines of the policies share one GPU but ask for {total:g} of it "
+                         f"({shares}): set --model.engine_settings.gpu_memory_utilization to at most "
+                         f"{1.0 / len(fractions):.2f}, or give the policies their own "
+                         f"(engine_settings: {{gpu_memory_utilization: ...}}) adding up to at most 1")
 
 
 def check_kv_caches(sizes: dict[str, float], machine_bytes: int | None = None) -> None:
@@ -78,8 +79,9 @@ def check_kv_caches(sizes: dict[str, float], machine_bytes: int | None = None) -
     if total > limit:
         each = ", ".join(f"{name} {gib:g}" for name, gib in sizes.items())
         raise ValueError(f"the vLLM engines' KV caches take {total:g} GiB ({each}) of this machine's "
-                         f"{machine_bytes / 2**30:.1f} GiB, more than the {limit:.1f} GiB they may use: lower "
-                         f"--model.engine_settings.kv_cache_gib or the policies' own (engine_settings: {{kv_cache_gib: ...}})")
+                         f"{machine_bytes / 2**30:.1f} GiB, more than the {limit:.1f} GiB they may use: "
+                         "lower --model.engine_settings.kv_cache_gib or the policies' own "
+                         f"(engine_settings: {{kv_cache_gib: ...}})")
 
 
 def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:

@@ -7,4 +7,5 @@ see docs/architecture.md.
 from drmas.envs.base import WORKFLOWS, ChatPrompt, Completion, PromptTemplate, Workflow
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 
-__all__ = ["WORKFLOWS", "Action", "ChatPrompt", "Completion", "EpisodeState", "PromptTemplate", "TurnWorkflow", "Workflow"]
+__all__ = ["WORKFLOWS", "Action", "ChatPrompt", "Completion", "EpisodeState", "PromptTemplate",
+           "TurnWorkflow", "Workflow"]

@@ -124,7 +124,8 @@ def pick_best(scores: Sequence[float], tie_break: str, rng: random.Random | None
     return ties[0] if rng is None or tie_break == "first" else rng.choice(ties)
 
 
-def sample_groups(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt], k: int = 1) -> list[list[Completion]]:
+def sample_groups(generate: GenerateFn, agent: str, prompts: Sequence[ChatPrompt],
+                  k: int = 1) -> list[list[Completion]]:
     """``k`` completions per prompt. Identical prompts (e.g. every trajectory's first turn) are
     merged into one request, so the engine computes their common prefix once."""
     slots: dict[ChatPrompt, list[int]] = defaultdict(list)

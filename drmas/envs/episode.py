@@ -121,7 +121,8 @@ class TurnWorkflow(Workflow):
         unknown = set(templates or {}) - set(self.agents)
         if unknown:
             raise ValueError(f"templates for unknown agents {sorted(unknown)}; agents: {list(self.agents)}")
-        self.alpha, self.format_penalty, self.role_rewards, self.tie_break = alpha, format_penalty, role_rewards, tie_break
+        self.alpha, self.format_penalty, self.role_rewards, self.tie_break = (alpha, format_penalty,
+                                                                              role_rewards, tie_break)
         self.templates = {**(default_templates or {}), **(templates or {})}
 
     # ---- what a domain declares -----------------------------------------------------------
@@ -135,7 +136,8 @@ class TurnWorkflow(Workflow):
         """``agent``'s prompt in ``state``."""
 
     @abstractmethod
-    def evaluate(self, agent: str, states: Sequence[EpisodeState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[EpisodeState],
+                 completions: Sequence[Completion]) -> list[Action]:
         """Parse and score each completion against its state, in one batch (so retrieval or
         code execution can run together); never changes a state."""
 
@@ -165,13 +167,14 @@ class TurnWorkflow(Workflow):
     # ---- the loop ---------------------------------------------------------------------------
 
     def rollout(
-        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, sampling: str = "parallel", seed: int = 0,
-        progress: Callable[[bool], None] | None = None,
+        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, sampling: str = "parallel",
+        seed: int = 0, progress: Callable[[bool], None] | None = None,
     ) -> RolloutResult:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {list(SAMPLINGS)}, got {sampling!r}")
         if sampling not in self.samplings:
-            raise ValueError(f"{type(self).__name__} plays {' or '.join(self.samplings)} sampling only, not {sampling!r}")
+            raise ValueError(f"{type(self).__name__} plays {' or '.join(self.samplings)} sampling only, "
+                             f"not {sampling!r}")
         tree = sampling == "tree"
         if tree:
             eps = [_Episode(self.initial_state(t), f"{t.uid}#tree") for t in tasks]
@@ -198,16 +201,19 @@ class TurnWorkflow(Workflow):
                 for s in ep.samples:
                     role = (s.info["role_reward"] if self.role_rewards else 0.0) + final.get(s.agent, 0.0)
                     s.team_reward = team
-                    s.local_reward, s.reward = sample_reward(team, role, s.valid, self.alpha, self.format_penalty)
-            episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, self.success(ep.state), ep.state.turn + 1, team,
-                                          self.episode_info(ep.state)))
+                    s.local_reward, s.reward = sample_reward(team, role, s.valid, self.alpha,
+                                                             self.format_penalty)
+            episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, self.success(ep.state),
+                                          ep.state.turn + 1, team, self.episode_info(ep.state)))
         return RolloutResult([s for ep in eps for s in ep.samples], episodes)
 
-    def _step(self, agent: str, group: list[_Episode], generate: GenerateFn, k: int, rng: random.Random | None) -> None:
+    def _step(self, agent: str, group: list[_Episode], generate: GenerateFn, k: int,
+              rng: random.Random | None) -> None:
         """One prompt per episode, ``k`` candidates each, all scored in one batch; then each
         episode executes its best candidate (with ``k == 1``, its only one)."""
         cands = sample_groups(generate, agent, [self.prompt(agent, ep.state) for ep in group], k)
-        actions = iter(self.evaluate(agent, [ep.state for ep in group for _ in range(k)], [c for cs in cands for c in cs]))
+        actions = iter(self.evaluate(agent, [ep.state for ep in group for _ in range(k)],
+                                     [c for cs in cands for c in cs]))
         for ep, comps in zip(group, cands):
             acts = [next(actions) for _ in comps]
             recs = [self._record(ep, agent, c, a) for c, a in zip(comps, acts)]
@@ -224,5 +230,6 @@ class TurnWorkflow(Workflow):
         if a.failure is not None:
             s.info["failure"] = a.failure
         s.team_reward = a.team_reward if a.ends else 0.0
-        s.local_reward, s.reward = sample_reward(s.team_reward, a.role_reward, a.valid, self.alpha, self.format_penalty)
+        s.local_reward, s.reward = sample_reward(s.team_reward, a.role_reward, a.valid, self.alpha,
+                                                 self.format_penalty)
         return s

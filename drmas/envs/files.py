@@ -65,6 +65,6 @@ def load_hub_dataset(name: str, hub_id: str, config: str | None, split: str) -> 
         return datasets.load_dataset(hub_id, config, split=split)
     except Exception as err:  # noqa: BLE001 - offline errors come in many types
         raise RuntimeError(
-            f"could not load {name!r} ({hub_id}{', config ' + config if config else ''}, split {split!r}): it "
-            f"needs network access to the Hugging Face hub or a copy in the local datasets cache ({err})"
+            f"could not load {name!r} ({hub_id}{', config ' + config if config else ''}, split {split!r}): "
+            f"it needs network access to the Hugging Face hub or a copy in the local datasets cache ({err})"
         ) from err

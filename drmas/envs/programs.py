@@ -38,7 +38,8 @@ _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def parse_program(text: str) -> str | None:
-    """The first fenced code block (an unclosed one runs to the end); ``None`` if there is none or it is empty."""
+    """The first fenced code block (an unclosed one runs to the end); ``None`` if there is none or it
+    is empty."""
     m = _CODE_BLOCK.search(text)
     return m.group(1).strip() or None if m else None
 

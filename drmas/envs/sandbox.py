@@ -49,8 +49,8 @@ user namespace with its own mount, pid, network and IPC namespaces: every mount 
 read-only, private tmpfs mounts hold the work dir and cover the shared writable directories,
 the user's home is hidden, and the program is pid 1 of its own pid namespace (it cannot signal
 the trainer) with a ``/proc`` of that namespace only (an empty one where the system forbids a
-fresh proc mount; never the host's). ``RLIMIT_NPROC`` then counts all processes of that user (it is set to their
-current number + 32). Where no such confinement is possible, runs are refused with
+fresh proc mount; never the host's). ``RLIMIT_NPROC`` then counts all processes of that user (it
+is set to their current number + 32). Where no such confinement is possible, runs are refused with
 :class:`SandboxUnavailable` unless the caller passes ``allow_unconfined=True``.
 
 Why one file of ~700 lines: this file is also the bootstrap (and the probe) that the sandbox
@@ -287,7 +287,8 @@ def _own_proc(mode: str) -> None:
     if mode == "own":
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     else:
-        _mount("tmpfs", "/proc", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=555,size=4k,nr_inodes=16")
+        _mount("tmpfs", "/proc", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+               "mode=555,size=4k,nr_inodes=16")
 
 
 def _proc_ids(pid: int) -> tuple[int, int] | None:
@@ -533,7 +534,8 @@ def _python() -> str:
 
 def _interpreter_dirs() -> list[str]:
     """The top directories the interpreter and its standard library need."""
-    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python()))}
+    needed = {os.path.realpath(p)
+              for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python()))}
     return sorted(p for p in needed if not any(p.startswith(q + "/") for q in needed))
 
 
@@ -587,14 +589,15 @@ def _features() -> _Features:
                     "install Python somewhere world-readable")
             mount = found["mount"]
             flags = ns | (_CLONE_NEWNS if mount else 0)
-            candidates = [_Features(True, flags, False, mount, expose if mount else (), "hidepid" if mount else "host")]
+            candidates = [_Features(True, flags, False, mount, expose if mount else (),
+                                    "hidepid" if mount else "host")]
             if not expose and (ns or mount):
                 candidates.append(_Features(True, 0, False, False))
         else:
             candidates = []
             if found["mount"]:
-                candidates.append(_Features(False, ns | _CLONE_NEWNS | _CLONE_NEWPID, True, True, _home_cover(),
-                                            "own" if found["proc"] else "empty"))
+                candidates.append(_Features(False, ns | _CLONE_NEWNS | _CLONE_NEWPID, True, True,
+                                            _home_cover(), "own" if found["proc"] else "empty"))
             else:
                 failures.append("unprivileged user namespaces with mounts are not permitted by this kernel"
                                 if not found["userns"] else "mounts in a user namespace are not permitted")
@@ -628,7 +631,8 @@ def _check_confined(feats: _Features, allow_unconfined: bool) -> None:
         + ("" if feats.unshare & _CLONE_NEWNET else ", and reach the network")
         + ". Run as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
         "user.max_user_namespaces > 0, or AppArmor's kernel.apparmor_restrict_unprivileged_userns=0), or "
-        "accept the risk with allow_unconfined=True (a workflow's --data.workflow.init_args.allow_unconfined true).")
+        "accept the risk with allow_unconfined=True "
+        "(a workflow's --data.workflow.init_args.allow_unconfined true).")
 
 
 def _lock_dir() -> str:
@@ -812,8 +816,8 @@ def _run(code: str, stdin: str, timeout_s: float, memory_mb: int, feats: _Featur
             cfg = {
                 "python": _python(), "script": script, "workdir": workdir, "uid": uid, "gid": uid,
                 "unshare": feats.unshare, "userns": feats.userns, "mount": feats.mount,
-                "expose": feats.expose, "proc": feats.proc, "rlimits": rlimits, "tmpfs_mb": TMPFS_MB, "keep": _interpreter_dirs(),
-                "status_fd": status_w, "parent_pid": os.getpid(),
+                "expose": feats.expose, "proc": feats.proc, "rlimits": rlimits, "tmpfs_mb": TMPFS_MB,
+                "keep": _interpreter_dirs(), "status_fd": status_w, "parent_pid": os.getpid(),
             }
             deadline = time.monotonic() + timeout_s
             try:

@@ -151,9 +151,9 @@ def _build_tiny_random_qwen3(out: Path, seed: int = 0) -> None:
 
     tok = AutoTokenizer.from_pretrained(_qwen3_tokenizer_dir())
     config = Qwen3Config(  # Qwen3 has no BOS token; padding with <|endoftext|>
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -29,7 +29,8 @@ class LoraSettings:
     dropout: float = 0.0
     """Dropout on the adapter's input."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    """Module names to adapt (e.g. ``[q_proj, v_proj]``); ``all-linear``: every linear layer but the output head."""
+    """Module names to adapt (e.g. ``[q_proj, v_proj]``); ``all-linear``: every linear layer but the
+    output head."""
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
@@ -97,7 +98,8 @@ def save_adapter(model: nn.Module, adapter: str, out: str, merged: bool = False)
 
     os.makedirs(out, exist_ok=True)
     state = peft.get_peft_model_state_dict(model, adapter_name=adapter)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(out, "adapter_model.safetensors"))
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+              os.path.join(out, "adapter_model.safetensors"))
     model.peft_config[adapter].save_pretrained(out)
     if merged:
         merged_model = _merged_copy(model, adapter)

@@ -81,7 +81,8 @@ def _row_offset(p: torch.Tensor) -> int:
 
     _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     if any(o for o in offset[1:]):
-        raise ValueError(f"a parameter sharded beyond its first dimension (offset {tuple(offset)}) cannot be loaded")
+        raise ValueError(f"a parameter sharded beyond its first dimension (offset {tuple(offset)}) "
+                         "cannot be loaded")
     return int(offset[0])
 
 
@@ -90,7 +91,8 @@ def _slice_reader(path: str, params: dict[str, Any]) -> tuple[Callable[[str, int
     files = _safetensors_files(path)
     if files and set(params) <= set(files):
         headers = {file: _header(file) for file in set(files.values())}
-        return (lambda name, start, stop: _rows(files[name], headers[files[name]], name, start, stop)), "slices"
+        return ((lambda name, start, stop: _rows(files[name], headers[files[name]], name, start, stop)),
+                "slices")
     log.warning("%s: no safetensors files naming every parameter; each rank reads the whole model once", path)
     from drmas.models.loading import load_causal_lm
 

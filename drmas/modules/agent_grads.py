@@ -33,5 +33,6 @@ class AgentGradients:
 
     def take_norms(self, policy: str) -> dict[str, float]:
         """Each agent's gradient norm since the policy's last step; the buffers are released."""
-        return {agent: float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a) for a in acc])))
+        return {agent: float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a)
+                                                                   for a in acc])))
                 for agent, acc in self._acc.pop(policy, {}).items()}

@@ -19,7 +19,8 @@ class EngineRouting:
     module's policies, ranks and engine settings.)"""
 
     def _placement(self) -> Placement:
-        return Placement(self.rank, self.local_rank, self.world_size, self.device, self.seed + self.rank, self._sharded)
+        return Placement(self.rank, self.local_rank, self.world_size, self.device, self.seed + self.rank,
+                         self._sharded)
 
     def _agree(self, failure: BaseException | None) -> None:
         """A collective: raise this rank's ``failure``, or another rank's, on every rank alike."""
@@ -32,8 +33,8 @@ class EngineRouting:
         if name not in self.engines:
             policy = self.policies[name]
             settings = policy_settings(self._engine_settings, policy.config)
-            self.engines[name], fresh = self._engine_class.create(policy, settings, self._placement(), self._engine_pool,
-                                                                  self._team)
+            self.engines[name], fresh = self._engine_class.create(policy, settings, self._placement(),
+                                                                  self._engine_pool, self._team)
             self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 
@@ -89,11 +90,12 @@ class PolicyGenerate:
         params = self._params(policy)
         # each prompt its own stop strings and length, within the policy's budget
         stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
-        lengths = [params.max_new_tokens if p.max_new_tokens is None else min(p.max_new_tokens, params.max_new_tokens)
+        lengths = [params.max_new_tokens if p.max_new_tokens is None
+                   else min(p.max_new_tokens, params.max_new_tokens)
                    for p in prompts]  # a length below 1 is refused by the engine, naming the prompt
         ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
-        outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent, ids, n,
-                          params, stops, lengths)
+        outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent,
+                          ids, n, params, stops, lengths)
         return [
             [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
             for pid, p, gens in zip(ids, prompts, outs)
@@ -105,7 +107,8 @@ class PolicyGenerate:
         policy = self._policy(agent)
         params = self._params(policy)
         engine = self.module.engines.get(policy.name)
-        context = getattr(engine, "context_length", None) or getattr(policy.model.config, "max_position_embeddings", None)
+        context = (getattr(engine, "context_length", None)
+                   or getattr(policy.model.config, "max_position_embeddings", None))
         return GenerationSettings(params.temperature, params.top_p, params.top_k, params.max_new_tokens,
                                   tuple(params.stop), context)
 

@@ -22,10 +22,12 @@ from torch.utils.checkpoint import checkpoint
 from drmas.packing import MIN_SHARED_TOKENS, pack_shared_prefixes, pad_samples
 from drmas.records import Sample, PackedRows
 
-__all__ = ["block_mask", "chunked_logprobs_match", "full_logprobs", "packed_logprobs_match", "response_logprobs"]
+__all__ = ["block_mask", "chunked_logprobs_match", "full_logprobs", "packed_logprobs_match",
+           "response_logprobs"]
 
 
-def _from_logits(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+def _from_logits(logits: Tensor, targets: Tensor, temperature: float,
+                 with_entropy: bool) -> tuple[Tensor, Tensor]:
     logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
@@ -56,7 +58,8 @@ def block_mask(segments: Tensor, boolean: bool) -> Tensor:
     allow = causal & (((k == 0) & (q >= 0)) | (k == q))
     if boolean:
         return allow[:, None]
-    return torch.zeros(allow.shape, device=segments.device).masked_fill(~allow, torch.finfo(torch.float32).min)[:, None]
+    return (torch.zeros(allow.shape, device=segments.device)
+            .masked_fill(~allow, torch.finfo(torch.float32).min)[:, None])
 
 
 def _decoder_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
@@ -69,7 +72,8 @@ def _decoder_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     ``logits_to_keep=1`` makes the model's own head project one position per sequence.
     """
     captured: list[Tensor] = []
-    handle = model.get_decoder().register_forward_hook(lambda mod, args, out: captured.append(out.last_hidden_state))
+    handle = model.get_decoder().register_forward_hook(
+        lambda mod, args, out: captured.append(out.last_hidden_state))
     try:
         model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
               logits_to_keep=1)
@@ -164,7 +168,8 @@ def packed_logprobs_match(model: nn.Module, atol: float = 1e-4) -> bool:
                               [0.0] * (3 + k)) for k in range(2)]
         ids, attn, resp, _ = (t.to(device) for t in pad_samples(samples, 0))
         plain, _ = response_logprobs(model, ids, attn, resp, 1.0)
-        ours, _ = response_logprobs(model, ids, attn, resp, 1.0, packed=pack_shared_prefixes(samples, 0).to(device))
+        ours, _ = response_logprobs(model, ids, attn, resp, 1.0,
+                                    packed=pack_shared_prefixes(samples, 0).to(device))
         return bool(torch.allclose(ours, plain, atol=atol, rtol=1e-4))
     except (TypeError, ValueError, RuntimeError):
         return False

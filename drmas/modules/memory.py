@@ -5,8 +5,8 @@ Counted: fp32 weights, gradients and the two AdamW moments (16 bytes per paramet
 over the ranks when sharded and moved to CPU with offloading; a bf16 reference copy when
 ``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass;
 the whole copy of the weights an engine keeps beside a sharded policy (``engine`` column:
-``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of the device (weights
-and KV cache) during the rollout.
+``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of
+the device (weights and KV cache) during the rollout.
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
 is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
 """
@@ -74,14 +74,17 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
         rows.append((p.name, weights, grads, optim, ref, logits, copy))
     engines = sum(engine_fractions) * device_bytes
     rollout = resident + engines
-    lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; activations not counted)",
-             f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} {'logits':>8s} {'engine':>8s}"]
+    lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; "
+             "activations not counted)",
+             f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} "
+             f"{'logits':>8s} {'engine':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
     lines.append(f"update peak {update / GIB:.2f} GiB; rollout peak {rollout / GIB:.2f} GiB "
-                 f"(engines {engines / GIB:.2f} GiB = {' + '.join(f'{f:g}' for f in engine_fractions) or '0'})")
+                 f"(engines {engines / GIB:.2f} GiB = "
+                 f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'})")
     fits = max(update, rollout) <= device_bytes
     if not fits:
-        lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks (--trainer.devices), "
-                     "offload (--trainer.strategy fsdp_offload), lower the engines' share (--model.engine_settings) or "
-                     "logprob_chunk_tokens, or use a smaller model")
+        lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks "
+                     "(--trainer.devices), offload (--trainer.strategy fsdp_offload), lower the engines' "
+                     "share (--model.engine_settings) or logprob_chunk_tokens, or use a smaller model")
     return "\n".join(lines), fits

@@ -86,7 +86,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             raise ValueError("at least one policy is needed")
         self.engine_name, self._engine_class = resolve_engine(engine)
         # the engine parses its own settings: their type depends on which engine `auto` picks here
-        self._engine_settings = parse_settings(self.engine_name, self._engine_class, dict(engine_settings or {}))
+        self._engine_settings = parse_settings(self.engine_name, self._engine_class,
+                                               dict(engine_settings or {}))
         for name, config in policies.items():  # each policy's overrides, checked before anything is built
             parse_settings(self.engine_name, self._engine_class, dict(config.engine_settings),
                            f"the engine_settings of policy {name!r}", self._engine_settings)
@@ -114,7 +115,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._engine_pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
         self._synced: dict[str, int] = {}
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
-        self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+        self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
+            lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
 
     # ---- agents, engines, generation ------------------------------------------------------
@@ -174,7 +176,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         from drmas.modules.sharding import shard_policies
 
         if self.agent_grad_norms:
-            raise ValueError("agent_grad_norms runs on one device: it is not supported with a sharded strategy")
+            raise ValueError("agent_grad_norms runs on one device: it is not supported with a sharded "
+                             "strategy")
         self.weights_read = shard_policies(self.policies, strategy, self.device_mesh["data_parallel"])
         self._sharded = True
 
@@ -194,15 +197,18 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             return
         engines = self._engine_class.device_fractions(self._team, self._engine_settings)
         copy = self._engine_class.keeps_copy(self._sharded)
-        entries = [policy_memory(p, self.loss.kl_coef > 0, self._plan_length(p.config), copy) for p in self.policies.values()]
-        plan, fits = memory_plan(entries, self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
+        entries = [policy_memory(p, self.loss.kl_coef > 0, self._plan_length(p.config), copy)
+                   for p in self.policies.values()]
+        plan, fits = memory_plan(entries, self.world_size,
+                                 torch.cuda.get_device_properties(self.device).total_memory,
                                  engines, getattr(self.trainer.strategy, "cpu_offload", False))
         rank_zero_info(plan)
         if not fits:
             raise ValueError(plan)
 
     def _plan_length(self, config: PolicyConfig) -> int:
-        """The longest sequence the memory plan counts for a policy: its engine's limit, else ``PLAN_LENGTH``."""
+        """The longest sequence the memory plan counts for a policy: its engine's limit, else
+        ``PLAN_LENGTH``."""
         return self._engine_class.context_limit(policy_settings(self._engine_settings, config)) or PLAN_LENGTH
 
     def configure_optimizers(self):
@@ -231,7 +237,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         return policy.token_logprobs(batch, temperature, with_entropy, reference)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
-        self.stop_signal.raise_if_any(self.world_size, self.device)  # every rank stops at the same micro-batch
+        # every rank stops at the same micro-batch
+        self.stop_signal.raise_if_any(self.world_size, self.device)
         policy = self.policies[batch.policy]
         sampling = policy.config.train_generation
         logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
@@ -247,7 +254,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             old = torch.stack([self._old_logprobs[(batch.policy, i)] for i in batch.sample_index.tolist()])
         importance_weights = None
         if self.importance_cap is not None:
-            importance_weights = truncated_importance_weights(old, batch.engine_logprobs, self.importance_cap) * mask
+            importance_weights = truncated_importance_weights(old, batch.engine_logprobs,
+                                                              self.importance_cap) * mask
         ref = None
         if self.loss.kl_coef > 0:
             with torch.no_grad():
@@ -271,10 +279,12 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 bucket[k].append((float(v), batch.loss_scale))
             bucket["loss"].append((float(loss.detach()), batch.loss_scale))
             bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
-            ran = batch.packed.tokens if batch.packed is not None and policy.chunk_tokens else batch.attention_mask.sum()
+            ran = (batch.packed.tokens if batch.packed is not None and policy.chunk_tokens
+                   else batch.attention_mask.sum())
             bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
             if importance_weights is not None and mask.any():
-                bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()), batch.loss_scale))
+                bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()),
+                                                         batch.loss_scale))
         out: dict[str, Any] = {}
         if batch.step_after:
             out["grad_norms"] = {batch.policy: self._step(policy)}
@@ -369,14 +379,16 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             raise ValueError("this checkpoint was not written by drmas.MultiAgentRL")
         rng = state["rng"]
         if len(rng) != self.world_size:
-            raise ValueError(f"this checkpoint was written by {len(rng)} rank(s) and this run has {self.world_size}: "
-                             f"resume with the same --trainer.devices x --trainer.num_nodes ({len(rng)})")
+            raise ValueError(f"this checkpoint was written by {len(rng)} rank(s) and this run has "
+                             f"{self.world_size}: resume with the same --trainer.devices x "
+                             f"--trainer.num_nodes ({len(rng)})")
         saved, now = state.get("precision"), self._precision()
         if saved is not None and now is not None and saved != now:
             raise ValueError(
-                f"this checkpoint was trained in precision {saved} (on {state.get('machine', 'another machine')}) and "
-                f"this run would continue in {now}: a run is resumed in the precision it started in, so that its "
-                f"numbers continue as they would have; resume with --trainer.precision {saved}")
+                f"this checkpoint was trained in precision {saved} (on "
+                f"{state.get('machine', 'another machine')}) and this run would continue in {now}: a run is "
+                "resumed in the precision it started in, so that its numbers continue as they would have; "
+                f"resume with --trainer.precision {saved}")
         self.iteration = state["iteration"]
         self.history = state["history"]
         for n, v in state["versions"].items():

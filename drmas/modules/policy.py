@@ -18,8 +18,8 @@ from drmas.hardware import compute_device, fast_dtype
 from drmas.models import load_causal_lm, load_tokenizer
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
 from drmas.models.sharded_loading import empty_causal_lm, load_shards
-from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, full_logprobs, packed_logprobs_match,
-                                    response_logprobs)
+from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, full_logprobs,
+                                    packed_logprobs_match, response_logprobs)
 from drmas.records import MicroBatch
 
 __all__ = ["Policy", "PolicyConfig", "deferred_weights", "make_policies"]
@@ -50,7 +50,8 @@ class PolicyConfig:
     ppo_epochs: int = 1
     """Optimiser steps per RL iteration, each over all of this policy's samples."""
     lr_schedule: str = "constant"
-    """``constant``, ``linear`` (decay to 0) or ``cosine`` (to 0), after warm-up, over the run's iterations."""
+    """``constant``, ``linear`` (decay to 0) or ``cosine`` (to 0), after warm-up, over the run's
+    iterations."""
     warmup_iterations: int = 0
     """Iterations of linear warm-up from 0 to ``lr``."""
     gradient_checkpointing: bool = False
@@ -60,9 +61,11 @@ class PolicyConfig:
     position at once, the memory-hungry way); see ``drmas.modules.logprobs``."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
-    train_generation: GenerationParams = field(default_factory=lambda: GenerationParams(temperature=1.0, max_new_tokens=64))
+    train_generation: GenerationParams = field(
+        default_factory=lambda: GenerationParams(temperature=1.0, max_new_tokens=64))
     """Generation settings (temperature, top-p/k, length budget, stops) of training rollouts."""
-    eval_generation: GenerationParams = field(default_factory=lambda: GenerationParams(temperature=0.7, max_new_tokens=64))
+    eval_generation: GenerationParams = field(
+        default_factory=lambda: GenerationParams(temperature=0.7, max_new_tokens=64))
     """Generation settings of validation and testing."""
     engine_settings: dict[str, Any] = field(default_factory=dict)
     """This policy's own engine settings over ``--model.engine_settings`` (any key of the
@@ -83,12 +86,13 @@ class PolicyConfig:
         if self.micro_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
         if self.logprob_chunk_tokens < 0:
-            raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
+            raise ValueError("logprob_chunk_tokens must be >= 0 (0 = no chunking), "
+                             f"got {self.logprob_chunk_tokens}")
         if self.share_base and self.lora is None:
             raise ValueError("share_base needs a lora section: only adapters can share a base model")
         if not self.trainable and self.lora is not None:
-            raise ValueError("a frozen policy (trainable: false) has no lora section: an adapter that is never "
-                             "trained changes nothing")
+            raise ValueError("a frozen policy (trainable: false) has no lora section: an adapter that is "
+                             "never trained changes nothing")
 
 
 class Policy(nn.Module):
@@ -108,7 +112,8 @@ class Policy(nn.Module):
         if shared is not None:
             self.model, self.tokenizer = add_lora(shared.model, name, config.lora), shared.tokenizer
         elif self.deferred:
-            self.model, self.tokenizer = empty_causal_lm(config.model, config.dtype), load_tokenizer(config.model)
+            self.model, self.tokenizer = (empty_causal_lm(config.model, config.dtype),
+                                          load_tokenizer(config.model))
         else:
             self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
             if config.lora is not None:
@@ -121,7 +126,8 @@ class Policy(nn.Module):
             # bf16 halves its memory where it is native (it only ever runs without gradients);
             # where bf16 is emulated it would be the slowest forward of the update
             dtype = fast_dtype(compute_device(), next(self.model.parameters()).dtype)
-            ref = empty_causal_lm(config.model, dtype) if self.deferred else copy.deepcopy(self.model).to(dtype)
+            ref = (empty_causal_lm(config.model, dtype) if self.deferred
+                   else copy.deepcopy(self.model).to(dtype))
             self.reference = ref.eval().requires_grad_(False)
         self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
         if config.gradient_checkpointing:
@@ -153,17 +159,18 @@ class Policy(nn.Module):
         warning."""
         name, kind = self.name, type(self.model).__name__
         if self.chunk_tokens and not chunked_logprobs_match(self.model, atol):
-            log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path", name, kind)
+            log.warning("policy %s: %s post-processes its logits; log-probs use the full-logits path",
+                        name, kind)
             self.chunk_tokens = 0
         wanted = self.prefix_sharing
         self.prefix_sharing = wanted and self.chunk_tokens > 0 and packed_logprobs_match(self.model, atol)
         if wanted and not self.prefix_sharing:
-            log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and the "
-                        "chunked log-probs); every sample runs its whole prompt", name, kind)
+            log.warning("policy %s: %s cannot run packed shared prefixes (needs SDPA or eager attention and "
+                        "the chunked log-probs); every sample runs its whole prompt", name, kind)
         if self.prefix_sharing and self.attention_window is not None:
-            log.warning("policy %s: %s attends within a sliding window of %d tokens, which packed rows cannot "
-                        "follow: shared prefixes are packed only in micro-batches whose every sample fits in "
-                        "it, the others run whole samples", name, kind, self.attention_window)
+            log.warning("policy %s: %s attends within a sliding window of %d tokens, which packed rows "
+                        "cannot follow: shared prefixes are packed only in micro-batches whose every sample "
+                        "fits in it, the others run whole samples", name, kind, self.attention_window)
 
     def token_logprobs(self, batch: MicroBatch, temperature: float, with_entropy: bool = False,
                        reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -196,7 +203,8 @@ class Policy(nn.Module):
         """One line for the console: model, size, what is trained, dtype, engine."""
         total = sum(p.numel() for p in self.model.parameters())
         trained = sum(p.numel() for p in self.trainable_parameters())
-        what = ("frozen" if not self.trainable else f"LoRA adapter {trained / 1e6:.2f}M trained" if self.adapter
+        what = ("frozen" if not self.trainable
+                else f"LoRA adapter {trained / 1e6:.2f}M trained" if self.adapter
                 else "all trained")
         return (f"policy {self.name}: {self.config.model}, {total / 1e6:.1f}M parameters ({what}), "
                 f"{self.config.dtype}, {engine} engine")
@@ -216,7 +224,8 @@ class Policy(nn.Module):
             self.reference.eval()  # frozen: never dropout, whatever mode training puts us in
         return self
 
-    def make_optimizer(self, total_iterations: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    def make_optimizer(self, total_iterations: int) -> tuple[torch.optim.Optimizer,
+                                                             torch.optim.lr_scheduler.LambdaLR]:
         c = self.config
         # The fused kernel wherever it exists. On GPUs the default (foreach) step allocates
         # temporaries as large as all parameters together (another 4 bytes/parameter, 32 GB for
@@ -255,7 +264,8 @@ def make_policies(configs: dict[str, PolicyConfig], reference: bool = False,
     policies: dict[str, Policy] = {}
     first: Policy | None = None
     for name, cfg in configs.items():
-        policies[name] = Policy(name, cfg, reference, prefix_sharing, shared=first if cfg.share_base else None)
+        policies[name] = Policy(name, cfg, reference, prefix_sharing,
+                                shared=first if cfg.share_base else None)
         if cfg.share_base and first is None:
             first = policies[name]
     return policies

@@ -78,5 +78,6 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
                 scalars[f"train/{name}/grad_norm"] = values[-1][0]
                 scalars[f"train/{name}/grad_norm_max"] = max(v for v, _ in values)
             else:
-                scalars[f"train/{name}/{key}"] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1e-12)
+                scalars[f"train/{name}/{key}"] = (sum(v * w for v, w in values)
+                                                  / max(sum(w for _, w in values), 1e-12))
     return scalars

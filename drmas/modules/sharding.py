@@ -17,8 +17,8 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
-__all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded", "resolve_strategy",
-           "shard_model", "shard_policies"]
+__all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded",
+           "resolve_strategy", "shard_model", "shard_policies"]
 
 
 class FSDP(ModelParallelStrategy):
@@ -51,7 +51,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def shard_model(model: nn.Module, mesh: Any, mixed_precision: bool = False, cpu_offload: bool = False) -> nn.Module:
+def shard_model(model: nn.Module, mesh: Any, mixed_precision: bool = False,
+                cpu_offload: bool = False) -> nn.Module:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -82,7 +83,8 @@ def shard_policies(policies: Any, strategy: Any, mesh: Any) -> dict[str, str]:
         if policy.reference is not None:
             shard_model(policy.reference, mesh, False, offload)
         if policy.deferred:  # offloaded shards live in CPU memory
-            read[policy.name] = policy.load_weights(torch.device("cpu") if offload else strategy.root_device, mixed)
+            read[policy.name] = policy.load_weights(torch.device("cpu") if offload else strategy.root_device,
+                                                    mixed)
     return read
 
 
@@ -123,8 +125,9 @@ def check_precision(precision: str) -> None:
     """Refuse fp16 mixed precision: drmas steps the optimisers itself, so gradients would be
     clipped (and their norms logged) while still multiplied by the fp16 loss scale."""
     if precision.startswith("16"):
-        raise ValueError(f"precision {precision!r} is not supported: the optimisers are stepped by drmas, which "
-                         "would clip gradients still scaled by fp16's loss scaler; use bf16-mixed or 32-true")
+        raise ValueError(f"precision {precision!r} is not supported: the optimisers are stepped by drmas, "
+                         "which would clip gradients still scaled by fp16's loss scaler; "
+                         "use bf16-mixed or 32-true")
 
 
 def check_resume(ckpt_path: Any, strategy: Any) -> None:
@@ -136,4 +139,5 @@ def check_resume(ckpt_path: Any, strategy: Any) -> None:
     if os.path.isdir(ckpt_path) and os.path.isfile(meta):
         ranks = len(torch.load(meta, map_location="cpu", weights_only=True)["drmas"]["rng"])
         raise ValueError(f"{ckpt_path} is a sharded checkpoint written by {ranks} ranks: resume it with "
-                         f"--trainer.strategy fsdp and {ranks} ranks (--trainer.devices x --trainer.num_nodes)")
+                         f"--trainer.strategy fsdp and {ranks} ranks "
+                         "(--trainer.devices x --trainer.num_nodes)")

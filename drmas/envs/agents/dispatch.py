@@ -68,14 +68,16 @@ class Dispatcher:
                         first_at = time.monotonic() if first_at is None else first_at
         except BaseException as err:
             for call in pending + [c for c in self._take(0) if isinstance(c, Call)]:
-                call.answer(ApiError(500, f"the rollout stopped: {type(err).__name__}: {err}", "rollout_stopped"))
+                call.answer(ApiError(500, f"the rollout stopped: {type(err).__name__}: {err}",
+                                     "rollout_stopped"))
             raise  # the workflow ends every session, so later calls are answered 410
 
     def _take(self, timeout: float) -> list[Any]:
         """Whatever is in the inbox, waiting up to ``timeout`` for the first item."""
         items = []
         try:
-            items.append(self.inbox.get(timeout=max(timeout, 0.0)) if timeout > 0 else self.inbox.get_nowait())
+            items.append(self.inbox.get(timeout=max(timeout, 0.0)) if timeout > 0
+                         else self.inbox.get_nowait())
             while True:
                 items.append(self.inbox.get_nowait())
         except queue.Empty:
@@ -101,8 +103,8 @@ class Dispatcher:
         if tokens + budget <= settings.context_length:
             return True
         call.answer(ApiError(
-            400, f"this model's maximum context length is {settings.context_length} tokens; the messages take "
-            f"{tokens} and the completion may take {budget} (lower max_tokens or shorten the messages)",
+            400, f"this model's maximum context length is {settings.context_length} tokens; the messages "
+            f"take {tokens} and the completion may take {budget} (lower max_tokens or shorten the messages)",
             "context_length_exceeded", "messages"))
         return False
 

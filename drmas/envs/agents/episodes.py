@@ -51,8 +51,9 @@ def load_episode(spec: str | Callable[..., Any]) -> Callable[..., Any]:
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as err:
-            raise ModuleNotFoundError(f"episode {spec!r}: cannot import {where!r} ({err}); run from the folder "
-                                      "that holds it, or give a file path (path/to/file.py:function)") from err
+            raise ModuleNotFoundError(f"episode {spec!r}: cannot import {where!r} ({err}); run from the "
+                                      "folder that holds it, or give a file path "
+                                      "(path/to/file.py:function)") from err
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"episode {spec!r}: {where} has no function {name!r}")
@@ -88,8 +89,8 @@ def read_outcome(value: Any, agents: Sequence[str]) -> Outcome:
         return Outcome(team, {}, team > 0)
     unknown = [k for k in value if k not in agents and k not in ("team", "success")]
     if unknown:
-        raise EpisodeFailure(f"the episode returned rewards for {unknown}, which are not agents; the keys may be the "
-                             f"agents ({', '.join(agents)}), 'team' and 'success'")
+        raise EpisodeFailure(f"the episode returned rewards for {unknown}, which are not agents; the keys "
+                             f"may be the agents ({', '.join(agents)}), 'team' and 'success'")
     team = _number(value.get("team", 0.0), "'team'")
     local = {a: _number(v, f"agent {a!r}'s reward") for a, v in value.items() if a in agents}
     success = value.get("success", team > 0)
@@ -151,7 +152,8 @@ def _call(fn: Callable[..., Any], row: dict[str, Any], base_url: str, key: str, 
 def failure_of(run: EpisodeRun, agents: Sequence[str], timeout_s: float) -> tuple[Outcome | None, str | None]:
     """``(outcome, None)`` for an episode that ended well, else ``(None, why)``."""
     if run.timed_out:
-        return None, f"episode {run.traj_uid} passed its timeout of {timeout_s:g} s (its thread was left to end)"
+        return None, (f"episode {run.traj_uid} passed its timeout of {timeout_s:g} s "
+                      "(its thread was left to end)")
     if run.error is not None:
         return None, f"episode {run.traj_uid} raised:\n{run.error}"
     if not run.session.records:

@@ -72,7 +72,8 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
 
 def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, list) or not raw:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "invalid_value", "messages")
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects",
+                       "invalid_value", "messages")
     out = []
     for i, m in enumerate(raw):
         param = f"messages[{i}]"
@@ -82,15 +83,16 @@ def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
         if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
             raise _unsupported("tool calls and tool messages are", param)
         if role not in _ROLES:
-            raise ApiError(400, f"{param}.role must be one of {sorted(_ROLES)}, got {role!r}", "invalid_value", param)
+            raise ApiError(400, f"{param}.role must be one of {sorted(_ROLES)}, got {role!r}",
+                           "invalid_value", param)
         content = m.get("content")
         if isinstance(content, list):
             raise _unsupported(f"list-of-parts message content ({param}.content; send a string) is", param)
         if content is None and role == "assistant":
             content = ""
         if not isinstance(content, str):
-            raise ApiError(400, f"{param}.content must be a string, got {type(content).__name__}", "invalid_value",
-                           param)
+            raise ApiError(400, f"{param}.content must be a string, got {type(content).__name__}",
+                           "invalid_value", param)
         out.append((_ROLES[role], content))
     return tuple(out)
 
@@ -100,7 +102,8 @@ def _stops(raw: Any) -> tuple[str, ...]:
         return ()
     stops = [raw] if isinstance(raw, str) else raw
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise ApiError(400, f"stop must be a non-empty string or a list of them, got {raw!r}", "invalid_value", "stop")
+        raise ApiError(400, f"stop must be a non-empty string or a list of them, got {raw!r}",
+                       "invalid_value", "stop")
     return tuple(stops)
 
 
@@ -117,7 +120,8 @@ def _overrides(body: dict[str, Any], policy: GenerationSettings | None) -> bool:
     return False
 
 
-def parse_chat_request(body: Any, agents: Sequence[str], settings: dict[str, GenerationSettings] | None = None,
+def parse_chat_request(body: Any, agents: Sequence[str],
+                       settings: dict[str, GenerationSettings] | None = None,
                        training: bool = True) -> ChatRequest:
     """The request of a ``POST /v1/chat/completions`` body, or an :class:`ApiError`: 400 for a
     malformed or unsupported body, 404 for an unknown agent (``model``). ``settings``: each
@@ -133,8 +137,8 @@ def parse_chat_request(body: Any, agents: Sequence[str], settings: dict[str, Gen
         raise _unsupported("response_format other than text is", "response_format")
     model = body.get("model")
     if model not in agents:
-        raise ApiError(404, f"the model {model!r} is not an agent of this run; the agents are: {', '.join(agents)}",
-                       "model_not_found", "model")
+        raise ApiError(404, f"the model {model!r} is not an agent of this run; the agents are: "
+                       f"{', '.join(agents)}", "model_not_found", "model")
     messages = _messages(body.get("messages"))
     n = _positive_int(body, "n") or 1
     if training and n != 1:
@@ -144,9 +148,11 @@ def parse_chat_request(body: Any, agents: Sequence[str], settings: dict[str, Gen
     length = _positive_int(body, key)
     policy = (settings or {}).get(model)
     if length is not None and policy is not None and length > policy.max_new_tokens:
-        raise ApiError(400, f"{key} is {length}, more than agent {model!r} may generate: its policy's limit is "
-                       f"{policy.max_new_tokens} tokens (max_new_tokens of its sampling settings)", "invalid_value", key)
-    return ChatRequest(model, ChatPrompt(messages, "", _stops(body.get("stop")), length), n, _overrides(body, policy))
+        raise ApiError(400, f"{key} is {length}, more than agent {model!r} may generate: its policy's "
+                       f"limit is {policy.max_new_tokens} tokens (max_new_tokens of its sampling "
+                       "settings)", "invalid_value", key)
+    return ChatRequest(model, ChatPrompt(messages, "", _stops(body.get("stop")), length), n,
+                       _overrides(body, policy))
 
 
 def message_content(completion: Completion, stops: Sequence[str]) -> str:
@@ -172,5 +178,6 @@ def chat_response(agent: str, completions: Sequence[Completion], stops: Sequence
         "choices": [{"index": i, "message": {"role": "assistant", "content": message_content(c, stops)},
                      "finish_reason": "length" if c.finish_reason == "length" else "stop", "logprobs": None}
                     for i, c in enumerate(completions)],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
+        "usage": {"prompt_tokens": prompt, "completion_tokens": generated,
+                  "total_tokens": prompt + generated},
     }

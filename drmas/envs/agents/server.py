@@ -144,16 +144,18 @@ class Endpoint:
 
     def _session(self, sid: "str | None", authorization: "str | None") -> "Session | None":
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.key.encode()):
-            raise ApiError(401, "missing or wrong API key: use the api_key the episode was given", "invalid_api_key")
+        if (scheme.lower() != "bearer"
+                or not secrets.compare_digest(token.strip().encode(), self.key.encode())):
+            raise ApiError(401, "missing or wrong API key: use the api_key the episode was given",
+                           "invalid_api_key")
         if sid is None:
             return None
         session = self.sessions.get(sid)
         if session is None and sid not in self.gone:
             raise ApiError(404, f"no episode {sid!r} on this endpoint", "episode_not_found")
         if session is None or not session.open:
-            raise ApiError(410, f"episode {sid!r} has ended (finished, failed or timed out); its URL takes no more "
-                           "requests", "episode_gone")
+            raise ApiError(410, f"episode {sid!r} has ended (finished, failed or timed out); its URL takes "
+                           "no more requests", "episode_gone")
         return session
 
     def _app(self) -> Any:
@@ -193,7 +195,8 @@ class Endpoint:
             with session._lock:
                 seq, session.calls = session.calls, session.calls + 1
                 session.overrides += int(req.overrides_generation)
-            self.inbox.put(Call(session, req, seq, lambda value: loop.call_soon_threadsafe(_settle, future, value)))
+            self.inbox.put(Call(session, req, seq,
+                                lambda value: loop.call_soon_threadsafe(_settle, future, value)))
             result = await future
             if isinstance(result, ApiError):
                 raise result
@@ -206,9 +209,9 @@ class Endpoint:
         async def other(path: str, request: Request) -> Any:
             self._session(None, request.headers.get("authorization"))
             if path.endswith("v1/responses") or path.endswith("v1/completions"):
-                raise ApiError(400, f"/{path} is not supported by the drmas endpoint yet: use /v1/chat/completions",
-                               "unsupported_endpoint")
-            raise ApiError(404, f"no route /{path}: the endpoint serves /episodes/<id>/v1/chat/completions and "
-                           "/v1/models", "not_found")
+                raise ApiError(400, f"/{path} is not supported by the drmas endpoint yet: "
+                               "use /v1/chat/completions", "unsupported_endpoint")
+            raise ApiError(404, f"no route /{path}: the endpoint serves /episodes/<id>/v1/chat/completions "
+                           "and /v1/models", "not_found")
 
         return app

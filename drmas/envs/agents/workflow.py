@@ -56,8 +56,8 @@ def read_tasks(path: str) -> list[RowTask]:
 @WORKFLOWS.register("agents")
 class AgentsWorkflow(Workflow):
     samplings = ("parallel",)
-    why_not = {"tree": "tree sampling copies an episode at a turn to sample candidates from one state, and an "
-                       "opaque program cannot be copied"}
+    why_not = {"tree": "tree sampling copies an episode at a turn to sample candidates from one state, "
+                       "and an opaque program cannot be copied"}
 
     def __init__(
         self,
@@ -99,8 +99,8 @@ class AgentsWorkflow(Workflow):
         if train_file is None:
             raise ValueError("train_file: the training tasks (JSONL or parquet, one task per row) are needed")
         if not 0.0 <= val_share < 1.0 or window_ms < 0 or episode_timeout_s <= 0:
-            raise ValueError(f"need 0 <= val_share < 1, window_ms >= 0 and episode_timeout_s > 0; got {val_share}, "
-                             f"{window_ms}, {episode_timeout_s}")
+            raise ValueError("need 0 <= val_share < 1, window_ms >= 0 and episode_timeout_s > 0; "
+                             f"got {val_share}, {window_ms}, {episode_timeout_s}")
         self.agents = tuple(agents)
         self.episode: Callable[..., Any] = load_episode(episode)
         self.alpha, self.format_penalty = alpha, format_penalty
@@ -117,13 +117,14 @@ class AgentsWorkflow(Workflow):
                   "test": read_tasks(test_file) if test_file else []}
         if not val_file and val_share > 0:
             if len(train) < 2:
-                raise ValueError(f"{train_file} has {len(train)} task: too few to hold some apart for validation "
-                                 "(give val_file, or val_share 0 with --data.val_tasks 0)")
+                raise ValueError(f"{train_file} has {len(train)} task: too few to hold some apart for "
+                                 "validation (give val_file, or val_share 0 with --data.val_tasks 0)")
             held = set(random.Random(0).sample(range(len(train)), max(1, round(val_share * len(train)))))
             splits["val"] = [t for i, t in enumerate(train) if i in held]
             splits["train"] = [t for i, t in enumerate(train) if i not in held]
             log.warning("agents workflow: %d of the %d tasks of %s held apart for validation (val_share=%g), "
-                        "%d left to train on", len(held), len(train), train_file, val_share, len(splits["train"]))
+                        "%d left to train on", len(held), len(train), train_file, val_share,
+                        len(splits["train"]))
         return splits
 
     def tasks(self, split: str) -> Sequence[RowTask]:
@@ -136,7 +137,8 @@ class AgentsWorkflow(Workflow):
     def rollout(self, tasks: Sequence[RowTask], generate: GenerateFn, *, n: int, sampling: str = "parallel",
                 seed: int = 0, progress: Callable[[bool], None] | None = None) -> RolloutResult:
         if sampling not in self.samplings:
-            raise ValueError(f"the agents workflow plays parallel sampling only: {self.why_not.get(sampling, sampling)}")
+            raise ValueError("the agents workflow plays parallel sampling only: "
+                             f"{self.why_not.get(sampling, sampling)}")
         if self._endpoint is None:
             self._endpoint = Endpoint(self.agents)
             self._endpoint.start()
@@ -174,18 +176,21 @@ class AgentsWorkflow(Workflow):
             outcome, why = failure_of(run, self.agents, self.timeout_s)
             records = run.session.records
             if why is not None:  # none of a failed episode's samples is trained
-                episodes.append(EpisodeResult(run.task.uid, run.traj_uid, False, len(records), 0.0, {"failure": why}))
+                episodes.append(EpisodeResult(run.task.uid, run.traj_uid, False, len(records), 0.0,
+                                              {"failure": why}))
                 continue
             for rec in records:
                 c = rec.completion
                 valid = c.finish_reason == "stop"
-                local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid, self.alpha,
-                                              self.format_penalty)
+                local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid,
+                                              self.alpha, self.format_penalty)
                 samples.append(Sample(
                     task_uid=run.task.uid, traj_uid=run.traj_uid, agent=rec.agent, turn=rec.turn,
-                    policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
-                    text=c.text, valid=valid, team_reward=outcome.team, local_reward=local, reward=reward))
-            episodes.append(EpisodeResult(run.task.uid, run.traj_uid, outcome.success, len(records), outcome.team))
+                    policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids,
+                    engine_logprobs=c.logprobs, text=c.text, valid=valid, team_reward=outcome.team,
+                    local_reward=local, reward=reward))
+            episodes.append(EpisodeResult(run.task.uid, run.traj_uid, outcome.success, len(records),
+                                          outcome.team))
         return RolloutResult(samples, episodes)
 
     def scalars(self, counts: dict[str, float]) -> dict[str, float]:

@@ -123,12 +123,14 @@ def run_tests(code: str) -> None:
         compile(code, "main.py", "exec")
     except (SyntaxError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"[:200]
-        print(json.dumps([{"status": "error", "digest": "", "preview": "", "error": error}] * len(job["inputs"])))
+        print(json.dumps([{"status": "error", "digest": "", "preview": "", "error": error}]
+                         * len(job["inputs"])))
         return
     results: list = []
     for i, text in enumerate(job["inputs"]):
         if sum(r["status"] == "timeout" for r in results) >= 2:  # bounds a run's time: the rest fail
-            results.append({"status": "timeout", "digest": "", "preview": "", "error": "not run after two timeouts"})
+            results.append({"status": "timeout", "digest": "", "preview": "",
+                            "error": "not run after two timeouts"})
             continue
         path = f"input-{i}.txt"
         with open(path, "w", encoding="utf-8") as f:

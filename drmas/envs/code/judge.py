@@ -63,7 +63,8 @@ class Judge:
     def _run(self, jobs: Sequence[tuple[str | None, Sequence[TestCase]]]) -> list[list[Verdict]]:
         live = [(p, t) for p, t in jobs if p is not None and t]
         scripts = [f"{_DRIVER}\nrun_tests({p!r})\n" for p, _ in live]
-        stdins = [json.dumps({"inputs": [c.input for c in t], "timeout_s": self.time_limit_s}) for _, t in live]
+        stdins = [json.dumps({"inputs": [c.input for c in t], "timeout_s": self.time_limit_s})
+                  for _, t in live]
         # the whole run: every test at its limit, plus forks and two interpreter starts (a
         # program that loops forever costs two limits: the driver stops after two timeouts)
         timeout = max(len(t) for _, t in live) * (self.time_limit_s + 0.05) + 2.0 if live else 1.0

@@ -149,7 +149,8 @@ class CodeDatasetSpec:
 CODE_DATASETS: dict[str, CodeDatasetSpec] = {
     "apps": CodeDatasetSpec("codeparrot/apps", "all", "test", _apps_row),
     "codecontests": CodeDatasetSpec("deepmind/code_contests", None, "test", _code_contests_row),
-    "livecodebench": CodeDatasetSpec("livecodebench/code_generation_lite", "release_v5", "test", _livecodebench_row),
+    "livecodebench": CodeDatasetSpec("livecodebench/code_generation_lite", "release_v5", "test",
+                                     _livecodebench_row),
 }
 
 

@@ -42,7 +42,8 @@ __all__ = ["CodeState", "CoderTesterWorkflow", "parse_test_cases"]
 AGENTS = ("coder", "tester")
 SplitSource = Union[str, Sequence[str], None]
 
-_CODER = "{question}\n\n{context}Write a Python program that reads the input from stdin and prints the answer."
+_CODER = ("{question}\n\n{context}Write a Python program that reads the input from stdin and prints the "
+          "answer.")
 _TESTER = ("{question}\n\n{context}Write test cases for this problem: for each, the exact stdin in "
            "<input>...</input>, then the exact expected stdout in <output>...</output>.")
 _EXAMPLE = "Read two integers a and b on one line and print their sum.\n\nExample: input\n2 3\noutput\n5"
@@ -77,7 +78,8 @@ _TEST = re.compile(r"<input>\n?(.*?)</input>\s*<output>\n?(.*?)</output>", re.DO
 
 def parse_test_cases(text: str, limit: int = 8) -> list[TestCase] | None:
     """The first ``limit`` ``<input>...</input><output>...</output>`` pairs; None when there is none."""
-    tests = [TestCase(i if i.endswith("\n") or not i else i + "\n", o) for i, o in _TEST.findall(text)[:limit]]
+    tests = [TestCase(i if i.endswith("\n") or not i else i + "\n", o)
+             for i, o in _TEST.findall(text)[:limit]]
     return tests or None
 
 
@@ -133,8 +135,9 @@ class CoderTesterWorkflow(TurnWorkflow):
             max_golden_tests: golden tests judged per program in training (the first ones of
                 each task; 0 = all); validation and test always judge all of them.
             max_tests: test cases read from a tester's reply.
-            **options: ``max_turns`` (each turn: the coder, then the tester), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
-                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
+            **options: ``max_turns`` (each turn: the coder, then the tester), ``alpha``,
+                ``format_penalty``, ``tie_break``, ``templates``, as every turn-based domain takes
+                them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if max_golden_tests < 0 or not 1 <= max_tests <= MAX_TESTS:
             raise ValueError(f"max_golden_tests must be >= 0 (0 = all) and max_tests in 1..{MAX_TESTS}, got "
@@ -145,18 +148,21 @@ class CoderTesterWorkflow(TurnWorkflow):
             if not entries:
                 self._splits[split] = embedded_problems(split)
                 continue
-            tasks = [t for e in ([entries] if isinstance(entries, str) else entries) for t in load_code_source(e, split)]
+            tasks = [t for e in ([entries] if isinstance(entries, str) else entries)
+                     for t in load_code_source(e, split)]
             if len({t.uid for t in tasks}) != len(tasks):
-                raise ValueError(f"{split} data: duplicate task uids (the same file or data set given twice?)")
+                raise ValueError(f"{split} data: duplicate task uids "
+                                 "(the same file or data set given twice?)")
             self._splits[split] = tasks
         self.max_golden_tests, self.max_tests = max_golden_tests, max_tests
         self.judge = Judge(sandbox)
         self._all_golden = False  # set per rollout: validation and test judge every golden test
-        capped = sum(len(t.tests) > max_golden_tests for t in self._splits["train"]) if max_golden_tests else 0
+        capped = (sum(len(t.tests) > max_golden_tests for t in self._splits["train"]) if max_golden_tests
+                  else 0)
         if capped:
-            log.warning("code: training judges the first %d golden tests of each problem (%d of %d training problems "
-                        "have more; validation and test judge all of them)", max_golden_tests, capped,
-                        len(self._splits["train"]))
+            log.warning("code: training judges the first %d golden tests of each problem (%d of %d training "
+                        "problems have more; validation and test judge all of them)", max_golden_tests,
+                        capped, len(self._splits["train"]))
 
     def tasks(self, split: str) -> Sequence[CodeTask]:
         return split_tasks(self._splits, split)
@@ -193,11 +199,13 @@ class CoderTesterWorkflow(TurnWorkflow):
             else:
                 context = f"A teammate's program:\n```python\n{state.program[-_PROGRAM_CHARS:]}\n```\n"
                 if state.tests:
-                    context += f"What it printed on your previous tests:\n{_show(state.tests, state.on_tests)}"
+                    context += ("What it printed on your previous tests:\n"
+                                f"{_show(state.tests, state.on_tests)}")
                 context += "\n"
         return self.templates[agent].render(question=state.task.question, context=context)
 
-    def evaluate(self, agent: str, states: Sequence[CodeState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[CodeState],
+                 completions: Sequence[Completion]) -> list[Action]:
         if agent == "coder":
             programs = [parse_program(c.text) for c in completions]
             golden = [self.golden_tests(st.task) for st in states]
@@ -218,7 +226,8 @@ class CoderTesterWorkflow(TurnWorkflow):
             local = pass_rate(on_reference) if st.task.solution is not None else 0.0
             passes_all = bool(ts) and all(v.passed for v in on_program)
             ends = passes_all or st.turn == self.max_turns - 1
-            out.append(Action(ts is not None, local, ends=ends, team_reward=st.golden, value=(ts or [], on_program)))
+            out.append(Action(ts is not None, local, ends=ends, team_reward=st.golden,
+                              value=(ts or [], on_program)))
         return out
 
     def advance(self, agent: str, state: CodeState, action: Action) -> None:

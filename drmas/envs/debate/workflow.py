@@ -26,12 +26,13 @@ __all__ = ["DebateWorkflow", "parse_verdict"]
 
 AGENTS = ("debater_a", "debater_b", "judge")
 SIDES = {"debater_a": "A", "debater_b": "B"}
-EXAMPLE_PROBLEM = "Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils does she have left?"
+EXAMPLE_PROBLEM = ("Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils "
+                   "does she have left?")
 EXAMPLE_ARGUMENT = "Mia has 3 x 4 = 12 pencils. Giving away 5 leaves 12 - 5 = 7.\n\\boxed{7}"
 _ARGUE = ("Problem: {problem}\n{other}You are debater {side}. Argue for the right answer in a few steps, "
           "then write it as \\boxed{{answer}}.")
-_JUDGE = ("Problem: {problem}\n\nDebater A says:\n{a}\n\nDebater B says:\n{b}\n\nWhich debater is right? Reply "
-          "<verdict>A</verdict> or <verdict>B</verdict>.")
+_JUDGE = ("Problem: {problem}\n\nDebater A says:\n{a}\n\nDebater B says:\n{b}\n\nWhich debater is right? "
+          "Reply <verdict>A</verdict> or <verdict>B</verdict>.")
 
 
 def default_templates() -> dict[str, PromptTemplate]:
@@ -91,8 +92,9 @@ class DebateWorkflow(TurnWorkflow):
             val_file: validation problems, likewise.
             test_file: test problems, likewise.
             zero_sum: the chosen debater gets +1 and the other -1 (False: +1 and 0).
-            **options: ``max_turns`` (rounds of arguments, one per debater each, before the verdict), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
-                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
+            **options: ``max_turns`` (rounds of arguments, one per debater each, before the verdict),
+                ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every turn-based domain
+                takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         super().__init__(default_templates=default_templates(), **options)
         self.zero_sum = zero_sum
@@ -107,7 +109,8 @@ class DebateWorkflow(TurnWorkflow):
     def prompt(self, agent: str, state: DebateState) -> ChatPrompt:
         problem = state.task.problem
         if agent == "judge":
-            return self.templates["judge"].render(problem=problem, a=state.arguments.get("debater_a", "(nothing)"),
+            return self.templates["judge"].render(problem=problem,
+                                                  a=state.arguments.get("debater_a", "(nothing)"),
                                                   b=state.arguments.get("debater_b", "(nothing)"))
         other = "debater_b" if agent == "debater_a" else "debater_a"
         said = state.arguments.get(other)
@@ -119,7 +122,8 @@ class DebateWorkflow(TurnWorkflow):
             return None
         return extract_boxed(state.arguments.get("debater_a" if verdict == "A" else "debater_b", ""))
 
-    def evaluate(self, agent: str, states: Sequence[DebateState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[DebateState],
+                 completions: Sequence[Completion]) -> list[Action]:
         if agent != "judge":
             return [Action(extract_boxed(c.text) is not None, value=c.text) for c in completions]
         out = []
@@ -127,7 +131,8 @@ class DebateWorkflow(TurnWorkflow):
             verdict = parse_verdict(c.text)
             chosen = self.chosen_answer(st, verdict)
             right = float(chosen is not None and is_correct(f"\\boxed{{{chosen}}}", st.task.answer))
-            out.append(Action(verdict is not None, role_reward=right, ends=True, team_reward=right, value=verdict))
+            out.append(Action(verdict is not None, role_reward=right, ends=True, team_reward=right,
+                              value=verdict))
         return out
 
     def advance(self, agent: str, state: DebateState, action: Action) -> None:

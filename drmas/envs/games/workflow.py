@@ -83,7 +83,8 @@ _ACTIONS = re.compile(r"<actions>(.*?)(?:</actions>|\Z)", re.DOTALL)
 
 
 def parse_plan(text: str) -> str | None:
-    """The inside of ``<actions>...</actions>`` (an unclosed tag runs to the end); None when absent or empty."""
+    """The inside of ``<actions>...</actions>`` (an unclosed tag runs to the end); None when absent or
+    empty."""
     m = _ACTIONS.search(text)
     return m.group(1).strip() or None if m else None
 
@@ -124,8 +125,9 @@ class PlanningWorkflow(TurnWorkflow):
             test_size: puzzles in the test split.
             sandbox: how the tool user's programs run: time and memory limits, workers,
                 ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
-            **options: ``max_turns`` (each turn: the tool user, then the planner), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
-                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
+            **options: ``max_turns`` (each turn: the tool user, then the planner), ``alpha``,
+                ``format_penalty``, ``tie_break``, ``templates``, as every turn-based domain takes
+                them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if game not in GAMES:
             raise ValueError(f"game must be one of {GAMES.names()}, got {game!r}")
@@ -153,12 +155,15 @@ class PlanningWorkflow(TurnWorkflow):
     def prompt(self, agent: str, state: PlanningState) -> ChatPrompt:
         context = ""
         if agent == "planner" and state.program is not None:
-            context = f"A teammate's program:\n```python\n{state.program[-1200:]}\n```\nIt printed: {state.printed}\n"
+            context = (f"A teammate's program:\n```python\n{state.program[-1200:]}\n```\n"
+                       f"It printed: {state.printed}\n")
         elif agent == "planner" and state.printed:
             context = f"A teammate's program printed: {state.printed}\n"
-        return self.templates[agent].render(rules=GAMES.get(self.game).rules, board=state.env.observation, context=context)
+        return self.templates[agent].render(rules=GAMES.get(self.game).rules, board=state.env.observation,
+                                            context=context)
 
-    def evaluate(self, agent: str, states: Sequence[PlanningState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[PlanningState],
+                 completions: Sequence[Completion]) -> list[Action]:
         out = []
         if agent == "tool_user":
             for st, (prog, run) in zip(states, self.programs.run_replies([c.text for c in completions])):
@@ -169,7 +174,8 @@ class PlanningWorkflow(TurnWorkflow):
                     trial = st.env.copy()
                     trial.step(actions)
                     local = trial.progress - st.env.progress
-                summary = printed or ("nothing (no program)" if prog is None else run_failure(run) or "nothing")
+                summary = printed or ("nothing (no program)" if prog is None
+                                      else run_failure(run) or "nothing")
                 out.append(Action(prog is not None, local, value=(prog, summary)))
             return out
         for st, c in zip(states, completions):

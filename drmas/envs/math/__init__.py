@@ -1,4 +1,5 @@
-"""Math reasoning: answer grading, an embedded arithmetic data set, loaders, and the two workflows (solver/verifier, reasoner/tool user)."""
+"""Math reasoning: answer grading, an embedded arithmetic data set, loaders, and the two workflows
+(solver/verifier, reasoner/tool user)."""
 
 from drmas.envs.math.grading import extract_boxed, is_correct, same_answer
 from drmas.envs.math.loaders import MATH_DATASETS, load_math_dataset, load_math_file

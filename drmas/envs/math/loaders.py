@@ -16,7 +16,8 @@ from typing import Any
 from drmas.envs.files import check_prompt_size, load_hub_dataset, read_records
 from drmas.envs.math.task import MathTask
 
-__all__ = ["MATH_DATASETS", "MathDatasetSpec", "gsm8k_final_answer", "load_math_dataset", "load_math_file", "math_dataset_spec"]
+__all__ = ["MATH_DATASETS", "MathDatasetSpec", "gsm8k_final_answer", "load_math_dataset", "load_math_file",
+           "math_dataset_spec"]
 
 
 def _lookup(record: Mapping[str, Any], key: str) -> Any:

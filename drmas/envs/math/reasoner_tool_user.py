@@ -48,7 +48,8 @@ _CODE = (
     "Problem: {problem}\n{context}Write a Python program that computes the answer and prints only "
     "the final number (use fractions.Fraction for exact fractions)."
 )
-_SOLVE = "Problem: {problem}\n{context}Solve it step by step, then write the final answer as \\boxed{{answer}}."
+_SOLVE = ("Problem: {problem}\n{context}Solve it step by step, then write the final answer as "
+          "\\boxed{{answer}}.")
 
 
 def default_templates() -> dict[str, PromptTemplate]:
@@ -124,8 +125,9 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             test_file: test problems, likewise.
             sandbox: how the tool user's programs run: time and memory limits, workers,
                 ``allow_unconfined`` (:class:`~drmas.envs.programs.SandboxSettings`).
-            **options: ``max_turns`` (each turn: the tool user, then the reasoner), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
-                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
+            **options: ``max_turns`` (each turn: the tool user, then the reasoner), ``alpha``,
+                ``format_penalty``, ``tie_break``, ``templates``, as every turn-based domain takes
+                them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         super().__init__(default_templates=default_templates(), **options)
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
@@ -152,7 +154,8 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             context = f"A teammate's program printed {state.run_summary}.\n" if state.run_summary else ""
         return self.templates[agent].render(problem=state.task.problem, context=context)
 
-    def evaluate(self, agent: str, states: Sequence[ToolTeamState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[ToolTeamState],
+                 completions: Sequence[Completion]) -> list[Action]:
         if agent == "tool_user":
             # local: +1 correct output, 0 wrong, -1 failed or silent; a tool step never ends the episode
             out = []
@@ -168,7 +171,8 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             agree = answer is not None and st.tool_answer is not None and same_answer(answer, st.tool_answer)
             # it ends the episode by agreeing with this turn's program, or by being the last word
             ends = st.turn == self.max_turns - 1 or agree
-            out.append(Action(answer is not None, correct, ends=ends, team_reward=correct, value=(c.text, answer, agree)))
+            out.append(Action(answer is not None, correct, ends=ends, team_reward=correct,
+                              value=(c.text, answer, agree)))
         return out
 
     def advance(self, agent: str, state: ToolTeamState, action: Action) -> None:

@@ -23,9 +23,11 @@ from drmas.records import Completion
 
 __all__ = ["SolverVerifierWorkflow", "parse_verdict"]
 
-EXAMPLE_PROBLEM = "Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils does she have left?"
+EXAMPLE_PROBLEM = ("Mia has 3 boxes with 4 pencils in each box. She gives away 5 pencils. How many pencils "
+                   "does she have left?")
 EXAMPLE_SOLUTION = "Mia has 3 x 4 = 12 pencils. After giving away 5 she has 12 - 5 = 7.\n\\boxed{7}"
-_SOLVE = "Problem: {problem}\n{feedback}Solve it step by step, then write the final answer as \\boxed{{answer}}."
+_SOLVE = ("Problem: {problem}\n{feedback}Solve it step by step, then write the final answer as "
+          "\\boxed{{answer}}.")
 _CHECK = (
     "Problem: {problem}\nProposed solution:\n{solution}\n\nIs the final answer correct? Reply "
     "<verify>approve</verify> or <verify>reject</verify>, then one sentence why."
@@ -91,8 +93,9 @@ class SolverVerifierWorkflow(TurnWorkflow):
                 ``problem`` and ``answer`` columns, a benchmark name (``MATH_DATASETS``), or a list.
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
-            **options: ``max_turns`` (solver attempts), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
-                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
+            **options: ``max_turns`` (solver attempts), ``alpha``, ``format_penalty``, ``tie_break``,
+                ``templates``, as every turn-based domain takes them
+                (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         super().__init__(default_templates=default_templates(), **options)
         self._splits = math_splits(data_seed, train_file, val_file, test_file)
@@ -108,7 +111,8 @@ class SolverVerifierWorkflow(TurnWorkflow):
             return self.templates["solver"].render(problem=state.task.problem, feedback=state.feedback)
         return self.templates["verifier"].render(problem=state.task.problem, solution=state.solution)
 
-    def evaluate(self, agent: str, states: Sequence[SolverVerifierState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[SolverVerifierState],
+                 completions: Sequence[Completion]) -> list[Action]:
         # no role rewards: every sample earns the team reward, minus the format penalty
         if agent == "solver":
             return [Action(extract_boxed(c.text) is not None, value=c.text) for c in completions]

@@ -42,7 +42,8 @@ def math_splits(
         if not entries:
             splits[split] = tuple(embedded[split])
             continue
-        tasks = [t for e in ([entries] if isinstance(entries, str) else entries) for t in load_math_source(e, split)]
+        tasks = [t for e in ([entries] if isinstance(entries, str) else entries)
+                 for t in load_math_source(e, split)]
         uids = [t.uid for t in tasks]
         if len(set(uids)) != len(uids):
             raise ValueError(f"{split} data: duplicate task uids (the same file or data set given twice?)")

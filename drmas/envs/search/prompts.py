@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from drmas.envs.base import PromptTemplate
 
-__all__ = ["MAX_ACTION_CHARS", "default_templates", "format_information", "parse_answer", "parse_search", "parse_verify"]
+__all__ = ["MAX_ACTION_CHARS", "default_templates", "format_information", "parse_answer", "parse_search",
+           "parse_verify"]
 
 MAX_ACTION_CHARS = 300
 """A query or answer longer than this is treated as malformed."""

@@ -102,7 +102,8 @@ class BM25Retriever(Retriever):
         self._bm25s = bm25s
         self.corpus = _check_corpus(corpus)
         self._bm25 = bm25s.BM25()
-        self._bm25.index(bm25s.tokenize(self.corpus, stopwords="en", show_progress=False), show_progress=False)
+        self._bm25.index(bm25s.tokenize(self.corpus, stopwords="en", show_progress=False),
+                         show_progress=False)
 
     def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
         _check_args(queries, topk)
@@ -240,7 +241,8 @@ class HTTPRetriever(Retriever):
             detail = _error_detail(e)
             if e.code >= 500:
                 raise _Retryable(f"HTTP {e.code}: {detail}") from e
-            raise RetrievalError(f"retrieval at {self.url} rejected the request: HTTP {e.code}: {detail}") from e
+            raise RetrievalError(f"retrieval at {self.url} rejected the request: "
+                                 f"HTTP {e.code}: {detail}") from e
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, timeouts
             reason = e.reason if isinstance(e, urllib.error.URLError) else e
             raise _Retryable(f"{type(reason).__name__}: {reason}") from e

@@ -119,7 +119,8 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> tuple
 
 def main(argv: list[str] | None = None) -> None:
     local = sorted(name for name, cls in RETRIEVERS.items() if cls.needs_corpus)
-    p = argparse.ArgumentParser(description="Serve a corpus over the Search-R1 retrieval API (POST /retrieve).")
+    p = argparse.ArgumentParser(description="Serve a corpus over the Search-R1 retrieval API "
+                                            "(POST /retrieve).")
     p.add_argument("--corpus", required=True, help="JSONL file, one passage per line in 'contents' or 'text'")
     p.add_argument("--retriever", default="bm25", choices=local)
     p.add_argument("--host", default="127.0.0.1")

@@ -38,7 +38,8 @@ from drmas.envs.base import WORKFLOWS, ChatPrompt, split_tasks
 from drmas.envs.episode import Action, EpisodeState, TurnWorkflow
 from drmas.envs.search.answers import contains_answer, exact_match
 from drmas.envs.search.data import SearchTask, load_corpus, load_search_r1
-from drmas.envs.search.prompts import default_templates, format_information, parse_answer, parse_search, parse_verify
+from drmas.envs.search.prompts import (default_templates, format_information, parse_answer, parse_search,
+                                       parse_verify)
 from drmas.envs.search.retrieval import RetrievalError, Retriever, make_retriever
 from drmas.envs.search.world import synthetic_world
 from drmas.records import Completion
@@ -99,8 +100,9 @@ class SearchWorkflow(TurnWorkflow):
             role_rewards: in parallel sampling, add the role rewards to the local term.
             think: prefill the searcher and answerer with ``<think>`` (the parser accepts an
                 optional think block either way).
-            **options: ``max_turns`` (each turn: the verifier, then the searcher or the answerer), ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every
-                turn-based domain takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
+            **options: ``max_turns`` (each turn: the verifier, then the searcher or the answerer),
+                ``alpha``, ``format_penalty``, ``tie_break``, ``templates``, as every turn-based domain
+                takes them (:class:`~drmas.envs.episode.TurnWorkflow`).
         """
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
@@ -134,12 +136,14 @@ class SearchWorkflow(TurnWorkflow):
     def prompt(self, agent: str, state: SearchState) -> ChatPrompt:
         return self.templates[agent].render(question=state.task.question, information=state.information)
 
-    def evaluate(self, agent: str, states: Sequence[SearchState], completions: Sequence[Completion]) -> list[Action]:
+    def evaluate(self, agent: str, states: Sequence[SearchState],
+                 completions: Sequence[Completion]) -> list[Action]:
         if agent == "verifier":
             # role: routing is right when "yes" comes exactly when the answer was already found;
             # a malformed verdict counts as no
             says = [parse_verify(c.text) for c in completions]
-            return [Action(yes is not None, float(bool(yes) == contains_answer(st.gathered_text(), st.task.answers)),
+            return [Action(yes is not None,
+                           float(bool(yes) == contains_answer(st.gathered_text(), st.task.answers)),
                            value=bool(yes)) for st, yes in zip(states, says)]
         if agent == "answerer":
             out = []
@@ -163,7 +167,8 @@ class SearchWorkflow(TurnWorkflow):
         for st, q in zip(states, queries):
             passages = [h.text for h in next(hits)] if q is not None else []
             found = float(contains_answer(" ".join(passages), st.task.answers))
-            out.append(Action(q is not None, found, value=(q, passages), failure=failure if q is not None else None))
+            out.append(Action(q is not None, found, value=(q, passages),
+                              failure=failure if q is not None else None))
         return out
 
     def advance(self, agent: str, state: SearchState, action: Action) -> None:
