@@ -183,4 +183,4 @@ def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, 
         assert lora and all(policies[name]["share_base"] and policies[name]["lora"]["rank"] == 16
                             for name in lora)
     else:  # the engines' GPU fractions fit one GPU
-        assert sum(p["engine"]["gpu_memory_utilization"] for p in policies.values()) <= 1
+        assert sum(p["engine_settings"]["gpu_memory_utilization"] for p in policies.values()) <= 1

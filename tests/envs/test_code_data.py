@@ -20,6 +20,7 @@ def judge():
     j.close()
 
 
+@pytest.mark.integration  # every shipped problem's solution through the sandbox (~13 s of processes)
 def test_the_embedded_problems_pass_their_own_golden_tests(judge):
     splits = {s: embedded_problems(s) for s in ("train", "val", "test")}
     assert {s: len(t) for s, t in splits.items()} == {"train": 44, "val": 10, "test": 10}

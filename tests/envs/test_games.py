@@ -134,6 +134,7 @@ def sudoku_solutions(text, limit=2):
     return count()
 
 
+@pytest.mark.integration  # an exhaustive check of 200 shipped puzzles (~12 s), not a unit
 def test_sudoku_seeds_have_exactly_one_solution():
     for seed in range(200):  # 100 of each size (1,000 took 85 s on 2 cores, for the same law)
         size = (4, 9)[seed % 2]

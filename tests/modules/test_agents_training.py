@@ -98,6 +98,7 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
                     if "rollout/writer/response_tokens_mean" in h]
 
 
+@pytest.mark.integration  # by spirit: two 5-iteration training runs (20-40 s on 2 cores)
 def test_an_agent_rewarded_for_short_answers_learns_to_answer_shorter(tasks_file, tmp_path):
     _, learned = train(tasks_file, tmp_path, lr=1e-2)
     _, control = train(tasks_file, tmp_path, lr=0.0)
@@ -105,6 +106,7 @@ def test_an_agent_rewarded_for_short_answers_learns_to_answer_shorter(tasks_file
     assert learned[0] > 5 and learned[-1] < 3 and min(control) > 5, (learned, control)
 
 
+@pytest.mark.integration  # two training iterations of two policies through the endpoint
 def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, tmp_path):
     from drmas.models import load_causal_lm
 
