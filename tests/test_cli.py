@@ -73,8 +73,7 @@ class CountingEngine(HFEngine):
     """A user's own engine, registered by name with settings of its own: HF generate, counting
     the prompts it serves."""
 
-    settings_type = CountingSettings
-    auto_preference = None  # only by name
+    settings_type = CountingSettings  # by name only: auto_preference is not inherited from HFEngine
     served = 0
 
     @classmethod

@@ -116,7 +116,7 @@ def group_advantages(
 
 
 # --------------------------------------------------------------------------------------------
-# Estimators: fn(samples, scale, eps) -> Tensor[N] (float32), for non-padding samples only.
+# Estimators: fn(samples, scale, eps) -> Tensor[N] (float32), one advantage per sample.
 
 Estimator = Callable[[Sequence[Any], str, float], Tensor]
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
@@ -126,9 +126,7 @@ ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry,
     for the ``samplings`` its groups make sense in (a domain may narrow them further with
-    ``Workflow.estimators``).
-
-    ``samples`` never contains padding; the function returns one advantage per sample.
+    ``Workflow.estimators``); the function returns one advantage per sample.
     """
     bad = set(samplings) - set(SAMPLINGS)
     if bad or not samplings:

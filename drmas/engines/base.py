@@ -13,7 +13,7 @@ import torch
 from drmas.registry import Registry
 
 __all__ = ["ENGINES", "Engine", "EngineError", "GenerationParams", "Generation", "Placement", "check_request",
-           "full_state_items", "per_prompt", "resolve_engine"]
+           "full_state_items", "parse_settings", "per_prompt", "policy_settings", "resolve_engine"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Engine(ABC):
     policy) and a policy's own ``engine_settings`` over it; None: the engine takes none."""
     auto_preference: ClassVar[int | None] = None
     """Its place in ``--model.engine auto``'s choice: the available engine with the highest
-    preference is taken; None: chosen only by name."""
+    preference is taken; None: chosen only by name. Read from the class itself, not inherited:
+    a subclass registered under a name of its own takes part only if it sets one."""
 
     @classmethod
     def available(cls) -> bool:
@@ -179,8 +180,8 @@ def resolve_engine(name: str) -> tuple[str, type[Engine]]:
         if name not in ENGINES:
             raise ValueError(f"engine must be 'auto' or one of {ENGINES.names()}, got {name!r}")
         return name, ENGINES.get(name)
-    ranked = sorted(((c.auto_preference, n) for n, c in ENGINES.items() if c.auto_preference is not None),
-                    reverse=True)
+    ranked = sorted(((vars(c)["auto_preference"], n) for n, c in ENGINES.items()
+                     if vars(c).get("auto_preference") is not None), reverse=True)
     for _, n in ranked:
         if ENGINES.get(n).available():
             return n, ENGINES.get(n)
@@ -219,7 +220,7 @@ def parse_settings(name: str, engine: type[Engine], raw: dict[str, Any],
 def policy_settings(settings: Any, config: Any) -> Any:
     """``settings`` with a policy's own ``engine_settings`` over them (the keys of this engine's
     type; checked by :func:`parse_settings` at the trainer's start)."""
-    own = getattr(config, "engine_settings", None) or {}
+    own = config.engine_settings
     if settings is None or not own:
         return settings
     known = {f.name for f in dataclasses.fields(settings)}
