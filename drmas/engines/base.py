@@ -268,6 +268,9 @@ def full_state_items(model: torch.nn.Module,
     """
     for name, tensor in model.state_dict().items():
         if hasattr(tensor, "full_tensor"):
+            mesh = tensor.device_mesh.device_type
+            if tensor.device.type != mesh:  # an offloaded shard (fsdp_offload): gather where the group runs
+                tensor = tensor.to(mesh)
             tensor = tensor.full_tensor()
         tensor = tensor.detach()
         yield name, tensor if dtype is None else tensor.to(dtype)

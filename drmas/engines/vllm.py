@@ -166,6 +166,10 @@ class VLLMEngine(Engine):
                              f"cuda:{place.local_rank} (vLLM's external launcher places an engine by "
                              "LOCAL_RANK): give --trainer.devices a count, not a list, and choose GPUs "
                              "with CUDA_VISIBLE_DEVICES")
+        if device.type == "cuda" and place.world_size == 1 and (device.index or 0) != 0:
+            raise ValueError(f"this run trains on {device} but its vLLM engine would take cuda:0 (a "
+                             "one-rank engine takes the first visible GPU): run with "
+                             f"CUDA_VISIBLE_DEVICES={device.index} and --trainer.devices 1")
 
     @classmethod
     def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool) -> None:
@@ -237,6 +241,7 @@ class VLLMEngine(Engine):
         Checkpoint-format names, i.e. those of the HF model (``model.layers.0...``).
         """
         if self._asleep:  # GPU only: bring the weight memory back before writing into it
+            torch.cuda.empty_cache()  # the update's freed blocks, returned before vLLM maps its own again
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights",
                                 kwargs={"weights_iterator": full_state_items(model, self.dtype)})

@@ -23,3 +23,9 @@ def test_a_gpu_list_that_vllm_would_not_follow_is_refused():
     place = Placement(rank=1, local_rank=1, world_size=2, device=torch.device("cuda", 5))
     with pytest.raises(ValueError, match=r"rank 1 trains on cuda:5 but its vLLM engine would take cuda:1"):
         VLLMEngine.create(None, VLLMSettings(), place, {}, {})
+    one = Placement(device=torch.device("cuda", 3))  # --trainer.devices [3] on one rank
+    with pytest.raises(ValueError, match=r"this run trains on cuda:3 but its vLLM engine would take cuda:0 .*"
+                                         r"CUDA_VISIBLE_DEVICES=3 and --trainer.devices 1"):
+        VLLMEngine.check_placement(one)
+    VLLMEngine.check_placement(Placement(device=torch.device("cuda", 0)))  # the first GPU: where it lands
+    VLLMEngine.check_placement(Placement(device=torch.device("cpu")))
