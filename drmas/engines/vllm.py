@@ -54,6 +54,11 @@ __all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 log = logging.getLogger(__name__)
 
 
+def _worker_device(worker: Any) -> str:
+    """Run inside vLLM's worker (``collective_rpc``): the device it placed the model on."""
+    return str(worker.device)
+
+
 @ENGINES.register("vllm")
 class VLLMEngine(Engine):
     """``vllm.LLM`` in-process; see the module docstring for why each setting is what it is.
@@ -184,11 +189,15 @@ class VLLMEngine(Engine):
         return list(engine_fractions(team, settings).values())
 
     def _announce(self, name: str, place: Placement) -> None:
-        if place.world_size > 1:  # which device each rank's engine took, as its LLM was asked for it
+        if place.world_size > 1:  # which device each rank's engine took, as its worker reports it
             executor = self.llm_kwargs.get("distributed_executor_backend", "uni")
-            where = f"cuda:{place.local_rank}" if executor == "external_launcher" else "cpu"
-            print(f"[rank {place.rank}] vLLM engine of policy {name}: {where}, executor {executor}",
+            print(f"[rank {place.rank}] vLLM engine of policy {name}: {self.device}, executor {executor}",
                   flush=True)
+
+    @property
+    def device(self) -> str:
+        """The device the engine's worker runs on, as the worker reports it."""
+        return self.llm.collective_rpc(_worker_device)[0]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,

