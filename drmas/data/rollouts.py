@@ -28,15 +28,15 @@ import math
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
 
-from drmas.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
+from drmas.algorithms import compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
-from drmas.envs.base import SAMPLINGS, Workflow
+from drmas.data.rollout_config import RolloutConfig
+from drmas.envs.base import Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
 from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
@@ -71,7 +71,7 @@ class RolloutBackend(Protocol):
 
     def generate_fn(self, train: bool) -> GenerateFn:
         """``generate(agent, prompts, n)`` routed to each agent's policy, with the policy's train
-        or eval sampling settings."""
+        or eval generation settings."""
 
     def sync_weights(self) -> None:
         """Make the rollout engines serve the policies' current weights."""
@@ -85,46 +85,6 @@ class RolloutBackend(Protocol):
 
     def log_scalars(self, metrics: dict[str, float]) -> None:
         """Log at the current iteration."""
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """How a workflow is played for training and validation (the data module's settings of the
-    same names, documented in full on :class:`~drmas.data.datamodule.RolloutDataModule`)."""
-
-    sampling: str = "parallel"
-    """``parallel`` or ``tree``."""
-    estimator: str = "drmas"
-    """A registered advantage estimator."""
-    scale: str = "std"
-    """``std`` or ``none`` (Dr. GRPO)."""
-    group_size: int = 4
-    """Trajectories per task (parallel) or candidates per node (tree)."""
-    tasks_per_iteration: int = 4
-    """Tasks drawn per rollout."""
-    val_tasks: int = 32
-    """Validation tasks per source (0 = no validation)."""
-    val_k: int = 4
-    """Samples per validation task."""
-    seed: int = 0
-    """Seed of the task sampling."""
-    progress: bool | None = None
-    """A progress bar over the episodes (None: in a terminal)."""
-    max_failed_share: float = 0.5
-    """Past this share of an agent's actions (or of the episodes) failing, the run stops."""
-
-    def __post_init__(self) -> None:
-        if self.sampling not in SAMPLINGS:
-            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
-        if self.estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown estimator {self.estimator!r}; "
-                             f"known: {', '.join(ADVANTAGE_ESTIMATORS)}")
-        if self.group_size < 1 or self.tasks_per_iteration < 1:
-            raise ValueError("group_size and tasks_per_iteration must be >= 1")
-        if self.val_tasks < 0 or self.val_k < 1:
-            raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {self.val_tasks}, {self.val_k}")
-        if not 0.0 <= self.max_failed_share <= 1.0:
-            raise ValueError(f"max_failed_share must be in [0, 1], got {self.max_failed_share}")
 
 
 class Rollouts:

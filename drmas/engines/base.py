@@ -196,7 +196,7 @@ def parse_settings(name: str, engine: type[Engine], raw: dict[str, Any],
     value of the wrong type, is refused in one line naming the key, the engine and ``where``."""
     kind = engine.settings_type
     hints = typing.get_type_hints(kind) if kind is not None else {}
-    others = {f.name for c in dict(ENGINES.items()).values()
+    others = {f.name for _, c in ENGINES.items()
               if c.settings_type is not None and c is not engine
               for f in dataclasses.fields(c.settings_type)}
     own: dict[str, Any] = {}

@@ -66,7 +66,7 @@ class EngineRouting:
 
 
 class PolicyGenerate:
-    """``generate(agent, prompts, n)`` on the agent's policy with its train or eval sampling, and
+    """``generate(agent, prompts, n)`` on the agent's policy with its train or eval generation settings, and
     what an endpoint needs to answer within that policy (:meth:`settings`, :meth:`prompt_tokens`)."""
 
     def __init__(self, module: Any, train: bool) -> None:

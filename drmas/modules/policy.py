@@ -1,4 +1,4 @@
-"""One trainable policy: a causal LM, its tokenizer, and its own optimiser and sampling settings."""
+"""One trainable policy: a causal LM, its tokenizer, and its own optimiser and generation settings."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def parse_chat_request(body: Any, agents: Sequence[str],
     policy = (settings or {}).get(model)
     if length is not None and policy is not None and length > policy.max_new_tokens:
         raise ApiError(400, f"{key} is {length}, more than agent {model!r} may generate: its policy's "
-                       f"limit is {policy.max_new_tokens} tokens (max_new_tokens of its sampling "
+                       f"limit is {policy.max_new_tokens} tokens (max_new_tokens of its generation "
                        "settings)", "invalid_value", key)
     return ChatRequest(model, ChatPrompt(messages, "", _stops(body.get("stop")), length), n,
                        _overrides(body, policy))
