@@ -54,16 +54,20 @@ class Child:
     """``module:function(*args)`` in a process of its own that ends with this one.
 
     ``threads``: the child's compute threads (OMP and BLAS pools); ``cpus``: the cores it may run
-    on (``sched_setaffinity``, set before the target is imported); ``env``: more variables.
+    on (``sched_setaffinity``, set before the target is imported); ``env``: more variables;
+    ``unset``: variables of this process the child must not inherit; ``pass_fds``: file
+    descriptors the child keeps open (a socket to talk over).
     """
 
     def __init__(self, target: str, args: Sequence[str] = (), *, name: str = "", threads: int | None = None,
-                 cpus: Sequence[int] | None = None, env: dict[str, str] | None = None) -> None:
+                 cpus: Sequence[int] | None = None, env: dict[str, str] | None = None,
+                 unset: Sequence[str] = (), pass_fds: Sequence[int] = ()) -> None:
         if ":" not in target:
             raise ValueError(f"target must be 'module:function', got {target!r}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        child_env = {**os.environ, **(env or {})}
+        child_env = {k: v for k, v in os.environ.items() if k not in set(unset)}
+        child_env.update(env or {})
         if threads is not None:
             child_env.update({var: str(threads) for var in _THREAD_VARS})
         if cpus is not None:
@@ -72,7 +76,7 @@ class Child:
             child_env[_CPUS_ENV] = ",".join(str(c) for c in cpus)
         self.name = name or target
         argv = [sys.executable, "-m", "drmas.children", str(os.getpid()), target, *args]
-        self.proc = subprocess.Popen(argv, env=child_env)
+        self.proc = subprocess.Popen(argv, env=child_env, pass_fds=tuple(pass_fds))
         with _lock:
             _live.add(self)
 

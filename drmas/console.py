@@ -8,6 +8,9 @@ What is silenced, and why it is noise:
   its cloud logger, "`Trainer.fit` stopped: `max_epochs` reached") and its seed note: drmas
   prints what runs where itself (the precision line, one line per policy, the summary).
 - Lightning's `_pytree` deprecation warning under torch 2.13: Lightning's own code, fixed upstream.
+- vLLM's "RotaryEmbedding: Failed to load weights" at every weight sync: the rotary cache is
+  computed, not a checkpoint weight, so no sync ever sends it and vLLM keeps its own (other layers
+  that fail to load are still reported).
 - vLLM's `torch.distributed.reduce_op` FutureWarning (its kernel scan reads every attribute of
   torch.distributed) and its "Triton ... doesn't include CPU backend" note on CPU builds.
 - transformers' progress bars while a tiny model loads or saves (tqdm lines in a log file).
@@ -53,6 +56,11 @@ class _Drop(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
+class _DropRotary(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+
+
 def _drop(logger: str, *prefixes: str) -> None:
     target = logging.getLogger(logger)
     if not any(isinstance(f, _Drop) for f in target.filters):
@@ -72,6 +80,9 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
                             category=FutureWarning, module=r"vllm\.triton_utils\.dispatcher")
     _drop("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend")
+    reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _DropRotary) for f in reload_log.filters):
+        reload_log.addFilter(_DropRotary())
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:  # pragma: no cover

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from drmas.algorithms import ADVANTAGE_ESTIMATORS, SAMPLINGS
 
-__all__ = ["RolloutConfig"]
+__all__ = ["RolloutConfig", "rollout_seed"]
 
 
 @dataclass(frozen=True)
@@ -48,3 +48,10 @@ class RolloutConfig:
             raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {self.val_tasks}, {self.val_k}")
         if not 0.0 <= self.max_failed_share <= 1.0:
             raise ValueError(f"max_failed_share must be in [0, 1], got {self.max_failed_share}")
+
+
+def rollout_seed(seed: int, rank: int, iteration: int) -> int:
+    """The seed of one rank's rollout at ``iteration`` (-1: validation): the workflow's choices and
+    the engines' sampling draw from it, so ranks draw differently, and a resumed run draws what the
+    uninterrupted one drew."""
+    return seed + iteration + 1_000_003 * rank

@@ -35,7 +35,7 @@ import torch
 from drmas.algorithms import compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
-from drmas.data.rollout_config import RolloutConfig
+from drmas.data.rollout_config import RolloutConfig, rollout_seed
 from drmas.envs.base import Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import portable, raise_first
@@ -73,8 +73,8 @@ class RolloutBackend(Protocol):
         """``generate(agent, prompts, n)`` routed to each agent's policy, with the policy's train
         or eval generation settings."""
 
-    def sync_weights(self) -> None:
-        """Make the rollout engines serve the policies' current weights."""
+    def sync_weights(self, seed: int | None = None) -> None:
+        """Make the rollout engines serve the policies' current weights, and draw from ``seed``."""
 
     def engine_cache_stats(self) -> tuple[int, int]:
         """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
@@ -134,15 +134,17 @@ class Rollouts:
         samples, score them, and pack this rank's micro-batches."""
         if not self.agent_map:
             self.bind(backend)
+        c = self.config
+        # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed), for
+        # the workflow and the engines: a rollout draws the same whether the run was resumed or not
+        seed = rollout_seed(c.seed, backend.rank, iteration)
         t0 = time.perf_counter()
-        backend.sync_weights()
+        backend.sync_weights(seed=seed)
         t1 = time.perf_counter()
-        # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed)
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
         backend.engine_cache_stats()  # from here on: this rollout's requests only
-        c = self.config
         local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
-                                    c.group_size, c.sampling, c.seed + iteration + 1_000_003 * backend.rank)
+                                    c.group_size, c.sampling, seed)
         result, (prompt, cached) = _gather(backend, local, failure, backend.engine_cache_stats())
         scalars = self.check_failures(result, f"iteration {iteration}")
         scalars.update(self.workflow.scalars(result.counts))
@@ -265,7 +267,7 @@ class Rollouts:
         if not self.agent_map:
             self.bind(backend)
         tasks = self.val_task_list(split)
-        backend.sync_weights()
+        backend.sync_weights(seed=rollout_seed(self.config.seed, backend.rank, -1))  # alike at every validation
         mine = tasks[backend.rank :: backend.world_size]
         top = f"{split}_swapped" if swap else split
         generate = backend.generate_fn(train=False)

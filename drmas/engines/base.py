@@ -156,6 +156,11 @@ class Engine(ABC):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Serve ``model``'s current weights from now on."""
 
+    def reseed(self, seed: int) -> None:
+        """Draw the next samples from ``seed`` (called before every rollout with a seed of the run's
+        seed, the rank and the iteration). Default: nothing, for an engine that samples from the
+        trainer's own RNG, which the checkpoint holds (the HF engine)."""
+
     def sleep(self) -> None:
         """Free accelerator memory for training until the next ``sync_weights`` (default: no-op)."""
 

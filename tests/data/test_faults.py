@@ -160,7 +160,7 @@ class SearchBackend:
             [Completion([5, 5], [1, 2], [-0.5, -0.5], p.prefill + text[agent], "stop") for _ in range(n)]
             for p in prompts], train)
 
-    def sync_weights(self):
+    def sync_weights(self, seed=None):
         pass
 
     def batch_spec(self, policy):

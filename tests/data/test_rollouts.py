@@ -50,7 +50,7 @@ class ScriptedBackend:
 
         return ScriptedGenerate(generate, train)
 
-    def sync_weights(self):
+    def sync_weights(self, seed=None):
         self.syncs += 1
 
     def batch_spec(self, policy):

@@ -281,7 +281,7 @@ def vllm_engine():
     engine = VLLMEngine(
         resolve_model_path("tiny-random"), dtype="float32", max_model_len=512, kv_cache_gib=0.25
     )
-    # LLM(seed=...) re-seeds torch globally; the engine must hand back the caller's RNG state.
+    # LLM(seed=...) re-seeds torch globally, in the engine's own process: not the caller's RNG
     engine.rng_preserved = torch.equal(torch.rand(3), expected)
     yield engine
     engine.close()
@@ -380,8 +380,9 @@ def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, promp
 
 
 @pytest.mark.integration
-def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
-    """One engine per policy: closing one must leave the others working."""
+def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine):
+    """One process per engine, started by this one (vLLM's CuMem allocator, which sleep mode needs,
+    is one per process); closing one leaves the others working and its process gone."""
     from drmas.engines import VLLMEngine
 
     model, tok = tiny
@@ -390,11 +391,46 @@ def test_vllm_two_engines_in_one_process(tiny, prompts, vllm_engine):
         resolve_model_path("tiny-random"), dtype="float32", max_model_len=256, kv_cache_gib=0.25
     )
     try:
+        pids = {vllm_engine.pid, other.pid}
+        assert len(pids) == 2 and os.getpid() not in pids
+        for pid in pids:
+            cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
+            assert "drmas.children" in cmdline and "drmas.engines.vllm_process:serve" in cmdline
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            assert ppid == os.getpid()
         assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
     finally:
         other.close()
+    assert not os.path.exists(f"/proc/{other.pid}")  # ended and reaped
     vllm_engine.sync_weights(model)
     assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
+
+
+def test_a_process_builds_one_vllm_engine_at_most(monkeypatch):
+    """The engine process refuses a second ``LLM``: with sleep mode (CuMem) two would share one
+    allocator, and the second fails at construction on a GPU."""
+    from types import SimpleNamespace
+
+    from drmas.engines import vllm_process
+
+    built = []
+    fake = SimpleNamespace(LLM=lambda **kwargs: built.append(kwargs) or kwargs)  # records constructions
+    monkeypatch.setattr(vllm_process, "_built", 0)
+    vllm_process.build(fake, {"model": "a", "enable_sleep_mode": True})
+    with pytest.raises(RuntimeError, match="already holds a vLLM engine; drmas builds one engine per process"):
+        vllm_process.build(fake, {"model": "b", "enable_sleep_mode": True})
+    assert [k["model"] for k in built] == ["a"]
+
+
+@pytest.mark.integration
+def test_vllm_reseeded_draws_repeat_and_differ_by_seed(prompts, vllm_engine):
+    params = GenerationParams(temperature=1.0, max_new_tokens=12)
+    draws = {}
+    for seed in (5, 6, 5):
+        vllm_engine.reseed(seed)
+        draws.setdefault(seed, []).append([g.token_ids for gens in vllm_engine.generate(prompts, 2, params)
+                                           for g in gens])
+    assert draws[5][0] == draws[5][1] and draws[5][0] != draws[6][0]
 
 
 @pytest.mark.integration
@@ -429,5 +465,5 @@ def test_vllm_missing_names_the_install_command(monkeypatch):
 
 @pytest.mark.integration
 def test_vllm_reports_the_device_its_worker_took(vllm_engine):
-    # asked of the worker itself (collective_rpc), not derived from what the engine was asked for
+    # asked of the worker itself (collective_rpc in the engine process), not what it was asked for
     assert vllm_engine.device == ("cuda:0" if torch.cuda.is_available() else "cpu")

@@ -1,31 +1,41 @@
-"""Where each rank's engine goes: vLLM's external launcher on several GPU ranks, and a placement
-it would not follow refused (pure arguments: no GPU or vLLM needed)."""
+"""Where each rank's engine process goes and what it is built with (pure arguments: no GPU or
+vLLM needed): the trainer's own GPU whatever the device list says, the rank's share of the cores,
+and sleep mode (CuMem) only on GPUs, in a process that holds no other engine."""
 
 import pytest
 import torch
 
-
-def test_each_ranks_vllm_engine_takes_its_own_gpu_through_the_external_launcher():
-    from drmas.engines.vllm_settings import launcher_env, launcher_kwargs
-
-    # several GPU ranks: vLLM's documented executor for torchrun-style launchers, one TP group per rank
-    assert launcher_kwargs(8, on_gpu=True) == {"distributed_executor_backend": "external_launcher",
-                                               "tensor_parallel_size": 1}
-    assert launcher_env(5, 1, 8, on_gpu=True) == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}
-    # one rank, or CPU ranks (each engine in its own process's memory): vLLM's default executor
-    assert launcher_kwargs(1, on_gpu=True) == launcher_kwargs(2, on_gpu=False) == {}
-    assert launcher_env(1, 1, 2, on_gpu=False) == {}
+from drmas.engines.vllm_settings import engine_process_env, llm_kwargs, rank_cores
 
 
-def test_a_gpu_list_that_vllm_would_not_follow_is_refused():
-    from drmas.engines import Placement, VLLMSettings, VLLMEngine
+def test_the_engine_process_sees_only_the_trainers_gpu():
+    # --trainer.devices [3] on one rank: the engine sees GPU 3 alone (its cuda:0), not the first GPU
+    assert engine_process_env(torch.device("cuda", 3), [0], visible="")["CUDA_VISIBLE_DEVICES"] == "3"
+    # under CUDA_VISIBLE_DEVICES the trainer's index is mapped to the physical id
+    assert engine_process_env(torch.device("cuda", 1), [0], visible="4,6")["CUDA_VISIBLE_DEVICES"] == "6"
+    with pytest.raises(ValueError, match=r"runs on cuda:2 but CUDA_VISIBLE_DEVICES='4,6' shows 2 GPU"):
+        engine_process_env(torch.device("cuda", 2), [0], visible="4,6")
+    cpu = engine_process_env(torch.device("cpu"), [2, 3])
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and "CUDA_VISIBLE_DEVICES" not in cpu
+    assert cpu["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the worker in the engine's own process
 
-    place = Placement(rank=1, local_rank=1, world_size=2, device=torch.device("cuda", 5))
-    with pytest.raises(ValueError, match=r"rank 1 trains on cuda:5 but its vLLM engine would take cuda:1"):
-        VLLMEngine.create(None, VLLMSettings(), place, {}, {})
-    one = Placement(device=torch.device("cuda", 3))  # --trainer.devices [3] on one rank
-    with pytest.raises(ValueError, match=r"this run trains on cuda:3 but its vLLM engine would take cuda:0 .*"
-                                         r"CUDA_VISIBLE_DEVICES=3 and --trainer.devices 1"):
-        VLLMEngine.check_placement(one)
-    VLLMEngine.check_placement(Placement(device=torch.device("cuda", 0)))  # the first GPU: where it lands
-    VLLMEngine.check_placement(Placement(device=torch.device("cpu")))
+
+def test_each_rank_gets_its_share_of_the_cores():
+    assert rank_cores(0, 1, allowed=[0, 1], machine=2) == [0, 1]
+    assert [rank_cores(r, 2, allowed=[0, 1], machine=2) for r in (0, 1)] == [[0], [1]]
+    assert [rank_cores(r, 2, allowed=range(8), machine=8) for r in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [rank_cores(r, 4, allowed=[0, 1], machine=2) for r in range(4)] == [[0], [1], [0], [1]]
+    # a launcher already bound this rank to fewer cores than the machine has: those, all of them
+    assert rank_cores(1, 2, allowed=[6, 7], machine=8) == [6, 7]
+
+
+def test_sleep_mode_and_its_allocator_only_on_gpus_and_the_transfer_each_side_uses():
+    gpu = llm_kwargs("m", "bfloat16", 512, 0, True, 0.4, 1.0)
+    assert gpu["enable_sleep_mode"] is True and gpu["gpu_memory_utilization"] == 0.4
+    assert gpu["weight_transfer_config"] == {"backend": "ipc"} and "kv_cache_memory_bytes" not in gpu
+    cpu = llm_kwargs("m", "float32", 512, 0, False, 0.4, 0.25, max_loras=2, max_lora_rank=8)
+    assert "enable_sleep_mode" not in cpu and "enable_cumem_allocator" not in cpu
+    assert cpu["kv_cache_memory_bytes"] == 2**28 and cpu["weight_transfer_config"] == {"backend": "drmas_shm"}
+    assert (cpu["enable_lora"], cpu["max_loras"], cpu["max_lora_rank"]) == (True, 2, 8)
+    assert cpu["logprobs_mode"] == "processed_logprobs"
+    assert llm_kwargs("m", "float32", 512, 0, False, 0.4, 0.25, max_num_seqs=4)["max_num_seqs"] == 4

@@ -292,7 +292,7 @@ class Backend:
     def generate_fn(self, train):
         return self.generate
 
-    def sync_weights(self):
+    def sync_weights(self, seed=None):
         pass
 
     def engine_cache_stats(self):

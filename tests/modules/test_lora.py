@@ -147,7 +147,7 @@ def test_one_vllm_engine_serves_both_adapters_and_syncs_only_adapters(trained):
     finally:
         for view in views.values():
             view.close()
-    assert engine.users == 0 and not hasattr(engine, "llm")  # the last view closed the engine
+    assert engine.users == 0 and not engine.process.alive()  # the last view closed the engine and its process
 
 
 def test_the_kl_reference_of_a_lora_policy_is_its_base():

@@ -1,0 +1,167 @@
+"""The process one vLLM engine lives in: an in-process ``vllm.LLM`` (vLLM's single-process
+executor, its worker in this same process) answering the trainer's requests over a socket.
+
+Why a process of drmas's own around an in-process ``LLM``, not vLLM's multiprocess engine:
+weight sync and LoRA publication need the worker's methods (``collective_rpc``), which vLLM's
+multiprocess engine failed with tensors on CPU, and it pinned itself to core 0 there; here the
+process's cores and threads are set by drmas (:class:`~drmas.children.Child`).
+
+One engine per process, always: vLLM's CuMem allocator (which sleep mode switches on) is a
+process-wide singleton whose ``sleep`` walks every allocation in the process, and a second
+``LLM`` with it in one process fails at construction. :func:`build` refuses a second engine.
+
+The protocol: the trainer sends ``(method, kwargs)``; the process answers ``("ok", result)`` or
+``("error", message, traceback)``. The trainer closing its end (or dying: the process is killed
+with it, see drmas.children) ends the process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
+
+import torch
+
+from drmas.engines.base import Generation, GenerationParams
+
+__all__ = ["EngineServer", "build", "serve"]
+
+_built = 0
+
+
+class EngineServer:
+    """The engine side of :class:`~drmas.engines.vllm.VLLMEngine`: each public method is a request."""
+
+    def __init__(self, llm_kwargs: dict[str, Any], quiet: bool) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker in this process: collective_rpc
+        from drmas import console
+        from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm
+        from drmas.engines.vllm_transfer import register
+
+        if quiet:
+            console.quiet()
+        self.vllm = import_vllm()
+        console.quiet_numa_binding()
+        register()  # the worker creates its transfer engine from this process's factory
+        guard_kernel_rebind_scan()
+        self.llm = build(self.vllm, llm_kwargs)
+        self.adapters: dict[int, Any] = {}  # lora id -> its LoRARequest
+
+    def describe(self) -> dict[str, Any]:
+        """What the trainer prints and checks: the device the worker took, the dtype, this pid."""
+        return {"device": self.llm.collective_rpc(_worker_device)[0], "pid": os.getpid(),
+                "dtype": self.llm.llm_engine.model_config.dtype}
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
+                 stops: Sequence[Sequence[str]], lengths: Sequence[int],
+                 lora_id: int | None) -> tuple[list[list[Generation]], int, int]:
+        """Generations per prompt, and the (prompt, cached) token counts of these requests."""
+        vllm = self.vllm
+        sampling = [vllm.SamplingParams(  # one per prompt: vLLM batches them all the same
+            n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            max_tokens=length, stop=list(stop) or None, include_stop_str_in_output=True,
+            logprobs=0,  # only the sampled token's log-prob
+        ) for stop, length in zip(stops, lengths)]
+        requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        lora = None if lora_id is None else self.adapters[lora_id]
+        outputs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
+        result, prompt_tokens, cached = [], 0, 0
+        for request in outputs:
+            prompt_tokens += len(request.prompt_token_ids or ())
+            cached += request.num_cached_tokens or 0
+            gens = []
+            for out in sorted(request.outputs, key=lambda o: o.index):
+                if out.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request {request.request_id} ended with {out.finish_reason!r}")
+                token_ids = list(out.token_ids)
+                assert out.logprobs is not None, "vLLM returned no log-probs although logprobs=0 was asked"
+                logprobs = [out.logprobs[i][t].logprob for i, t in enumerate(token_ids)]
+                gens.append(Generation(token_ids, logprobs, out.text, out.finish_reason))
+            result.append(gens)
+        return result, prompt_tokens, cached
+
+    def reseed(self, seed: int) -> None:
+        """Unseeded sampling draws from this process's torch RNG (CPU and CUDA generators alike):
+        seeding it before each rollout makes a rollout's draws a function of the seed alone."""
+        torch.manual_seed(seed)
+
+    # ---- weight transfer: the worker's own methods, as vLLM's client protocol names them ----
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", args=(init_info,))
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self.llm.collective_rpc("update_weights", args=(update_info,))
+
+    def finish_weight_update(self) -> None:
+        self.llm.collective_rpc("finish_weight_update")
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    # ---- LoRA adapters, sleep ----
+
+    def add_adapter(self, name: str, lora_id: int, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self.adapters[lora_id] = LoRARequest(name, lora_id, path)
+
+    def remove_adapter(self, lora_id: int) -> None:
+        self.llm.llm_engine.remove_lora(lora_id)
+        del self.adapters[lora_id]
+
+    def sleep(self, level: int) -> None:
+        """--- GPU path: not exercised by the CPU test suite (sleep mode does not exist on CPU). ---"""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None) -> None:
+        """--- GPU path: not exercised by the CPU test suite. ---"""
+        torch.cuda.empty_cache()  # blocks freed by the update, returned before vLLM maps its own again
+        self.llm.wake_up(tags=tags)
+
+
+def _worker_device(worker: Any) -> str:
+    """Run inside vLLM's worker (``collective_rpc``): the device it placed the model on."""
+    return str(worker.device)
+
+
+def build(vllm: Any, llm_kwargs: dict[str, Any]) -> Any:
+    """The one ``LLM`` of this process; a second is refused (see the module docstring)."""
+    global _built
+    if _built:
+        raise RuntimeError("this process already holds a vLLM engine; drmas builds one engine per process "
+                           "(vLLM's CuMem allocator, which sleep mode uses, is one per process)")
+    _built += 1
+    return vllm.LLM(**llm_kwargs)
+
+
+def serve(fd: str) -> None:
+    """Answer requests on the socket ``fd`` until the trainer closes it."""
+    conn = Connection(int(fd))
+    server = None
+    while True:
+        try:
+            method, kwargs = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone or closed us
+            return
+        if method == "close":
+            conn.send(("ok", None))
+            return
+        try:
+            if server is None:
+                server = EngineServer(**kwargs)
+                result = server.describe()
+            else:
+                result = getattr(server, method)(**kwargs)
+            reply: tuple[Any, ...] = ("ok", result)
+        except Exception as err:  # answered, not raised: the trainer names the policy and decides
+            reply = ("error", f"{type(err).__name__}: {err}", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+        sys.stdout.flush()

@@ -1,0 +1,233 @@
+"""Weights from the trainer into a vLLM engine process, through vLLM's weight-transfer API.
+
+vLLM splits a transfer into a trainer-side engine (``TrainerWeightTransferEngine``: sends) and a
+worker-side engine (``WeightTransferEngine``: receives and loads, created by the worker from
+``weight_transfer_config``), joined by a control-plane client with four calls
+(``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
+``finish_weight_update``). drmas uses it as vLLM documents it for a colocated trainer:
+
+- GPUs: vLLM's own ``ipc`` backend (CUDA IPC handles: the engine process reads the trainer's
+  gathered tensors on the same GPU, no copy through the host), packed into bounded chunks so the
+  trainer never holds a second whole model.
+- CPU: ``drmas_shm``, registered here with both of vLLM's factories: the trainer writes each
+  chunk of tensors into a shared-memory file that the engine process mapped once, and the
+  worker loads them from it with the same layerwise reload the ``ipc`` backend uses. The file
+  is unlinked as soon as both sides mapped it, so a killed run leaves nothing in ``/dev/shm``.
+
+:class:`ProcessClient` is the control plane: each call is one request to the engine process.
+The registries of vLLM's factories live in each process; the engine process calls
+:func:`register` before it builds its ``LLM`` (the worker runs in that same process), so no
+plugin entry point is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ClassVar, Iterator
+
+import torch
+from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo, TrainerWeightTransferEngine,
+                                                   WeightSource, WeightTransferEngine, WeightTransferInitInfo,
+                                                   WeightTransferUpdateInfo)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+from drmas.engines.base import full_state_items
+
+__all__ = ["BACKEND", "ProcessClient", "StateSource", "register", "trainer_engine"]
+
+BACKEND = "drmas_shm"
+_ALIGN = 64  # every tensor starts on a cache line, so a view of any dtype is aligned
+_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float16, torch.bfloat16,
+                                                       torch.float64, torch.int64, torch.int32,
+                                                       torch.int8, torch.uint8, torch.bool)}
+
+
+class StateSource(WeightSource):
+    """A model's state dict as vLLM's ``WeightSource``: checkpoint-format names, each tensor cast to
+    the engine's dtype and gathered whole (FSDP shards; a collective, in the same order on every
+    rank) only when its turn comes."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        self.model, self.dtype = model, dtype
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(name, self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape))
+                for name, t in self.model.state_dict().items()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in full_state_items(self.model):
+            yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+
+
+class ProcessClient:
+    """vLLM's ``VLLMWeightSyncClient`` over a function that runs one request in the engine process."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        self.call = call
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.call("init_weight_transfer_engine", init_info=init_info)
+
+    def start_weight_update(self) -> None:
+        self.call("start_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self.call("update_weights", update_info=update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.call("finish_weight_update")
+
+
+# ---- the shared-memory backend ---------------------------------------------------------------
+
+
+@dataclass
+class SharedMemoryInitInfo(WeightTransferInitInfo):
+    path: str
+    """The shared file the trainer writes chunks into (the worker maps it once)."""
+    size: int
+    """Its size in bytes."""
+
+
+@dataclass
+class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    offsets: list[int]
+    """Byte offset of each tensor in the shared file."""
+
+
+@dataclass
+class SharedMemoryTrainerInitInfo(TrainerInitInfo):
+    backend: ClassVar[str] = BACKEND
+    buffer_bytes: int = 256 * 2**20
+    """Chunk size (grown to the largest tensor): the trainer's extra memory during a sync."""
+
+
+def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    return buffer[offset: offset + nbytes].view(dtype).view(shape)
+
+
+class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]):
+    """Worker side: loads each chunk from the mapped file, in checkpoint format (layerwise reload,
+    as vLLM's ``ipc`` backend does)."""
+
+    init_info_cls = SharedMemoryInitInfo
+    update_info_cls = SharedMemoryUpdateInfo
+    buffer: torch.Tensor | None = None
+
+    def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
+        self.buffer = torch.from_file(init_info.path, shared=True, size=init_info.size, dtype=torch.uint8)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
+        if self.buffer is None:
+            raise RuntimeError("update_weights before init_weight_transfer_engine")
+        info = update_info
+        weights = [(name, _view(self.buffer, offset, _DTYPES[dtype], shape))
+                   for name, dtype, shape, offset in zip(info.names, info.dtype_names, info.shapes, info.offsets)]
+        self.model.load_weights(weights)  # copies out of the buffer, which the next chunk reuses
+
+    def shutdown(self) -> None:
+        self.buffer = None
+
+
+class SharedMemoryTrainerEngine(TrainerWeightTransferEngine[SharedMemoryTrainerInitInfo]):
+    """Trainer side: packs the source's tensors into the shared file chunk by chunk; each
+    ``update_weights`` returns once the worker has loaded the chunk, so the file is reused."""
+
+    init_info_cls = SharedMemoryTrainerInitInfo
+
+    @classmethod
+    def trainer_init(cls, init_info: SharedMemoryTrainerInitInfo, *, client: Any,
+                     source: WeightSource | None = None) -> SharedMemoryTrainerEngine:
+        if source is None:
+            raise ValueError("the drmas_shm weight transfer sends a WeightSource")
+        engine = cls(client=client, source=source, is_sender=True)
+        largest = max((_aligned(m.dtype.itemsize * torch.Size(m.shape).numel()) for m in source.metadata()),
+                      default=_ALIGN)
+        engine.size = max(init_info.buffer_bytes, largest)
+        fd, path = tempfile.mkstemp(prefix="drmas-weights-", dir=_shared_dir(engine.size))
+        try:
+            os.ftruncate(fd, engine.size)
+            engine.buffer = torch.from_file(path, shared=True, size=engine.size, dtype=torch.uint8)
+            client.init_weight_transfer_engine(asdict(SharedMemoryInitInfo(path, engine.size)))
+        finally:
+            os.close(fd)
+            os.unlink(path)  # both sides hold their mapping; nothing is left behind if a process dies
+        return engine
+
+    def send_weights(self) -> None:
+        assert self.source is not None
+        self.client.start_weight_update()
+        chunk: dict[str, list[Any]] = _empty()
+        used = 0
+        for name, tensor in self.source:
+            nbytes = tensor.numel() * tensor.element_size()
+            if used + nbytes > self.size and chunk["names"]:
+                self.client.update_weights(chunk)
+                chunk, used = _empty(), 0
+            _view(self.buffer, used, tensor.dtype, list(tensor.shape)).copy_(tensor)
+            for key, value in zip(chunk, (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape),
+                                          used)):
+                chunk[key].append(value)
+            used += _aligned(nbytes)
+        if chunk["names"]:
+            self.client.update_weights(chunk)
+        self.client.finish_weight_update()
+
+    def shutdown(self) -> None:
+        self.buffer = None
+
+
+def _empty() -> dict[str, list[Any]]:
+    return {"names": [], "dtype_names": [], "shapes": [], "offsets": []}
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _shared_dir(size: int) -> str | None:
+    """``/dev/shm`` where it has room for the buffer (memory, not disk), else the temp directory."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if stat.f_bavail * stat.f_frsize > 2 * size else None
+
+
+def register() -> None:
+    """Add ``drmas_shm`` to vLLM's worker and trainer factories of this process (idempotent)."""
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, SharedMemoryWeightTransferEngine)
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(BACKEND, SharedMemoryTrainerEngine)
+
+
+def trainer_engine(model: torch.nn.Module, dtype: torch.dtype, call: Callable[..., Any],
+                   on_gpu: bool) -> TrainerWeightTransferEngine:
+    """The trainer side of one engine process's transfer, rendezvoused (``ipc`` on GPUs, ``drmas_shm``
+    on CPU). ``rank=0``: every trainer rank is the one sender to its own engine process."""
+    register()
+    if on_gpu:  # --- GPU path: not exercised by the CPU test suite ---
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        info: TrainerInitInfo = IPCTrainerInitInfo(rank=0, packed=True)
+    else:
+        info = SharedMemoryTrainerInitInfo(rank=0)
+    return WeightTransferTrainerFactory.trainer_init(info, client=ProcessClient(call),
+                                                    source=StateSource(model, dtype))
