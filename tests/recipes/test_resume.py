@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 from forked import run_script
-from recipe_runs import ROOT, TINY, run_dir, scalars
+from recipe_runs import ROOT, TINY, engine_processes, run_dir, scalars
 from recipe_runs import run_recipe as _run
 from safetensors.torch import load_file
 
@@ -151,10 +151,23 @@ def test_stale_rollouts_are_refused(tmp_path):
     assert "reload_dataloaders_every_n_epochs must be 1 (one rollout per iteration), got 2" in proc.stderr
 
 
-def test_a_preempted_vllm_run_exits_without_a_traceback(tmp_path):
-    # Lightning skips the module's teardown on an exception; engines left to the garbage collector
-    # were torn down by vLLM's finaliser after the process group was gone: a traceback at exit
-    proc = run_faulty("sigterm_rollout", 2, tmp_path, "--model.engine", "vllm")
+def test_a_preempted_vllm_run_leaves_no_engine_and_resumes_as_if_uninterrupted(tmp_path):
+    """SIGTERM while the engine processes serve: exit 143, no traceback, no engine process left;
+    resumed, the run draws and trains what the uninterrupted run did (each engine is reseeded from
+    (seed, rank, iteration): its process's RNG is not in the checkpoint)."""
+    vllm = ["--model.engine", "vllm", "--trainer.max_epochs", "3"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    full.mkdir(), part.mkdir()
+    _run("search", full, *COMMON, *vllm)
+    proc = run_faulty("sigterm_rollout", 3, part, *vllm)
     assert proc.returncode == 143, proc.stderr[-3000:]
-    assert "drmas: preempted (SIGTERM) during iteration 2" in proc.stderr
+    assert "drmas: preempted (SIGTERM) during iteration 3" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    engines = [pid for _, pid, _ in engine_processes(proc).values()]
+    assert len(engines) == 1 and not os.path.exists(f"/proc/{engines[0]}")  # closed and reaped at exit
+    _run("search", part, *COMMON, *vllm, "--ckpt_path", "last")
+    a, b = scalars(run_dir(full)), scalars(run_dir(part))
+    assert sorted(b["train/shared/lr"]) == [3]
+    for tag in TAGS:
+        assert b[tag][3] == pytest.approx(a[tag][3], rel=1e-5, abs=1e-7), tag
+    assert b["val/avg@2"][3] == pytest.approx(a["val/avg@2"][3])
