@@ -124,6 +124,16 @@ class Engine(ABC):
         return []
 
     @classmethod
+    def asleep_bytes(cls, team: dict[str, Any], settings: Any) -> list[float]:
+        """What each engine still holds on the device while asleep, during the update (bytes)."""
+        return []
+
+    @classmethod
+    def transfer_bytes(cls) -> float:
+        """The device staging buffer one weight sync takes on the trainer's side (bytes)."""
+        return 0.0
+
+    @classmethod
     def keeps_copy(cls, sharded: bool) -> bool:
         """Whether the engine keeps a whole copy of a policy's weights on the device at all times."""
         return False

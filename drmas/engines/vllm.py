@@ -57,6 +57,12 @@ from drmas.models import resolve_model_path
 __all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 
 
+ASLEEP_BYTES = 2**30
+"""Device memory an engine process keeps asleep (CUDA context, what sleep does not release): an estimate."""
+TRANSFER_BYTES = 2**30
+"""The trainer's staging buffer of one CUDA IPC transfer: vLLM's packed chunk (1 GiB by default)."""
+
+
 class EngineProcessError(RuntimeError):
     """The engine process failed a request, or is gone."""
 
@@ -176,6 +182,16 @@ class VLLMEngine(Engine):
     @classmethod
     def device_fractions(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
         return list(engine_fractions(team, settings).values())
+
+    @classmethod
+    def asleep_bytes(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
+        """An estimate, not measured: each engine process's CUDA context and the allocations that
+        live outside the CuMem pool (sleep releases only the pool)."""
+        return [ASLEEP_BYTES] * len(engine_fractions(team, settings))
+
+    @classmethod
+    def transfer_bytes(cls) -> float:
+        return TRANSFER_BYTES
 
     def _announce(self, place: Placement) -> None:
         """One line per engine: the device its worker reports it took, its process and cores."""

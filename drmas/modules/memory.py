@@ -6,7 +6,10 @@ over the ranks when sharded and moved to CPU with offloading; a bf16 reference c
 ``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass;
 the whole copy of the weights an engine keeps beside a sharded policy (``engine`` column:
 ``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of
-the device (weights and KV cache) during the rollout.
+the device (weights and KV cache) during the rollout; what each engine still holds asleep during
+the update (``Engine.asleep_bytes``: a vLLM engine process's CUDA context and the memory sleep
+does not release); the staging buffer of one weight transfer (``Engine.transfer_bytes``), in the
+rollout peak, since the sync runs with the engines' weights awake.
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
 is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
 """
@@ -54,12 +57,14 @@ def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> 
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
-                offload: bool = False) -> tuple[str, bool]:
+                offload: bool = False, engine_asleep: list[float] = (), transfer_bytes: float = 0.0
+                ) -> tuple[str, bool]:
     """The plan as a table (GiB per device) and whether it fits.
 
     Engines sleep during the update and the policies' gradients are freed after each step, so the
-    two peaks are the update (weights + grads + optimiser + logits of every policy) and the rollout
-    (weights + optimiser + each engine's fraction of the device, ``engine_fractions``).
+    two peaks are the update (weights + grads + optimiser + logits of every policy + what each engine
+    holds asleep, ``engine_asleep`` in bytes) and the rollout (weights + optimiser + each engine's
+    fraction of the device, ``engine_fractions``, + one transfer's staging buffer).
     """
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
@@ -73,15 +78,18 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
         resident += weights + optim + ref + copy
         rows.append((p.name, weights, grads, optim, ref, logits, copy))
     engines = sum(engine_fractions) * device_bytes
-    rollout = resident + engines
+    asleep = float(sum(engine_asleep))
+    update += asleep
+    rollout = resident + engines + transfer_bytes
     lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; "
              "activations not counted)",
              f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} "
              f"{'logits':>8s} {'engine':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
-    lines.append(f"update peak {update / GIB:.2f} GiB; rollout peak {rollout / GIB:.2f} GiB "
-                 f"(engines {engines / GIB:.2f} GiB = "
-                 f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'})")
+    lines.append(f"update peak {update / GIB:.2f} GiB (engines asleep {asleep / GIB:.2f}); "
+                 f"rollout peak {rollout / GIB:.2f} GiB (engines {engines / GIB:.2f} GiB = "
+                 f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'}; weight transfer "
+                 f"{transfer_bytes / GIB:.2f})")
     fits = max(update, rollout) <= device_bytes
     if not fits:
         lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks "

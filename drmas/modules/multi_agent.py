@@ -201,7 +201,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                    for p in self.policies.values()]
         plan, fits = memory_plan(entries, self.world_size,
                                  torch.cuda.get_device_properties(self.device).total_memory,
-                                 engines, getattr(self.trainer.strategy, "cpu_offload", False))
+                                 engines, getattr(self.trainer.strategy, "cpu_offload", False),
+                                 self._engine_class.asleep_bytes(self._team, self._engine_settings),
+                                 self._engine_class.transfer_bytes())
         rank_zero_info(plan)
         if not fits:
             raise ValueError(plan)

@@ -17,7 +17,14 @@ def test_plan_counts_sharded_state_logits_and_engines():
     state, logits = 10**9 / 8, 12 * 1024 * 100_000
     update = (16 * state + logits) / GIB
     rollout = (12 * state + 0.3 * 80 * GIB) / GIB
-    assert f"update peak {update:.2f} GiB; rollout peak {rollout:.2f} GiB" in text
+    assert f"update peak {update:.2f} GiB (engines asleep 0.00); rollout peak {rollout:.2f} GiB" in text
+    # each engine asleep still holds its process's context during the update; a sync's staging
+    # buffer counts at the rollout
+    text, _ = memory_plan([ONE_B], ranks=8, device_bytes=80 * GIB, engine_fractions=[0.3, 0.1],
+                          engine_asleep=[GIB, GIB], transfer_bytes=GIB)
+    rollout = (12 * state + 0.4 * 80 * GIB + GIB) / GIB
+    assert (f"update peak {update + 2:.2f} GiB (engines asleep 2.00); rollout peak {rollout:.2f} GiB "
+            f"(engines 32.00 GiB = 0.3 + 0.1; weight transfer 1.00)") in text
     assert f"shared{'':6s} {4 * state / GIB:8.2f} {4 * state / GIB:8.2f} {8 * state / GIB:8.2f}" in text
 
 
