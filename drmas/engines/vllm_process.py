@@ -148,8 +148,7 @@ def serve(fd: str) -> None:
             method, kwargs = conn.recv()
         except (EOFError, OSError):  # the trainer is gone or closed us
             return
-        if method == "close":
-            conn.send(("ok", None))
+        if method == "close":  # not answered: the trainer has closed its end already
             return
         try:
             if server is None:
