@@ -77,7 +77,8 @@ def main() -> None:
     requests = [vllm.TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def sync_in() -> None:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_state_items(model, torch.float32)})
+        weights = full_state_items(model, torch.float32)
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         llm.reset_prefix_cache()
 
     sync_in_s = median_time(sync_in, args.repeats)

@@ -267,7 +267,8 @@ class Rollouts:
         if not self.agent_map:
             self.bind(backend)
         tasks = self.val_task_list(split)
-        backend.sync_weights(seed=rollout_seed(self.config.seed, backend.rank, -1))  # alike at every validation
+        # the same draws at every validation
+        backend.sync_weights(seed=rollout_seed(self.config.seed, backend.rank, -1))
         mine = tasks[backend.rank :: backend.world_size]
         top = f"{split}_swapped" if swap else split
         generate = backend.generate_fn(train=False)

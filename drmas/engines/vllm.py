@@ -241,7 +241,8 @@ class VLLMEngine(Engine):
             return []
         stops, lengths = per_prompt(prompts, params, stops, max_new_tokens)
         result, prompt_tokens, cached = self._call("generate", prompts=[list(p) for p in prompts], n=n,
-                                                   params=params, stops=stops, lengths=lengths, lora_id=lora_id)
+                                                   params=params, stops=stops, lengths=lengths,
+                                                   lora_id=lora_id)
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached
         return result
@@ -300,7 +301,8 @@ class VLLMEngine(Engine):
 
     @property
     def sleep_level(self) -> int:
-        """2 for a whole model (re-sent at every sync), 1 for a LoRA base (kept; only adapters are re-sent)."""
+        """2 for a whole model (re-sent at every sync), 1 for a LoRA base (kept; only adapters are
+        re-sent)."""
         return 1 if self._lora_dir is not None else 2
 
     def sleep(self) -> None:

@@ -91,7 +91,8 @@ def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
 
 def llm_kwargs(model: str, dtype: str, max_model_len: int, seed: int, on_gpu: bool,
                gpu_memory_utilization: float, kv_cache_gib: float, enforce_eager: bool = True,
-               max_loras: int = 0, max_lora_rank: int = 16, quiet: bool = False, **extra: Any) -> dict[str, Any]:
+               max_loras: int = 0, max_lora_rank: int = 16, quiet: bool = False,
+               **extra: Any) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of one engine process. On GPUs sleep mode is on (it switches on
     vLLM's CuMem allocator: one engine per process) and weights arrive by CUDA IPC; on CPU, where
     vLLM has no sleep mode, through drmas's shared-memory transfer; ``extra`` over everything."""

@@ -138,7 +138,8 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
             raise RuntimeError("update_weights before init_weight_transfer_engine")
         info = update_info
         weights = [(name, _view(self.buffer, offset, _DTYPES[dtype], shape))
-                   for name, dtype, shape, offset in zip(info.names, info.dtype_names, info.shapes, info.offsets)]
+                   for name, dtype, shape, offset
+                   in zip(info.names, info.dtype_names, info.shapes, info.offsets)]
         self.model.load_weights(weights)  # copies out of the buffer, which the next chunk reuses
 
     def shutdown(self) -> None:

@@ -7,7 +7,7 @@ over the ranks when sharded and moved to CPU with offloading; a bf16 reference c
 the whole copy of the weights an engine keeps beside a sharded policy (``engine`` column:
 ``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of
 the device (weights and KV cache) during the rollout; what each engine still holds asleep during
-the update (``Engine.asleep_bytes``: a vLLM engine process's CUDA context and the memory sleep
+the update (``Engine.asleep_bytes``: an engine process's device context and what its sleep
 does not release); the staging buffer of one weight transfer (``Engine.transfer_bytes``), in the
 rollout peak, since the sync runs with the engines' weights awake.
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan

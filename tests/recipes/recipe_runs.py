@@ -90,8 +90,8 @@ def engine_processes(proc: subprocess.CompletedProcess) -> dict[tuple[int, str],
     import re
 
     found = {}
-    for m in re.finditer(r"^\[rank (\d+)\] vLLM engine of policy (\S+): (\S+), process (\d+) \(trainer (\d+)\)",
-                         proc.stdout, re.M):
+    line = r"^\[rank (\d+)\] vLLM engine of policy (\S+): (\S+), process (\d+) \(trainer (\d+)\)"
+    for m in re.finditer(line, proc.stdout, re.M):
         found[int(m[1]), m[2]] = (m[3], int(m[4]), int(m[5]))
     return found
 
@@ -112,4 +112,5 @@ def assert_engine_logprobs_match(s: dict, policies, iterations) -> None:
     (fp32 on both sides; stale or wrongly loaded weights would be far off)."""
     for p in policies:
         for it in iterations:
-            assert s[f"train/{p}/engine_logprob_gap_max"][it] <= 1e-3, (p, it, s[f"train/{p}/engine_logprob_gap_max"])
+            gap = s[f"train/{p}/engine_logprob_gap_max"]
+            assert gap[it] <= 1e-3, (p, it, gap)

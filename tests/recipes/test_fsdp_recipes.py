@@ -20,8 +20,8 @@ def meta(ckpt: str) -> dict:
 
 
 def test_search_on_two_ranks_with_vllm_logs_every_rank_and_checkpoints_shards(tmp_path):
-    proc = run_recipe("search", tmp_path, *FSDP, "--model.engine", "vllm", "--model.loss.entropy_coef", "0.01",
-                      "--trainer.precision", "32-true")
+    proc = run_recipe("search", tmp_path, *FSDP, "--model.engine", "vllm", "--model.loss.entropy_coef",
+                      "0.01", "--trainer.precision", "32-true")
     assert_engines_in_processes_of_their_own(proc, {(0, "shared"), (1, "shared")})
     check_run(tmp_path, AGENTS)
     first = run_dir(tmp_path)
@@ -75,7 +75,8 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
                       "--trainer.precision", "32-true")
     # each rank built its own engines, once, each in a process of its own on the rank's device
     assert_engines_in_processes_of_their_own(proc, {(r, p) for r in (0, 1) for p in ("solver", "verifier")})
-    cores = {line.rsplit("cores ", 1)[1] for line in proc.stdout.splitlines() if " vLLM engine of policy " in line}
+    cores = {line.rsplit("cores ", 1)[1] for line in proc.stdout.splitlines()
+             if " vLLM engine of policy " in line}
     assert cores == {"0", "1"}  # 2 ranks on 2 cores: each rank's engines on its own core
     s = scalars(run_dir(tmp_path))
     for agent in ("solver", "verifier"):

@@ -4,8 +4,8 @@ import json
 import os
 
 import pytest
-from recipe_runs import (ROOT, assert_engine_logprobs_match, assert_engines_in_processes_of_their_own, check_run,
-                         run_dir, run_recipe, scalars)
+from recipe_runs import (ROOT, assert_engine_logprobs_match, assert_engines_in_processes_of_their_own,
+                         check_run, run_dir, run_recipe, scalars)
 
 from drmas.engines import vllm_available
 
@@ -92,7 +92,8 @@ def test_the_hetero_config_on_vllm_two_engines_one_serving_an_adapter(tmp_path):
                       "--data.val_tasks", "0", "--data.tasks_per_iteration", "2", "--data.group_size", "2",
                       "--model.policies.solver.train_generation.max_new_tokens", "16",
                       "--model.policies.verifier.train_generation.max_new_tokens", "16")
-    assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "base:embedded:smollm2-135m-instruct")})
+    engines = {(0, "solver"), (0, "base:embedded:smollm2-135m-instruct")}  # the adapter's engine: its base
+    assert_engines_in_processes_of_their_own(proc, engines)
     d = run_dir(tmp_path)
     s = scalars(d)
     assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2))
