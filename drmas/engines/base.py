@@ -166,6 +166,11 @@ class Engine(ABC):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Serve ``model``'s current weights from now on."""
 
+    def ready(self) -> None:
+        """Block until the engine can serve; an engine that builds in the background (a process
+        of its own) raises its build failure here. The trainer calls it on every engine once all
+        are created, so the engines of one rank build side by side."""
+
     def reseed(self, seed: int) -> None:
         """Draw the next samples from ``seed`` (called before every rollout with a seed of the run's
         seed, the rank and the iteration). Default: nothing, for an engine that samples from the

@@ -105,9 +105,6 @@ class VLLMEngine(Engine):
         name: str = "",
         **extra: Any,
     ) -> None:
-        from drmas.engines.vllm_runtime import import_vllm
-
-        import_vllm()  # a missing or broken vLLM is named here, before a process starts
         self.device_asked = torch.device(device if device is not None else
                                          "cuda" if torch.cuda.is_available() else "cpu")
         self.on_gpu = self.device_asked.type == "cuda"
@@ -123,7 +120,8 @@ class VLLMEngine(Engine):
         cores = list(cpus) if cpus is not None else rank_cores()
         ours, theirs = socket.socketpair()
         try:
-            self.process = Child("drmas.engines.vllm_process:serve", [str(theirs.fileno())],
+            self.process = Child("drmas.engines.vllm_process:serve",
+                                 [str(theirs.fileno()), "quiet" if console.QUIET else ""],
                                  name=f"vLLM engine {self.name}", threads=len(cores), cpus=cores,
                                  env=engine_process_env(self.device_asked, cores),
                                  unset=("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -140,14 +138,45 @@ class VLLMEngine(Engine):
         self._lora_ids = 0
         self._lora_dir = tempfile.mkdtemp(prefix="drmas-vllm-lora-") if max_loras else None
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
-        try:
-            info = self._call("build", llm_kwargs=self.llm_kwargs, quiet=console.QUIET)
+        self.context_length = max_model_len
+        self.pid = self.process.pid
+        self._rank: int | None = None  # set by create: the start-up line names the rank
+        self._building = True
+        self._info: dict[str, Any] = {}
+        try:  # the engine builds in the background (see ready) while this process imports vLLM too
+            self.conn.send(("build", {"llm_kwargs": self.llm_kwargs, "quiet": console.QUIET}))
+            from drmas.engines.vllm_runtime import import_vllm
+
+            import_vllm()  # a missing or broken vLLM named in this process, with the install hint
         except BaseException:
             self.close()
             raise
-        self.device, self.pid = info["device"], info["pid"]
-        self.dtype: torch.dtype = info["dtype"]
-        self.context_length = max_model_len
+
+    def ready(self) -> None:
+        """Wait until the engine process has built its ``LLM`` (a failure raised here)."""
+        with self._lock:
+            if not self._building:
+                return
+            try:
+                self._info = self._receive("build")
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                self._building = False
+        if self._rank is not None:
+            self._announce(self._rank)
+
+    @property
+    def device(self) -> str:
+        """The device the engine's worker runs on, as the worker reports it."""
+        self.ready()
+        return self._info["device"]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        self.ready()
+        return self._info["dtype"]
 
     @classmethod
     def create(cls, policy: Any, settings: VLLMSettings, place: Placement, pool: dict[str, Any],
@@ -160,7 +189,7 @@ class VLLMEngine(Engine):
                       device=place.device, cpus=rank_cores(place.local_rank, place.world_size))
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
-            engine._announce(place)
+            engine._rank = place.rank
             return engine, True
         key = engine_key(policy.name, c)
         if key not in pool:
@@ -168,7 +197,7 @@ class VLLMEngine(Engine):
             lora = max(8, 1 << (max([c.lora.rank, *sharing]) - 1).bit_length())  # vLLM takes powers of two
             pool[key] = cls(resolve_model_path(c.model), max_loras=len(sharing) if c.share_base else 1,
                             max_lora_rank=lora, name=key, **kwargs)
-            pool[key]._announce(place)
+            pool[key]._rank = place.rank
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
 
     @classmethod
@@ -193,23 +222,33 @@ class VLLMEngine(Engine):
     def transfer_bytes(cls) -> float:
         return TRANSFER_BYTES
 
-    def _announce(self, place: Placement) -> None:
+    def _announce(self, rank: int) -> None:
         """One line per engine: the device its worker reports it took, its process and cores."""
         cores = f"{self.cores[0]}-{self.cores[-1]}" if len(self.cores) > 1 else str(self.cores[0])
-        print(f"[rank {place.rank}] vLLM engine of policy {self.name}: {self.device}, process {self.pid} "
+        print(f"[rank {rank}] vLLM engine of policy {self.name}: {self.device}, process {self.pid} "
               f"(trainer {os.getpid()}), cores {cores}", flush=True)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         """One request to the engine process; its failure, or its death, raised here."""
+        self.ready()
+        if self.conn is None:
+            raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
+        with self._lock:
+            try:
+                self.conn.send((method, kwargs))
+            except OSError:
+                pass  # it died: _receive names its exit
+            return self._receive(method)
+
+    def _receive(self, method: str) -> Any:
+        """The engine process's answer to ``method``."""
         if self.conn is None:
             raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
         try:
-            with self._lock:
-                self.conn.send((method, kwargs))
-                while not self.conn.poll(1.0):
-                    if not self.process.alive():
-                        raise EOFError
-                status, *reply = self.conn.recv()
+            while not self.conn.poll(1.0):
+                if not self.process.alive():
+                    raise EOFError
+            status, *reply = self.conn.recv()
         except (EOFError, OSError) as err:
             try:  # its end of the socket closes as it dies: reap it for the exit code
                 code = self.process.proc.wait(timeout=10)
@@ -325,10 +364,11 @@ class VLLMEngine(Engine):
             self.conn.close()
             self.conn = None
         if getattr(self, "process", None) is not None:
-            try:
-                self.process.proc.wait(timeout=30.0)  # it exits on "close"; SIGTERM only if it does not
-            except subprocess.TimeoutExpired:
-                pass
+            if not getattr(self, "_building", False):  # a built engine exits on "close"; one building, at once
+                try:
+                    self.process.proc.wait(timeout=30.0)
+                except subprocess.TimeoutExpired:
+                    pass
             self.process.close()
         if getattr(self, "_lora_dir", None) is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
@@ -352,6 +392,9 @@ class VLLMAdapter(Engine):
         self.prompt_tokens += prompt
         self.cached_tokens += cached
         return out
+
+    def ready(self) -> None:
+        self.engine.ready()
 
     def reseed(self, seed: int) -> None:
         self.engine.reseed(seed)

@@ -17,6 +17,7 @@ with it, see drmas.children) ends the process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -139,9 +140,19 @@ def build(vllm: Any, llm_kwargs: dict[str, Any]) -> Any:
     return vllm.LLM(**llm_kwargs)
 
 
-def serve(fd: str) -> None:
-    """Answer requests on the socket ``fd`` until the trainer closes it."""
+def serve(fd: str, quiet: str = "") -> None:
+    """Answer requests on the socket ``fd`` until the trainer closes it (``quiet``: the trainer's
+    console silences third-party notes, so this process does too)."""
     conn = Connection(int(fd))
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from drmas import console
+    from drmas.engines.vllm_runtime import import_vllm
+
+    if quiet:
+        console.quiet()
+
+    with contextlib.suppress(ImportError):  # at once, while the trainer prepares: the build names a failure
+        import_vllm()
     server = None
     while True:
         try:

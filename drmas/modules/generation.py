@@ -48,6 +48,8 @@ class EngineRouting:
             try:
                 for name in self.policies:
                     self._engine(name)
+                for engine in self.engines.values():
+                    engine.ready()
             except Exception as err:  # an engine that cannot load on this rank (memory, files)
                 failure = err
             self._agree(failure)

@@ -382,13 +382,18 @@ def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, promp
 @pytest.mark.integration
 def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine):
     """One process per engine, started by this one (vLLM's CuMem allocator, which sleep mode needs,
-    is one per process); closing one leaves the others working and its process gone."""
+    is one per process); an engine process that dies is named by the next request, not waited on;
+    the other engines keep working and the dead one's process is reaped."""
+    import signal
+
     from drmas.engines import VLLMEngine
+    from drmas.engines.vllm import EngineProcessError
 
     model, tok = tiny
     before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
     other = VLLMEngine(
-        resolve_model_path("tiny-random"), dtype="float32", max_model_len=256, kv_cache_gib=0.25
+        resolve_model_path("tiny-random"), dtype="float32", max_model_len=256, kv_cache_gib=0.25,
+        name="solver"
     )
     try:
         pids = {vllm_engine.pid, other.pid}
@@ -399,6 +404,10 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine)
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
             assert ppid == os.getpid()
         assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
+        os.kill(other.pid, signal.SIGKILL)
+        with pytest.raises(EngineProcessError, match=rf"vLLM engine process of solver \(pid {other.pid}\) "
+                                                     r"ended \(exit code -9\) during 'generate'"):
+            other.generate(prompts, 1, GREEDY)
     finally:
         other.close()
     assert not os.path.exists(f"/proc/{other.pid}")  # ended and reaped

@@ -86,6 +86,7 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
     # iteration 2 samples from the weights after step 1, gathered from the shards into each
     # rank's engine process: engine and trainer log-probs agree (stale weights would not)
     assert_engine_logprobs_match(s, ("solver", "verifier"), (1, 2))
+    assert "val/arithmetic/avg@2" in s  # the embedded problems are one source
 
 
 def test_unknown_strategy_names_the_accepted_ones(tmp_path):

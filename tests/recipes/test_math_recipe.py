@@ -38,13 +38,6 @@ def test_solver_verifier_with_the_hf_engine_and_one_val_source_per_file(tmp_path
     assert "val/gsm_mini/avg@2" in proc.stdout  # the end-of-run summary lists each source
 
 
-@needs_vllm
-def test_solver_verifier_with_the_vllm_engine(tmp_path):
-    run(tmp_path, "--model.engine", "vllm")
-    s = check_run(tmp_path, SOLVER_VERIFIER)
-    assert "val/arithmetic/avg@2" in s  # the embedded problems are one source
-
-
 def test_reasoner_tool_user_tree_sampling_with_the_hf_engine(tmp_path):
     run(tmp_path, "--model.engine", "hf", *TOOL_WORKFLOW,
         "--data.sampling", "tree", "--data.estimator", "at_grpo")
@@ -73,13 +66,13 @@ def test_a_team_of_two_model_families_on_vllm_each_engine_a_process(tmp_path):
                 f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}, "
                 f"verifier: {{model: tiny-random, lr: 1.0e-2, {sampling}}}}}")
     proc = run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0",
-               "--trainer.precision", "32-true", "--trainer.max_epochs", "3")
+               "--trainer.precision", "32-true")
     assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "verifier")})
     s = scalars(run_dir(tmp_path))
     for a in SOLVER_VERIFIER:
-        assert all(s[f"train/{a}/samples"][it] == s[f"rollout/{a}/samples"][it] > 0 for it in (1, 2, 3))
+        assert all(s[f"train/{a}/samples"][it] == s[f"rollout/{a}/samples"][it] > 0 for it in (1, 2))
         assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
-    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2, 3))
+    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2))  # 2: after the weights moved
 
 
 @needs_vllm
