@@ -54,7 +54,7 @@ from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, chec
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 
-__all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
+__all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
 
 
 ASLEEP_BYTES = 2**30
@@ -364,7 +364,7 @@ class VLLMEngine(Engine):
             self.conn.close()
             self.conn = None
         if getattr(self, "process", None) is not None:
-            if not getattr(self, "_building", False):  # a built engine exits on "close"; one building, at once
+            if not getattr(self, "_building", False):  # built: it exits on "close"; building: at once
                 try:
                     self.process.proc.wait(timeout=30.0)
                 except subprocess.TimeoutExpired:
