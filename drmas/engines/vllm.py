@@ -50,7 +50,8 @@ from drmas.engines.base import (ENGINES, Engine, Generation, GenerationParams, P
                                 per_prompt)
 from drmas.engines.vllm_runtime import vllm_available
 from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches, engine_fractions,
-                                         engine_key, engine_process_env, engine_sizes, llm_kwargs, rank_cores)
+                                         engine_key, engine_process_env, engine_sizes, llm_kwargs,
+                                         local_ranks, rank_cores)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 
@@ -186,7 +187,7 @@ class VLLMEngine(Engine):
         c, own = policy.config, settings
         kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
                       gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
-                      device=place.device, cpus=rank_cores(place.local_rank, place.world_size))
+                      device=place.device, cpus=rank_cores(place.local_rank, local_ranks(place.world_size)))
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
             engine._rank = place.rank

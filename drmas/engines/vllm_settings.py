@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from drmas.engines.base import policy_settings
 
 __all__ = ["VLLMSettings", "check_gpu_fractions", "check_kv_caches", "engine_fractions", "engine_key",
-           "engine_process_env", "engine_sizes", "llm_kwargs", "rank_cores"]
+           "engine_process_env", "engine_sizes", "llm_kwargs", "local_ranks", "rank_cores"]
 
 
 @dataclass
@@ -125,6 +125,11 @@ def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int]
         return [cores[local_rank % len(cores)]]
     share = len(cores) // local_ranks
     return cores[local_rank * share:(local_rank + 1) * share]
+
+
+def local_ranks(world_size: int) -> int:
+    """Ranks on this node: what torchrun-style launchers say (``LOCAL_WORLD_SIZE``), else all of them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 
 def engine_process_env(device: Any, cores: Sequence[int], visible: str | None = None) -> dict[str, str]:
