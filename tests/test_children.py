@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import gone_within, running
+
 from drmas.children import Child
 
 HERE = Path(__file__).resolve().parent
@@ -40,23 +42,6 @@ def sleep_forever() -> None:
 def report(path: str) -> None:
     Path(path).write_text(json.dumps({"cpus": sorted(os.sched_getaffinity(0)),
                                       "threads": os.environ.get("OMP_NUM_THREADS")}))
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a dead child nobody has reaped yet counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.mark.parametrize("ending", ["exit", "raise", "sigterm", "sigkill"])

@@ -48,6 +48,7 @@ from drmas import console
 from drmas.children import Child
 from drmas.engines.base import (ENGINES, Engine, Generation, GenerationParams, Placement, check_request,
                                 per_prompt)
+from drmas.engines.vllm_adapter import VLLMAdapter
 from drmas.engines.vllm_runtime import vllm_available
 from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches, engine_fractions,
                                          engine_key, engine_process_env, engine_sizes, llm_kwargs,
@@ -145,7 +146,7 @@ class VLLMEngine(Engine):
         self._building = True
         self._info: dict[str, Any] = {}
         try:  # the engine builds in the background (see ready) while this process imports vLLM too
-            self.conn.send(("build", {"llm_kwargs": self.llm_kwargs, "quiet": console.QUIET}))
+            self.conn.send(("build", {"llm_kwargs": self.llm_kwargs}))
             from drmas.engines.vllm_runtime import import_vllm
 
             import_vllm()  # a missing or broken vLLM named in this process, with the install hint
@@ -374,43 +375,3 @@ class VLLMEngine(Engine):
         if getattr(self, "_lora_dir", None) is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_dir = None
-
-
-class VLLMAdapter(Engine):
-    """One policy's LoRA adapter on a :class:`VLLMEngine` that may serve several (one base in
-    memory for all the policies that share it)."""
-
-    def __init__(self, engine: VLLMEngine, adapter: str) -> None:
-        self.engine, self.adapter = engine, adapter
-        self.context_length = engine.context_length
-        engine.users += 1
-
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
-                 stops: Sequence[Sequence[str]] | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[list[Generation]]:
-        out = self.engine.generate(prompts, n, params, stops, max_new_tokens, adapter=self.adapter)
-        prompt, cached = self.engine.take_cache_stats()  # this adapter's share of the engine's counts
-        self.prompt_tokens += prompt
-        self.cached_tokens += cached
-        return out
-
-    def ready(self) -> None:
-        self.engine.ready()
-
-    def reseed(self, seed: int) -> None:
-        self.engine.reseed(seed)
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        self.engine.sync_adapter(model, self.adapter)
-
-    @property
-    def asleep(self) -> bool:
-        return self.engine.asleep
-
-    def sleep(self) -> None:
-        self.engine.sleep()
-
-    def close(self) -> None:
-        self.engine.users -= 1
-        if self.engine.users == 0:
-            self.engine.close()

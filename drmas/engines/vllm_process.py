@@ -18,7 +18,6 @@ with it, see drmas.children) ends the process.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -36,14 +35,11 @@ _built = 0
 class EngineServer:
     """The engine side of :class:`~drmas.engines.vllm.VLLMEngine`: each public method is a request."""
 
-    def __init__(self, llm_kwargs: dict[str, Any], quiet: bool) -> None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker in this process: collective_rpc
+    def __init__(self, llm_kwargs: dict[str, Any]) -> None:
         from drmas import console
         from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm
         from drmas.engines.vllm_transfer import register
 
-        if quiet:
-            console.quiet()
         self.vllm = import_vllm()
         console.quiet_numa_binding()
         register()  # the worker creates its transfer engine from this process's factory
@@ -52,8 +48,8 @@ class EngineServer:
         self.adapters: dict[int, Any] = {}  # lora id -> its LoRARequest
 
     def describe(self) -> dict[str, Any]:
-        """What the trainer prints and checks: the device the worker took, the dtype, this pid."""
-        return {"device": self.llm.collective_rpc(_worker_device)[0], "pid": os.getpid(),
+        """What the trainer prints and uses: the device the worker took, and the engine's dtype."""
+        return {"device": self.llm.collective_rpc(_worker_device)[0],
                 "dtype": self.llm.llm_engine.model_config.dtype}
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
@@ -142,9 +138,9 @@ def build(vllm: Any, llm_kwargs: dict[str, Any]) -> Any:
 
 def serve(fd: str, quiet: str = "") -> None:
     """Answer requests on the socket ``fd`` until the trainer closes it (``quiet``: the trainer's
-    console silences third-party notes, so this process does too)."""
+    console silences third-party notes, so this process does too). The trainer's environment for it
+    (``engine_process_env``) keeps vLLM's worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     conn = Connection(int(fd))
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from drmas import console
     from drmas.engines.vllm_runtime import import_vllm
 

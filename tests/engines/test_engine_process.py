@@ -6,9 +6,10 @@ engine process that dies, in tests/engines/test_engines.py."""
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from processes import gone_within, running
 
 from drmas.engines import vllm_available
 
@@ -24,24 +25,6 @@ engine = VLLMEngine(resolve_model_path("tiny-random"), dtype="float32", max_mode
 print("ENGINE", engine.pid, flush=True)
 time.sleep(600)
 """
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_the_engine_process_ends_with_its_sigkilled_trainer():

@@ -396,6 +396,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine)
         name="solver"
     )
     try:
+        other.ready()  # built in the background: its process has exec'd the engine by now
         pids = {vllm_engine.pid, other.pid}
         assert len(pids) == 2 and os.getpid() not in pids
         for pid in pids:
