@@ -19,6 +19,8 @@ from typing import Callable, Iterator
 import pytest
 
 from drmas.envs import sandbox
+from drmas.envs.sandbox import limits, linux, process
+from drmas.envs.sandbox import run as sandbox_run
 from drmas.envs.programs import run_failure
 from drmas.envs.sandbox import Result, SandboxPool, run_python
 
@@ -27,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def feats() -> sandbox._Features:
-    return sandbox._features()
+def feats() -> sandbox.features.Features:
+    return sandbox_run.features()
 
 
 def _procs() -> list[tuple[int, int, str]]:
@@ -37,7 +39,7 @@ def _procs() -> list[tuple[int, int, str]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        ids = sandbox._proc_ids(int(name))
+        ids = process.proc_ids(int(name))
         try:
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -54,7 +56,7 @@ class Watch:
         self.uids: set[int] = set()
         self.peak: collections.Counter[int] = collections.Counter()
         self._stop = threading.Event()
-        acquire = sandbox._acquire_uid
+        acquire = sandbox_run._acquire_uid
 
         @contextlib.contextmanager
         def spy() -> Iterator[int]:
@@ -62,7 +64,7 @@ class Watch:
                 self.uids.add(uid)
                 yield uid
 
-        monkeypatch.setattr(sandbox, "_acquire_uid", spy)
+        monkeypatch.setattr(sandbox_run, "_acquire_uid", spy)
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
@@ -189,21 +191,21 @@ def test_the_workdir_is_writable_private_and_removed() -> None:
 
 def test_a_run_that_cannot_be_set_up_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """A setup failure (injected here) is that program's failed result, logged; the batch goes on."""
-    real = sandbox._run
+    real = sandbox_run._run
 
     def flaky(code: str, *args: object) -> Result:
         if code == "print('unlucky')":
             raise sandbox.SandboxError("sandbox setup: [Errno 28] No space left on device")
         return real(code, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sandbox, "_run", flaky)
+    monkeypatch.setattr(sandbox_run, "_run", flaky)
     with SandboxPool(2) as pool:
         good, bad = pool.run([NORMAL, "print('unlucky')"], timeout_s=TIMEOUT)
     assert good.ok and good.stdout == "45\n"
     assert not bad.ok and bad.returncode is None and "No space left" in bad.error
     assert run_failure(bad) == "nothing: it could not be started"
     with pytest.raises(sandbox.SandboxError):
-        sandbox.run_python("print('unlucky')")  # called directly, the error is raised
+        run_python("print('unlucky')")  # called directly, the error is raised
 
 
 def test_the_stdlib_works_but_not_site_packages() -> None:
@@ -228,8 +230,8 @@ def test_no_secret_of_the_parent_is_visible(monkeypatch: pytest.MonkeyPatch) -> 
     assert names == ["HOME", "LANG", "PATH", "TMPDIR"] and leaked is False
 
 
-def test_the_network_is_unreachable(feats: sandbox._Features) -> None:
-    if not feats.unshare & sandbox._CLONE_NEWNET:
+def test_the_network_is_unreachable(feats: sandbox.features.Features) -> None:
+    if not feats.unshare & linux.CLONE_NEWNET:
         pytest.skip(f"no network namespace on this machine ({feats.describe()})")
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -276,7 +278,7 @@ def test_arguments_are_checked() -> None:
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_each_hostile_program_is_contained(
-    name: str, feats: sandbox._Features, monkeypatch: pytest.MonkeyPatch
+    name: str, feats: sandbox.features.Features, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if name == "write_outside" and not feats.drop_uid:
         pytest.skip("not root: the program keeps our uid, so writes are not confined (documented)")
@@ -285,11 +287,11 @@ def test_each_hostile_program_is_contained(
     _check(name, r)
     assert wall < TIMEOUT + 1, wall
     assert watch.leftovers() == [] and _marker_procs(_MARKER) == []
-    assert all(n <= sandbox.NPROC for n in watch.peak.values()), watch.peak
+    assert all(n <= limits.NPROC for n in watch.peak.values()), watch.peak
 
 
 def test_all_hostile_programs_at_once_with_a_normal_one(
-    feats: sandbox._Features, monkeypatch: pytest.MonkeyPatch
+    feats: sandbox.features.Features, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = ["normal", *sorted(HOSTILE)]
     codes = [NORMAL, *(HOSTILE[n] for n in sorted(HOSTILE))]
@@ -297,14 +299,14 @@ def test_all_hostile_programs_at_once_with_a_normal_one(
         names.remove("write_outside")
         codes.remove(HOSTILE["write_outside"])
     walls: dict[str, float] = {}
-    inner = sandbox.run_python
+    inner = sandbox_run.run_python
 
     def timed_run(code: str, *args: object) -> Result:
         r, wall = _timed(lambda: inner(code, *args))  # type: ignore[arg-type]
         walls[names[codes.index(code)]] = wall
         return r
 
-    monkeypatch.setattr(sandbox, "run_python", timed_run)
+    monkeypatch.setattr(sandbox_run, "run_python", timed_run)
     with Watch(monkeypatch) as watch, SandboxPool(max_workers=len(codes)) as pool:
         results = pool.run(codes, timeout_s=TIMEOUT)
     print("per-program wall seconds:", {n: round(w, 2) for n, w in walls.items()})
@@ -317,19 +319,17 @@ def test_all_hostile_programs_at_once_with_a_normal_one(
     assert len(walls) == len(codes)
     if feats.drop_uid:
         assert len(watch.uids) == len(codes)  # one uid per concurrent run
-    assert all(n <= sandbox.NPROC for n in watch.peak.values()), watch.peak
+    assert all(n <= limits.NPROC for n in watch.peak.values()), watch.peak
     assert watch.leftovers() == [] and _marker_procs(_MARKER) == []
 
 
 # --- without root ---------------------------------------------------------------------------
 
 _UNPRIVILEGED_SCRIPT = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sandbox_copy", sys.argv[1])
-sb = importlib.util.module_from_spec(spec)
-sys.modules["sandbox_copy"] = sb
-spec.loader.exec_module(sb)
-feats = sb._features()
+import json, sys
+sys.path.append(sys.argv[1])  # the package alone, with this interpreter's standard library
+import sandbox as sb
+feats = sb.run.features()
 normal = sb.run_python("import os, resource as r; print(os.getuid(), r.getrlimit(r.RLIMIT_NPROC)[0])")
 loop = sb.run_python("while True: pass", timeout_s=1.5)
 orphan = sb.run_python(sys.argv[2])
@@ -372,7 +372,7 @@ def _unprivileged_python() -> str:
 @pytest.fixture
 def user_dirs() -> Iterator[tuple[int, Path, Path]]:
     """A uid outside the sandbox range, a directory it owns (outside every tmp dir) and its home."""
-    uid = sandbox._UID_BASE + sandbox._UID_SLOTS
+    uid = sandbox_run._UID_BASE + sandbox_run._UID_SLOTS
     base = Path(tempfile.mkdtemp(prefix=".unprivileged-", dir=REPO))
     own, home = base / "own", base / "home"
     own.mkdir()
@@ -398,14 +398,14 @@ def test_without_root_the_program_is_confined_with_limits(user_dirs: tuple[int, 
     paths = [str(own / "x"), "mine.txt", "/tmp/t", "/dev/shm/s"]
     writes = _TRY_WRITES.format(paths=paths, secret=str(home / "key"), trainer=os.getpid())
     proc = subprocess.run(
-        [python, "-I", "-c", _UNPRIVILEGED_SCRIPT, sandbox._SELF, orphan, writes],
+        [python, "-I", "-c", _UNPRIVILEGED_SCRIPT, process.PACKAGE_PARENT, orphan, writes],
         capture_output=True, text=True, timeout=60, user=uid, group=uid, extra_groups=[], check=False,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, cwd="/",
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     got_uid, nproc = map(int, out["normal"].split())
-    assert out["drop"] is False and got_uid == uid and sandbox.NPROC <= nproc < sandbox.NPROC + 200
+    assert out["drop"] is False and got_uid == uid and limits.NPROC <= nproc < limits.NPROC + 200
     assert out["loop"] == [True, None]
     assert out["orphan"] == "parent done\n" and _marker_procs(marker) == []
     assert [p for p in _procs() if p[1] == uid] == []
@@ -445,11 +445,9 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
 _REFUSED_SCRIPT = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sandbox_copy", sys.argv[1])
-sb = importlib.util.module_from_spec(spec)
-sys.modules["sandbox_copy"] = sb
-spec.loader.exec_module(sb)
+import json, sys
+sys.path.append(sys.argv[1])  # the package alone, with this interpreter's standard library
+import sandbox as sb
 try:
     sb.run_python("print(1)")
     refused = ""
@@ -457,7 +455,7 @@ except sb.SandboxUnavailable as e:
     refused = str(e)
 with sb.SandboxPool(1, allow_unconfined=True) as pool:
     allowed = pool.run(["print(6 * 7)"])[0]
-print(json.dumps({"refused": refused, "allowed": allowed.stdout, "confined": sb._features().confined}))
+print(json.dumps({"refused": refused, "allowed": allowed.stdout, "confined": sb.run.features().confined}))
 """
 
 
@@ -467,7 +465,7 @@ def test_without_user_namespaces_programs_are_refused_unless_allowed(
     python = _unprivileged_python()
     uid, _, home = user_dirs
     proc = subprocess.run(
-        [python, "-I", "-c", _NO_USERNS, str(uid), python, "-c", _REFUSED_SCRIPT, sandbox._SELF],
+        [python, "-I", "-c", _NO_USERNS, str(uid), python, "-c", _REFUSED_SCRIPT, process.PACKAGE_PARENT],
         capture_output=True, text=True, timeout=60, check=False,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home)}, cwd="/",
     )

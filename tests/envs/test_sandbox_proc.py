@@ -14,7 +14,7 @@ from pathlib import Path
 
 from test_sandbox import _unprivileged_python, user_dirs  # noqa: F401 (a fixture)
 
-from drmas.envs import sandbox
+from drmas.envs.sandbox import process
 from drmas.envs.sandbox import run_python
 
 # {trainer}: the trainer's host pid; {name}: a file in the trainer's working directory
@@ -75,17 +75,15 @@ def test_as_root_the_program_sees_no_other_process(tmp_path, monkeypatch) -> Non
 
 
 _AS_USER = """
-import dataclasses, importlib.util, json, os, sys
-spec = importlib.util.spec_from_file_location("sandbox_copy", sys.argv[1])
-sb = importlib.util.module_from_spec(spec)
-sys.modules["sandbox_copy"] = sb
-spec.loader.exec_module(sb)
+import dataclasses, json, os, sys
+sys.path.append(sys.argv[1])
+import sandbox as sb
 os.chdir(os.path.dirname(sys.argv[3]))
 code = sys.argv[2].replace("TRAINER", str(os.getpid()))
 r = sb.run_python(code, timeout_s=10)
 # and as on a system that forbids a fresh proc mount
-e = sb._run(code, "", 10.0, 256, dataclasses.replace(sb._features(), proc="empty"))
-print(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "rc": r.returncode, "proc": sb._features().proc,
+e = sb.run._run(code, "", 10.0, 256, dataclasses.replace(sb.run.features(), proc="empty"))
+print(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "rc": r.returncode, "proc": sb.run.features().proc,
                   "empty": [e.stdout, e.stderr, e.returncode]}))
 """
 
@@ -99,7 +97,8 @@ def test_without_root_the_program_sees_its_own_pid_namespace_only(user_dirs) -> 
     os.chown(target, uid, uid)
     code = snoop(secret, 999_999_999, target).replace("999999999", "TRAINER")
     proc = subprocess.run(
-        [python, "-I", "-c", _AS_USER, sandbox._SELF, code, str(target), secret],  # the secret in its cmdline
+        # the secret in its command line
+        [python, "-I", "-c", _AS_USER, process.PACKAGE_PARENT, code, str(target), secret],
         capture_output=True, text=True, timeout=60, user=uid, group=uid, extra_groups=[], check=False,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home), "DRMAS_SECRET": secret}, cwd="/",
     )
