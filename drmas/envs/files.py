@@ -7,11 +7,24 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["MAX_PROMPT_CHARS", "check_prompt_size", "load_hub_dataset", "read_records"]
+from drmas.envs.sandbox.view import exposed
+
+__all__ = ["MAX_PROMPT_CHARS", "check_hidden_from_programs", "check_prompt_size", "load_hub_dataset",
+           "read_records"]
 
 #: The longest question or problem text a data file may hold (~25k tokens): a longer one is a
 #: broken row (a whole document pasted into a field), not a prompt any model here could take.
 MAX_PROMPT_CHARS = 100_000
+
+
+def check_hidden_from_programs(path: Path) -> None:
+    """Refuse a file with answers (golden tests, reference answers) that model-written programs
+    could read in the sandbox, where a policy could learn to print them instead of solving."""
+    where = exposed(str(path)) if path.exists() else None
+    if where is not None:
+        raise ValueError(f"{path} holds answers and lies below {where}, which sandboxed programs can "
+                         "read (docs/sandbox.md): move it out of /usr, /lib* and the interpreter's "
+                         "directories")
 
 
 def read_records(path: Path, columns: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -19,7 +19,7 @@ import pytest
 from test_sandbox import REPO, _unprivileged_python, user_dirs  # noqa: F401 (a fixture)
 
 from drmas.envs.code.judge import Judge, pass_rate
-from drmas.envs.code.loaders import EMBEDDED, embedded_problems
+from drmas.envs.code.loaders import EMBEDDED, embedded_problems, load_code_file
 from drmas.envs.programs import SandboxSettings
 from drmas.envs.sandbox import features, process, run_python
 from drmas.envs.sandbox.view import view_spec
@@ -225,3 +225,32 @@ def test_without_root_the_cheat_finds_nothing(user_dirs) -> None:  # noqa: F811
     assert plain.stdout == test.output  # this user can read the key outside the sandbox
     out = _as_user(uid, home, _cheat(), test.input)
     assert out["rc"] == 0 and out["stdout"] == "", out
+
+
+def test_a_file_with_answers_that_programs_could_read_is_refused(tmp_path: Path) -> None:
+    """Data files with answers never lie in the view: one below the interpreter's prefix (what the
+    program sees) is refused by the code and math loaders; the embedded problems, the venv's and
+    the interpreter's site-packages and the test's own directory are out of sight."""
+    from drmas.envs.math.loaders import load_math_file
+    from drmas.envs.sandbox.view import exposed
+
+    prefix = os.path.realpath(sys.base_prefix)
+    site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    assert [exposed(p) for p in (str(EMBEDDED), str(tmp_path), site, __file__)] == [None] * 4
+    assert exposed(os.__file__) == prefix  # the standard library
+    share = Path(prefix, "share")
+    share.mkdir(exist_ok=True)
+    if not os.access(share, os.W_OK):
+        pytest.skip(f"cannot write below the interpreter's prefix {prefix}")
+    keys = share / f"drmas-test-{uuid.uuid4().hex}.jsonl"
+    keys.write_text(json.dumps({"question": "q", "tests": [{"input": "", "output": "1"}],
+                                "problem": "1+0?", "answer": "1"}) + "\n")
+    try:
+        for load in (load_code_file, load_math_file):
+            with pytest.raises(ValueError, match="which sandboxed programs can read"):
+                load(keys)
+        copy = tmp_path / "keys.jsonl"
+        copy.write_text(keys.read_text())
+        assert load_code_file(copy)[0].tests[0].output == "1" and load_math_file(copy)[0].answer == "1"
+    finally:
+        keys.unlink()

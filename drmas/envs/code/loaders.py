@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from drmas.envs.code.task import CodeTask, TestCase
-from drmas.envs.files import check_prompt_size, load_hub_dataset, read_records
+from drmas.envs.files import check_hidden_from_programs, check_prompt_size, load_hub_dataset, read_records
 
 __all__ = ["CODE_DATASETS", "EMBEDDED", "embedded_problems", "load_code_dataset", "load_code_file",
            "load_code_source", "parse_tests", "tasks_from_rows"]
@@ -60,6 +60,7 @@ def load_code_file(path: str | Path, source: str | None = None, split: str | Non
     (a reference program; without it the tester earns no local reward). Rows with a ``split``
     field are kept only when it equals ``split`` (if given). Errors name the file and the line."""
     path = Path(path)
+    check_hidden_from_programs(path)
     src = source or path.stem
     tasks = []
     for index, (where, record) in enumerate(read_records(path, ("question", "tests"))):

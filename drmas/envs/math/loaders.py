@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drmas.envs.files import check_prompt_size, load_hub_dataset, read_records
+from drmas.envs.files import check_hidden_from_programs, check_prompt_size, load_hub_dataset, read_records
 from drmas.envs.math.task import MathTask
 
 __all__ = ["MATH_DATASETS", "MathDatasetSpec", "gsm8k_final_answer", "load_math_dataset", "load_math_file",
@@ -54,6 +54,7 @@ def load_math_file(
     ``reward_model.ground_truth``). ``source`` defaults to the file name.
     """
     path = Path(path)
+    check_hidden_from_programs(path)
     src = source or path.stem
     tasks = []
     columns = (problem_key.split(".")[0], answer_key.split(".")[0])

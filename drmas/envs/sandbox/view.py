@@ -68,6 +68,16 @@ def view_spec(python: str) -> dict[str, Any]:
     return {"binds": binds, "links": links, "masked": masked, "etc": etc}
 
 
+def exposed(path: str, python: str | None = None) -> str | None:
+    """The directory of the view through which programs would read ``path`` (e.g. a data file
+    under ``/usr/share`` or the interpreter's prefix), None where they cannot see it."""
+    spec = view_spec(os.path.realpath(python or sys.executable))
+    real = os.path.realpath(path)
+    if any(_under(real, m) for m in spec["masked"]):
+        return None
+    return next((b for b in spec["binds"] if _under(real, b)), None)
+
+
 def _inside(root: str, path: str) -> str:
     """``path`` below the new root, refusing any way out (a symlink in the new tree)."""
     target = root + path
