@@ -181,3 +181,9 @@ class Study:
                       f"{len(rest)} run(s) left: {left / 3600:.1f} h", flush=True)
             print(f"    {run.name}: iteration {done}/{run.iterations} ({now - last:.0f} s)", flush=True)
             last = now
+        # the last iterations can end between two looks (a fast run): a finished run did them all
+        mtime = os.stat(run.checkpoint).st_mtime if os.path.exists(run.checkpoint) else None
+        final = run.iterations if proc.returncode == 0 else done + (mtime is not None and mtime != seen)
+        if final > done:
+            print(f"    {run.name}: iteration {final}/{run.iterations} "
+                  f"({time.perf_counter() - last:.0f} s)", flush=True)
