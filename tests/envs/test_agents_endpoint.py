@@ -96,7 +96,7 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
     # 16 episodes
     assert [(agent, len(prompts), n) for agent, prompts, n in script.calls] == [("writer", 4, 4)] * 3
     assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/generation_overrides": 0.0,
-                                         "endpoint/batch_size_mean": 16.0}
+                                         "endpoint/template_errors": 0.0, "endpoint/batch_size_mean": 16.0}
 
 
 def test_limits_and_bad_requests_get_openai_errors(tasks_file):
@@ -118,8 +118,6 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
         seen["tools"] = status(lambda: ask(client, "writer", "x",
                                            tools=[{"type": "function", "function": {"name": "f"}}]))
         seen["stream"] = status(lambda: ask(client, "writer", "x", stream=True))
-        seen["parts"] = status(lambda: client.chat.completions.create(
-            model="writer", messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]))
         seen["context"] = status(lambda: ask(client, "writer", "y" * 190))
         seen["responses"] = status(lambda: client.responses.create(model="writer", input="x"))
         url, key = str(client.base_url).rstrip("/"), client.api_key
@@ -141,7 +139,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     assert seen["unknown"][0] == 404 and "writer, critic" in seen["unknown"][1]
     assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
     assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
-    for key in ("tools", "stream", "parts", "responses"):
+    for key in ("tools", "stream", "responses"):
         assert seen[key][0] == 400 and "not supported" in seen[key][1], key
     assert seen["context"][::2] == (400, "context_length_exceeded") and "190" in seen["context"][1]
     assert seen["json"] == 400 and seen["no_key"] == 401 and seen["wrong_key"][0] == 401
@@ -348,3 +346,83 @@ def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason
     assert [e.success for e in result.episodes] == [True, True] and len(result.samples) == 4
     # two episodes' identical prompts, merged
     assert [(a, n) for a, _, n in evaluating.calls] == [("critic", 4)]
+
+
+class StrictTemplate(Limited):
+    """Prompt tokens counted by a real tokenizer's chat template that, like Mistral's, refuses
+    two user turns in a row and a system message after the first turn."""
+
+    def __init__(self, reply):
+        super().__init__(reply)
+        from drmas.models import load_tokenizer
+
+        self.tokenizer = load_tokenizer("tiny-random")
+        self.tokenizer.chat_template = (
+            "{% for m in messages %}"
+            "{% if m['role'] == 'system' and not loop.first %}"
+            "{{ raise_exception('a system message must come first') }}{% endif %}"
+            "{% if loop.index0 > 0 and m['role'] == 'user' and messages[loop.index0 - 1]['role'] == 'user' %}"
+            "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+            "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+
+    def prompt_tokens(self, agent, prompt):
+        from drmas.modules.generation import encode_prompt
+
+        return len(encode_prompt(self.tokenizer, prompt))
+
+
+def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_one_call(tasks_file):
+    seen = {}
+
+    def episode(task, client):
+        def status(**kwargs):
+            try:
+                reply = client.chat.completions.create(model="writer", **kwargs)
+            except openai.APIStatusError as err:
+                return err.status_code, str(err), err.code
+            return 200, reply.choices[0].message.content, None
+
+        if task["q"] != "task0":
+            return 0.0 if ask(client, "writer", "x") else 1.0
+        user = [{"role": "user", "content": "x"}]
+        seen["parts"] = status(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]}])
+        seen["image"] = status(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}])
+        seen["name"] = status(messages=[{"role": "user", "content": "hi", "name": "alice"}])
+        seen["seed"] = status(messages=user, seed=7)
+        seen["unknown"] = status(messages=user, extra_body={"mirostat": 2})
+        seen["logprobs"] = status(messages=user, logprobs=True)
+        seen["top"] = status(messages=user, logprobs=False, top_logprobs=2)
+        seen["json"] = status(messages=user, response_format={"type": "json_object"})
+        seen["harmless"] = status(messages=user, user="u1", metadata={"k": "v"}, store=False)
+        seen["twice"] = status(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+        seen["late_system"] = status(messages=[{"role": "user", "content": "a"},
+                                               {"role": "assistant", "content": "b"},
+                                               {"role": "system", "content": "c"}])
+        seen["after"] = status(messages=user)
+        return 1.0
+
+    script = StrictTemplate(echo)
+    wf = make(episode, tasks_file)
+    try:
+        result = wf.rollout(wf.tasks("train")[:2], script, n=1)
+    finally:
+        wf.close()
+    assert seen["parts"][:2] == (200, "writer<two parts>!")
+    assert seen["image"][0] == 400 and "'image_url' part" in seen["image"][1]
+    assert "content[1]" in seen["image"][1]
+    assert seen["name"][:2] == (200, "writer<alice: hi>!")
+    assert seen["unknown"][::2] == (400, "unsupported_parameter") and "'mirostat'" in seen["unknown"][1]
+    assert seen["logprobs"][0] == 400 and "logprobs" in seen["logprobs"][1]
+    assert seen["top"][0] == 400 and "top_logprobs" in seen["top"][1]
+    assert seen["json"][0] == 400 and "json_object" in seen["json"][1] and "while training" in seen["json"][1]
+    assert seen["harmless"][0] == 200 and seen["seed"][0] == 200
+    assert seen["twice"][::2] == (400, "chat_template_error") and "must alternate" in seen["twice"][1]
+    assert seen["late_system"][0] == 400 and "must come first" in seen["late_system"][1]
+    assert seen["after"][0] == 200  # the run went on
+    scalars = wf.scalars(result.counts)
+    assert scalars["endpoint/template_errors"] == 2.0
+    assert scalars["endpoint/generation_overrides"] == 1.0  # the seed
+    # served calls of task 0: parts, name, seed, harmless, after; its refused ones left no sample
+    assert len([s for s in result.samples if s.task_uid == "0"]) == 5

@@ -1,13 +1,16 @@
-"""The agents recipe as users run it: the example math team (written against ``openai`` only)
-trained through the endpoint on tiny-random, with the verifier's policy frozen."""
+"""The agents recipe as users run it, from a folder of their own: the example math team (written
+against ``openai`` only, the recipe's default) trained through the endpoint on tiny-random with the
+verifier's policy frozen, and the README's command for one's own program."""
 
+import json
 import os
 
 import pytest
 import torch
-from recipe_runs import ROOT, check_run, run_dir, run_recipe
+from recipe_runs import ROOT, check_run, run_dir, run_recipe, scalars
 
 from drmas.models import load_causal_lm
+from drmas.report import read_validations
 
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
@@ -21,13 +24,13 @@ POLICIES = ("{solver: {model: tiny-random, lr: 1.0e-3, micro_batch_size: 8, "
 
 
 def test_the_example_team_trains_through_the_endpoint_with_a_frozen_verifier(tmp_path):
-    # the random model's rewards are all equal (advantages 0): the entropy bonus makes weights move
+    # the random model's rewards are all equal (advantages 0): the entropy bonus makes weights move;
+    # run from tmp_path with no episode or task file: the example's files resolve from the checkout
     run_recipe("agents", tmp_path, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01",
-               "--model.policies", POLICIES,
-               "--data.workflow.init_args.episode", f"{EXAMPLE / 'math_team.py'}:episode",
-               "--data.workflow.init_args.train_file", str(EXAMPLE / "train.jsonl"),
-               "--data.workflow.init_args.val_file", str(EXAMPLE / "val.jsonl"))
+               "--model.policies", POLICIES)
     s = check_run(tmp_path, ("solver", "verifier"), policy="solver")
+    example_val = {json.loads(line)["id"] for line in open(EXAMPLE / "val.jsonl")}
+    assert {t["uid"] for t in read_validations(run_dir(tmp_path))[0]["tasks"]} <= example_val
     assert all(v == 0 for v in s["rollout/failed_episodes"].values())
     assert all(v >= 1 for v in s["endpoint/batch_size_mean"].values())
     assert "train/verifier/loss" not in s and all(v > 0 for v in s["rollout/verifier/samples"].values())
@@ -37,3 +40,34 @@ def test_the_example_team_trains_through_the_endpoint_with_a_frozen_verifier(tmp
                        weights_only=False)["state_dict"]
     initial = load_causal_lm("tiny-random")[0].state_dict()
     assert all(torch.equal(state[f"policies.verifier.model.{k}"], v) for k, v in initial.items())
+
+
+TEAM = """
+def episode(task, client):
+    draft = client.chat.completions.create(
+        model="writer", messages=[{"role": "user", "content": task["topic"]}])
+    text = draft.choices[0].message.content
+    review = client.chat.completions.create(
+        model="critic", messages=[{"role": "user", "content": "Review: " + text}])
+    return {"team": float(len(text) % 2), "critic": 0.1 if review.choices[0].message.content else 0.0}
+"""
+
+
+def test_the_readmes_command_for_ones_own_program_validates_on_its_own_tasks(tmp_path):
+    (tmp_path / "my_team.py").write_text(TEAM)
+    with open(tmp_path / "tasks.jsonl", "w") as f:
+        for i in range(10):
+            f.write(json.dumps({"id": f"t{i}", "topic": f"Write about the number {i}."}) + "\n")
+    proc = run_recipe("agents", tmp_path, "--model.engine", "hf", "--data.val_tasks", "4",
+                      "--data.workflow.init_args.episode", "my_team.py:episode",
+                      "--data.workflow.init_args.agents", "[writer, critic]",
+                      "--data.workflow.init_args.train_file", "tasks.jsonl")
+    assert "1 of the 10 tasks of tasks.jsonl held apart for validation" in proc.stderr
+    d = run_dir(tmp_path)
+    validated = read_validations(d)
+    assert sorted(validated) == [0, 2]
+    held = {t["uid"] for t in validated[0]["tasks"]}
+    assert len(held) == 1 and held <= {f"t{i}" for i in range(10)}  # the user's own task, not the example's
+    s = scalars(d)
+    assert all(v > 0 for v in s["rollout/writer/samples"].values())
+    assert all(v > 0 for v in s["rollout/critic/samples"].values())

@@ -91,13 +91,19 @@ class Dispatcher:
         return False
 
     def _fits(self, call: Call) -> bool:
-        """Whether the prompt and its response fit the agent's context (else it is answered 400)."""
-        settings = (call.session.settings or {}).get(call.request.agent)
-        if settings is None or settings.context_length is None:
-            return True
+        """Whether the policy's chat template takes the messages and the prompt and its response
+        fit the agent's context (else the call alone is answered 400; the run goes on)."""
         prompt = call.request.prompt
-        tokens = self.generate.prompt_tokens(call.request.agent, prompt)
-        if tokens is None:
+        try:  # renders the messages: a template may refuse them (roles out of order, a late system turn)
+            tokens = self.generate.prompt_tokens(call.request.agent, prompt)
+        except Exception as err:  # noqa: BLE001 - a template raises what its author chose
+            self.counts["endpoint/template_errors"] += 1
+            call.answer(ApiError(400, f"the chat template of agent {call.request.agent!r}'s policy rejected "
+                                 f"the messages: {type(err).__name__}: {err}", "chat_template_error",
+                                 "messages"))
+            return False
+        settings = (call.session.settings or {}).get(call.request.agent)
+        if tokens is None or settings is None or settings.context_length is None:
             return True
         budget = prompt.max_new_tokens or settings.max_new_tokens
         if tokens + budget <= settings.context_length:

@@ -2,10 +2,10 @@
 checked and turned into a :class:`~drmas.records.ChatPrompt`, errors in OpenAI's shape, and the
 response body. Pure functions: no server, no engine.
 
-What is not supported yet is refused with a 400 that names it, never ignored: tools and tool
-calls, streaming, list-of-parts message content, structured output (``response_format``).
-Sampling stays the policy's own (the trainer computes log-probs at the temperature the tokens
-were sampled with); a request asking for other values is answered with the policy's and counted.
+Every field a client sends is served or refused with a 400 that names it, never ignored (the
+table in docs/agents.md). Sampling stays the policy's own (the trainer computes log-probs at the
+temperature the tokens were sampled with); a request asking for other values, or for a ``seed``,
+is answered with the policy's and counted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ __all__ = ["ApiError", "ChatRequest", "chat_response", "message_content", "parse
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
+_SERVED = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "n", "temperature", "top_p",
+           "top_k", "seed", "logit_bias", "stream", "tools", "functions", "tool_choice", "function_call",
+           "response_format", "logprobs", "top_logprobs", "store", *_PENALTIES}
+_NO_EFFECT = {"user", "metadata", "service_tier", "stream_options", "parallel_tool_calls"}
+"""Fields that change nothing an endpoint answers (an end-user id, tags, a billing tier; the last
+two are read with ``stream`` and ``tools``, refused while those are)."""
 
 
 @dataclass
@@ -87,14 +93,55 @@ def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
                            "invalid_value", param)
         content = m.get("content")
         if isinstance(content, list):
-            raise _unsupported(f"list-of-parts message content ({param}.content; send a string) is", param)
+            content = _text_parts(content, f"{param}.content")
         if content is None and role == "assistant":
             content = ""
         if not isinstance(content, str):
-            raise ApiError(400, f"{param}.content must be a string, got {type(content).__name__}",
-                           "invalid_value", param)
+            raise ApiError(400, f"{param}.content must be a string or a list of text parts, got "
+                           f"{type(content).__name__}", "invalid_value", param)
+        name = m.get("name")
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise ApiError(400, f"{param}.name must be a non-empty string", "invalid_value", param)
+            content = f"{name}: {content}"  # templates here have no field for it: the policy reads it
         out.append((_ROLES[role], content))
     return tuple(out)
+
+
+def _text_parts(parts: list[Any], param: str) -> str:
+    """List-of-parts content as one string: the text parts joined (what LangChain and the Agents
+    SDK send); any other part is refused by its type."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("text", "input_text", "output_text") or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{param}[{j}] is a {kind or type(part).__name__!r} part: the drmas endpoint "
+                           "serves text models and takes text parts only", "unsupported_content", param)
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _check_fields(body: dict[str, Any], training: bool) -> None:
+    """Refuse, by name, every field that is not served (see the module docstring)."""
+    unknown = sorted(k for k in body if k not in _SERVED and k not in _NO_EFFECT)
+    if unknown:
+        raise ApiError(400, f"unknown or unsupported parameter {unknown[0]!r} (the drmas endpoint serves "
+                       "the fields listed in docs/agents.md)", "unsupported_parameter", unknown[0])
+    if body.get("logprobs"):
+        raise _unsupported("logprobs: true is", "logprobs")
+    if body.get("top_logprobs"):
+        raise ApiError(400, "top_logprobs > 0 is not served: the engines return the sampled token's "
+                       "log-prob only", "unsupported_parameter", "top_logprobs")
+    if body.get("store"):
+        raise ApiError(400, "store: true is not served: the drmas endpoint keeps no completions for "
+                       "later retrieval", "unsupported_parameter", "store")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        why = ("while training: guided decoding masks the logits, so the sampled tokens' log-probs would "
+               "not be the policy's" if training else "by the engines here (no guided decoding)")
+        raise ApiError(400, f"response_format {kind!r} is not served {why}; ask for JSON in the "
+                       "messages and parse the text", "unsupported_parameter", "response_format")
 
 
 def _stops(raw: Any) -> tuple[str, ...]:
@@ -109,7 +156,8 @@ def _stops(raw: Any) -> tuple[str, ...]:
 
 def _overrides(body: dict[str, Any], policy: GenerationSettings | None) -> bool:
     """Whether the request asks for sampling other than the policy's."""
-    if any(body.get(k) not in (None, 0, 0.0) for k in _PENALTIES) or body.get("logit_bias"):
+    if (any(body.get(k) not in (None, 0, 0.0) for k in _PENALTIES) or body.get("logit_bias")
+            or body.get("seed") is not None):  # one seed per rollout: a request's cannot be honoured
         return True
     if policy is None:
         return any(body.get(k) is not None for k in ("temperature", "top_p", "top_k"))
@@ -130,11 +178,10 @@ def parse_chat_request(body: Any, agents: Sequence[str],
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
     if body.get("stream"):
         raise _unsupported("stream: true is", "stream")
-    if body.get("tools") or body.get("functions") or body.get("tool_choice") not in (None, "none"):
+    if (body.get("tools") or body.get("functions") or body.get("function_call")
+            or body.get("tool_choice") not in (None, "none")):
         raise _unsupported("tools and tool calls are", "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise _unsupported("response_format other than text is", "response_format")
+    _check_fields(body, training)
     model = body.get("model")
     if model not in agents:
         raise ApiError(404, f"the model {model!r} is not an agent of this run; the agents are: "

@@ -26,7 +26,7 @@ from drmas.envs.base import WORKFLOWS, Workflow
 from drmas.envs.files import read_records
 from drmas.records import EpisodeResult, Sample, GenerateFn, RolloutResult
 
-__all__ = ["AgentsWorkflow", "RowTask", "read_tasks"]
+__all__ = ["EXAMPLE", "AgentsWorkflow", "RowTask", "example_team", "read_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,22 @@ def read_tasks(path: str) -> list[RowTask]:
     return tasks
 
 
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agents"
+_EXAMPLE_AGENTS = ("solver", "verifier")
+
+
+def example_team(agents: Sequence[str] | None) -> tuple[str, list[str]]:
+    """The example math team's episode (a path that resolves from any folder) and agents."""
+    program = EXAMPLE / "math_team.py"
+    if not program.is_file():
+        raise FileNotFoundError(f"no episode given, and the example team ({program}) is not there (it ships "
+                                "with the checkout, not the wheel): give episode, agents and train_file")
+    if agents is not None and tuple(agents) != _EXAMPLE_AGENTS:
+        raise ValueError(f"agents {list(agents)} given without an episode: the example team's agents are "
+                         f"{list(_EXAMPLE_AGENTS)}; give your program as episode")
+    return f"{program}:episode", list(_EXAMPLE_AGENTS)
+
+
 @WORKFLOWS.register("agents")
 class AgentsWorkflow(Workflow):
     samplings = ("parallel",)
@@ -77,10 +93,14 @@ class AgentsWorkflow(Workflow):
             episode: the program: ``"module:function"``, ``"path/to/file.py:function"`` or (in
                 Python) a callable ``episode(task: dict, client: openai.OpenAI)`` (or ``async def``
                 with ``openai.AsyncOpenAI``) returning the team reward, or a dict of per-agent
-                local rewards with optional ``team`` and ``success`` keys.
+                local rewards with optional ``team`` and ``success`` keys. None, with no
+                ``train_file`` either: the example math team of ``examples/agents/`` with its
+                agents, training and validation tasks (found from the checkout, wherever the
+                command runs).
             agents: the agent names; a request's ``model`` names one (e.g. ``[writer, critic]``).
             train_file: training tasks, JSONL or parquet; each row is handed to the episode as a dict.
-            val_file: validation tasks, likewise (None: a held-apart share of ``train_file``).
+            val_file: validation tasks, likewise (None: a held-apart share of ``train_file``; the
+                example's own ``val.jsonl`` only when the example's tasks train).
             test_file: test tasks, likewise (for ``evaluate --split test``).
             val_share: the share of ``train_file`` held apart for validation when there is no
                 ``val_file`` (at least one task; 0 = none: set ``--data.val_tasks 0``).
@@ -90,14 +110,19 @@ class AgentsWorkflow(Workflow):
             window_ms: the longest a call waits for others to be batched with it.
             episode_timeout_s: an episode still running after this long fails; its URL answers 410.
         """
+        if episode is None and train_file is None:
+            episode, agents = example_team(agents)
+            train_file, val_file = str(EXAMPLE / "train.jsonl"), val_file or str(EXAMPLE / "val.jsonl")
         if not agents:
             raise ValueError("agents: name the agents of the program, e.g. [solver, verifier]")
         if len(set(agents)) != len(agents) or not all(isinstance(a, str) and a for a in agents):
             raise ValueError(f"agents must be distinct non-empty names, got {agents}")
         if episode is None:
-            raise ValueError("episode: give the program as 'module:function' or 'path/to/file.py:function'")
+            raise ValueError("episode: give the program as 'module:function' or 'path/to/file.py:function' "
+                             "(the example team's tasks come only with the example team)")
         if train_file is None:
-            raise ValueError("train_file: the training tasks (JSONL or parquet, one task per row) are needed")
+            raise ValueError("train_file: the training tasks of your program (JSONL or parquet, one task "
+                             "per row) are needed; the example's tasks come only with the example team")
         if not 0.0 <= val_share < 1.0 or window_ms < 0 or episode_timeout_s <= 0:
             raise ValueError("need 0 <= val_share < 1, window_ms >= 0 and episode_timeout_s > 0; "
                              f"got {val_share}, {window_ms}, {episode_timeout_s}")
@@ -194,11 +219,11 @@ class AgentsWorkflow(Workflow):
         return RolloutResult(samples, episodes)
 
     def scalars(self, counts: dict[str, float]) -> dict[str, float]:
-        """The endpoint's requests, its mean batch (samples per engine call) and the requests that
-        asked for sampling other than the policy's."""
+        """The endpoint's requests, its mean batch (samples per engine call), the requests that
+        asked for sampling other than the policy's and those the chat template rejected."""
         calls = counts.get("endpoint/engine_calls", 0.0)
-        out = {"endpoint/requests": counts.get("endpoint/requests", 0.0),
-               "endpoint/generation_overrides": counts.get("endpoint/generation_overrides", 0.0)}
+        out = {k: counts.get(k, 0.0) for k in ("endpoint/requests", "endpoint/generation_overrides",
+                                               "endpoint/template_errors")}
         if calls:
             out["endpoint/batch_size_mean"] = counts.get("endpoint/samples", 0.0) / calls
         return out
