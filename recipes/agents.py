@@ -7,8 +7,9 @@
     python recipes/agents.py fit --config configs/qwen3_8b.yaml   # GPUs
 
 The program runs as it is: each episode gets an OpenAI client pointed at drmas's endpoint, and
-the request's ``model`` names the agent (docs/agents.md). Run from the checkout's root for the
-example's relative paths.
+the request's ``model`` names the agent (docs/agents.md). Without an episode and a train_file it
+trains the example team of ``examples/agents/``, whatever folder it runs from; a train_file of
+your own without a val_file validates on a held-apart share of your own tasks.
 """
 
 import os
