@@ -10,7 +10,7 @@ This module imports nothing of drmas, so every other module may import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 from torch import Tensor
 
@@ -40,6 +40,12 @@ class ChatPrompt:
     stop: tuple[str, ...] = ()
     max_new_tokens: int | None = None
     """At most this many response tokens (None: the policy's sampling budget, which also caps it)."""
+    tools: tuple[str, ...] = ()
+    """OpenAI function tools offered, each as JSON text (a prompt is hashable): rendered by the
+    policy's chat template where it takes tools, else in the hermes format (``drmas.tool_calls``)."""
+    fields: tuple[str, ...] = ()
+    """Per message, JSON text of its OpenAI fields beyond role and content (an assistant's
+    ``tool_calls``, a tool result's ``tool_call_id``), ``""`` for none; empty: no message has any."""
 
 
 @dataclass
@@ -89,6 +95,9 @@ class GenerateFn(Protocol):
     def check_stop(self) -> None:
         """Raise when the run was asked to stop (preempted)."""
 
+    def tool_format(self, agent: str) -> tuple[str, Any] | None:
+        """``(format, tokenizer)`` the agent's tool calls are parsed with (None: it takes no tools)."""
+
 
 @dataclass
 class ScriptedGenerate:
@@ -108,6 +117,9 @@ class ScriptedGenerate:
         return None
 
     def check_stop(self) -> None:
+        return None
+
+    def tool_format(self, agent: str) -> tuple[str, Any] | None:
         return None
 
 

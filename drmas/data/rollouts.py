@@ -335,6 +335,9 @@ class _Rerouted:
     def prompt_tokens(self, agent: str, prompt: Any) -> int | None:
         return self.generate.prompt_tokens(self.partner[agent], prompt)
 
+    def tool_format(self, agent: str) -> Any:
+        return self.generate.tool_format(self.partner[agent])
+
     def check_stop(self) -> None:
         self.generate.check_stop()
 

