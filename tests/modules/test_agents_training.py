@@ -120,3 +120,42 @@ def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, t
     last = [h for h in module.history if "rollout/critic/samples" in h][-1]
     assert (last["rollout/critic/samples"] == 32
             and "train/c/loss" not in {k for h in module.history for k in h})
+
+
+ADD = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+
+
+def with_tools(task, client):
+    """A tool result already in the history: each policy renders the tools and the call its way."""
+    call = {"id": "call_7", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    messages = [{"role": "user", "content": task["q"]},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_7", "content": "5"}]
+    for agent in ("writer", "critic"):
+        client.chat.completions.create(model=agent, messages=messages, tools=[ADD])
+    return 1.0
+
+
+def test_tools_reach_each_policy_in_its_own_format(tasks_file):
+    pytest.importorskip("vllm.tool_parsers")
+    module = MultiAgentRL(policies={
+        "w": PolicyConfig(model="tiny-random", train_generation=GenerationParams(max_new_tokens=4)),
+        "c": PolicyConfig(model="tiny-random-qwen3", train_generation=GenerationParams(max_new_tokens=4),
+                          chat_template_kwargs={"enable_thinking": False})},
+        agents={"writer": "w", "critic": "c"}, engine="hf")
+    wf = AgentsWorkflow(with_tools, ["writer", "critic"], tasks_file, val_share=0)
+    try:
+        rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=1,
+                                              val_tasks=0))
+        plan = rollouts.prepare(module, iteration=1)
+    finally:
+        wf.close()
+    prompts = {s.agent: module.policies[s.policy].tokenizer.decode(s.prompt_ids) for s in plan.samples}
+    # tiny-random's template ignores tools: the hermes fallback as text
+    assert '<tools>[{"function": {"description": "a + b"' in prompts["writer"]
+    assert '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>' in prompts["writer"]
+    assert "<tool_response>5</tool_response>" in prompts["writer"]
+    # Qwen3's template renders them itself
+    assert "# Tools" in prompts["critic"] and "<tools>" in prompts["critic"]
+    assert "<tool_response>\n5\n</tool_response>" in prompts["critic"]
