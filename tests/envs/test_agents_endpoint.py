@@ -118,7 +118,6 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
         seen["long"] = status(lambda: ask(client, "writer", "x", max_tokens=100))
         seen["tools"] = status(lambda: ask(client, "writer", "x",
                                            tools=[{"type": "function", "function": {"name": "f"}}]))
-        seen["stream"] = status(lambda: ask(client, "writer", "x", stream=True))
         seen["context"] = status(lambda: ask(client, "writer", "y" * 190))
         seen["responses"] = status(lambda: client.responses.create(model="writer", input="x"))
         url, key = str(client.base_url).rstrip("/"), client.api_key
@@ -141,8 +140,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
     assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
     assert seen["tools"][::2] == (400, "tools_unavailable") and "parses no tool calls" in seen["tools"][1]
-    for key in ("stream", "responses"):
-        assert seen[key][0] == 400 and "not supported" in seen[key][1], key
+    assert seen["responses"][0] == 400 and "not supported" in seen["responses"][1]
     assert seen["context"][::2] == (400, "context_length_exceeded") and "190" in seen["context"][1]
     assert seen["json"] == 400 and seen["no_key"] == 401 and seen["wrong_key"][0] == 401
     assert seen["models"] == AGENTS

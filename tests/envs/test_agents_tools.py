@@ -4,6 +4,7 @@ malformed call returned as text and its sample made invalid; and the rendering o
 template that takes them (Qwen3's) and on one that ignores them (the hermes fallback)."""
 
 import json
+import time
 
 import openai
 import pytest
@@ -151,3 +152,52 @@ def test_a_tool_format_the_template_cannot_render_is_refused_when_the_policy_is_
         Policy("p", PolicyConfig(model="tiny-random", tool_format="mistral"))
     with pytest.raises(ValueError, match="tool_format must be auto or one of"):
         PolicyConfig(model="tiny-random", tool_format="xml")
+
+
+def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer_leaves_none(tasks_file):
+    seen = {}
+
+    def slow_reply(agent, prompt, i):
+        if prompt.messages[-1][1] == "slow":
+            time.sleep(1.0)
+        return reply(agent, prompt, i)
+
+    def episode(task, client):
+        if task["q"] == "broken":
+            impatient = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
+                                      timeout=0.2)
+            with pytest.raises(openai.APITimeoutError):
+                for _ in impatient.chat.completions.create(
+                        model="writer", messages=[{"role": "user", "content": "slow"}], stream=True):
+                    pass
+            return 0.0
+        messages = [{"role": "user", "content": "sum"}]
+        seen["plain"] = client.chat.completions.create(model="writer", messages=messages, tools=[ADD])
+        seen["chunks"] = list(client.chat.completions.create(
+            model="writer", messages=messages, tools=[ADD], stream=True,
+            stream_options={"include_usage": True}))
+        with client.chat.completions.stream(model="writer", messages=messages, tools=[ADD]) as stream:
+            for _ in stream:
+                pass
+            seen["final"] = stream.get_final_completion()  # the SDK's own assembly of the chunks
+        return 1.0
+
+    wf = AgentsWorkflow(episode, ["writer"], tasks_file, val_share=0.0, window_ms=0)
+    try:
+        result = wf.rollout(wf.tasks("train"), ToolEngine(slow_reply), n=1)
+    finally:
+        wf.close()
+    ok, impatient = result.episodes
+    assert ok.success and "none was delivered" in impatient.info["failure"]
+    chunks = seen["chunks"]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Calling. "
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and deltas[0].function.name == "add" and deltas[0].id.startswith("call_")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage == seen["plain"].usage
+    final = seen["final"].choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.content == "Calling. "
+    assert json.loads(final.message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
+    # three answers of task "sum" kept; the impatient stream of the other left nothing
+    assert sorted(s.task_uid for s in result.samples) == ["0", "0", "0"]

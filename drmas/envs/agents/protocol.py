@@ -19,16 +19,17 @@ from typing import Any, Sequence
 
 from drmas.records import ChatPrompt, Completion, GenerationSettings
 
-__all__ = ["ApiError", "ChatRequest", "Reply", "chat_response", "message_content", "parse_chat_request"]
+__all__ = ["ApiError", "ChatRequest", "Reply", "chat_chunks", "chat_response", "message_content",
+           "parse_chat_request"]
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 _SERVED = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "n", "temperature", "top_p",
-           "top_k", "seed", "logit_bias", "stream", "tools", "tool_choice",
+           "top_k", "seed", "logit_bias", "stream", "stream_options", "tools", "tool_choice",
            "response_format", "logprobs", "top_logprobs", "store", *_PENALTIES}
-_NO_EFFECT = {"user", "metadata", "service_tier", "stream_options", "parallel_tool_calls"}
+_NO_EFFECT = {"user", "metadata", "service_tier", "parallel_tool_calls"}
 """Fields that change nothing an endpoint answers (an end-user id, tags, a billing tier; the last
-two are read with ``stream`` and ``tools``, refused while those are)."""
+is not enforced, see docs/agents.md)."""
 
 
 @dataclass
@@ -63,6 +64,10 @@ class ChatRequest:
     overrides_generation: bool = False
     tools: tuple[dict[str, Any], ...] = ()
     """The tools offered (their calls are parsed out of the answer); empty: none."""
+    stream: bool = False
+    """Answer as server-sent events (:func:`chat_chunks`)."""
+    include_usage: bool = False
+    """Streaming: a last chunk with the token counts (``stream_options.include_usage``)."""
 
 
 @dataclass
@@ -245,8 +250,10 @@ def parse_chat_request(body: Any, agents: Sequence[str],
     agent's policy settings (the limits a request must stay within; None: not checked)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
-    if body.get("stream"):
-        raise _unsupported("stream: true is", "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise ApiError(400, f"stream_options takes include_usage only, got {options!r}", "invalid_value",
+                       "stream_options")
     _check_fields(body, training)
     tools = _tools(body)
     model = body.get("model")
@@ -267,7 +274,8 @@ def parse_chat_request(body: Any, agents: Sequence[str],
                        "settings)", "invalid_value", key)
     prompt = ChatPrompt(messages, "", _stops(body.get("stop")), length,
                         tuple(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools), fields)
-    return ChatRequest(model, prompt, n, _overrides(body, policy), tools)
+    return ChatRequest(model, prompt, n, _overrides(body, policy), tools, bool(body.get("stream")),
+                       bool((options or {}).get("include_usage")))
 
 
 def message_content(completion: Completion, stops: Sequence[str]) -> str:
@@ -281,24 +289,48 @@ def message_content(completion: Completion, stops: Sequence[str]) -> str:
     return text
 
 
-def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
-    """The ``chat.completion`` object for one request's choices."""
+def _usage(replies: Sequence[Reply]) -> dict[str, int]:
     prompt = len(replies[0].completion.prompt_ids) if replies else 0
     generated = sum(len(r.completion.response_ids) for r in replies)
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+
+def _finish(r: Reply) -> str:
+    return "tool_calls" if r.tool_calls else "length" if r.completion.finish_reason == "length" else "stop"
+
+
+def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
+    """The ``chat.completion`` object for one request's choices."""
     choices = []
     for i, r in enumerate(replies):
         content = (r.content or None) if r.tool_calls else r.content  # OpenAI: null beside calls
         message: dict[str, Any] = {"role": "assistant", "content": content}
-        finish = "length" if r.completion.finish_reason == "length" else "stop"
         if r.tool_calls:
-            message["tool_calls"], finish = r.tool_calls, "tool_calls"
-        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": agent,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt, "completion_tokens": generated,
-                  "total_tokens": prompt + generated},
-    }
+            message["tool_calls"] = r.tool_calls
+        choices.append({"index": i, "message": message, "finish_reason": _finish(r), "logprobs": None})
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": agent, "choices": choices, "usage": _usage(replies)}
+
+
+def chat_chunks(agent: str, replies: Sequence[Reply], include_usage: bool) -> list[dict[str, Any]]:
+    """The same answer as ``chat.completion.chunk`` objects, OpenAI's streaming shape: per choice
+    the role, the content, each tool call (whole, one delta each), the finish reason; then the
+    usage where asked. The answer is generated whole, then streamed."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": agent}
+
+    def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}],
+                **({"usage": None} if include_usage else {})}
+
+    out = []
+    for i, r in enumerate(replies):
+        out.append(chunk(i, {"role": "assistant", "content": ""}))
+        if r.content:
+            out.append(chunk(i, {"content": r.content}))
+        for k, call in enumerate(r.tool_calls):
+            out.append(chunk(i, {"tool_calls": [{"index": k, **call}]}))
+        out.append(chunk(i, {}, _finish(r)))
+    if include_usage:
+        out.append({**head, "choices": [], "usage": _usage(replies)})
+    return out

@@ -10,6 +10,7 @@ it is delivered: a client that disconnected while it waited leaves nothing behin
 
 # no `from __future__ import annotations`: FastAPI reads the handlers' annotations as objects
 import asyncio
+import json
 import queue
 import secrets
 import socket
@@ -17,7 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from drmas.envs.agents.protocol import ApiError, ChatRequest, Reply, chat_response, parse_chat_request
+from drmas.envs.agents.protocol import (ApiError, ChatRequest, Reply, chat_chunks, chat_response,
+                                        parse_chat_request)
 from drmas.records import Completion, GenerationSettings
 
 __all__ = ["Call", "Endpoint", "Session"]
@@ -160,9 +162,18 @@ class Endpoint:
                            "no more requests", "episode_gone")
         return session
 
+    @staticmethod
+    async def _events(session: Session, req: ChatRequest, replies: list[Reply]) -> Any:
+        """Server-sent events of an answer; its samples are kept only once the last event is sent
+        (a client that leaves mid-stream cancels this, and nothing is recorded)."""
+        for chunk in chat_chunks(req.agent, replies, req.include_usage):
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        session.record(req.agent, replies)
+        yield "data: [DONE]\n\n"
+
     def _app(self) -> Any:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse, Response
+        from fastapi.responses import JSONResponse, Response, StreamingResponse
 
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
@@ -202,8 +213,12 @@ class Endpoint:
             result = await future
             if isinstance(result, ApiError):
                 raise result
-            if await request.is_disconnected() or not session.record(req.agent, result):
+            if await request.is_disconnected():
                 return Response(status_code=499)  # nobody reads it; nothing was recorded
+            if req.stream:
+                return StreamingResponse(self._events(session, req, result), media_type="text/event-stream")
+            if not session.record(req.agent, result):
+                return Response(status_code=499)
             return chat_response(req.agent, result)
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
