@@ -119,7 +119,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
         seen["tools"] = status(lambda: ask(client, "writer", "x",
                                            tools=[{"type": "function", "function": {"name": "f"}}]))
         seen["context"] = status(lambda: ask(client, "writer", "y" * 190))
-        seen["responses"] = status(lambda: client.responses.create(model="writer", input="x"))
+        seen["legacy"] = status(lambda: client.completions.create(model="writer", prompt="x"))
         url, key = str(client.base_url).rstrip("/"), client.api_key
         seen["json"] = httpx.post(f"{url}/chat/completions", content=b"{not json",
                                   headers={"Authorization": f"Bearer {key}"}).status_code
@@ -140,7 +140,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
     assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
     assert seen["tools"][::2] == (400, "tools_unavailable") and "parses no tool calls" in seen["tools"][1]
-    assert seen["responses"][0] == 400 and "not supported" in seen["responses"][1]
+    assert seen["legacy"][0] == 400 and "legacy completions API" in seen["legacy"][1]
     assert seen["context"][::2] == (400, "context_length_exceeded") and "190" in seen["context"][1]
     assert seen["json"] == 400 and seen["no_key"] == 401 and seen["wrong_key"][0] == 401
     assert seen["models"] == AGENTS

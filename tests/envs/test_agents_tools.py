@@ -201,3 +201,56 @@ def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer
     assert json.loads(final.message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
     # three answers of task "sum" kept; the impatient stream of the other left nothing
     assert sorted(s.task_uid for s in result.samples) == ["0", "0", "0"]
+
+
+RESPONSES_ADD = {"type": "function", "name": "add", "description": "a + b",
+                 "parameters": ADD["function"]["parameters"], "strict": False}
+
+
+def test_the_responses_api_with_a_function_tool_round_trip(tasks_file):
+    seen = {}
+
+    def episode(task, client):
+        if task["q"] == "broken":
+            return 0.0
+        first = client.responses.create(model="writer", instructions="Use the tools.", input="sum",
+                                        tools=[RESPONSES_ADD], store=False)
+        seen["first"] = first
+        call = next(item for item in first.output if item.type == "function_call")
+        args = json.loads(call.arguments)
+        answer = {"type": "function_call_output", "call_id": call.call_id,
+                  "output": str(args["a"] + args["b"])}
+        echoed = [i.model_dump(exclude_none=True) for i in first.output]
+        history = [{"role": "user", "content": "sum"}, *echoed, answer]
+        seen["final"] = client.responses.create(model="writer", input=history, tools=[RESPONSES_ADD],
+                                                store=False)
+        for name, kwargs in (("previous", {"previous_response_id": first.id}),
+                             ("builtin", {"tools": [{"type": "web_search"}]}),
+                             ("reasoning", {"reasoning": {"effort": "high"}})):
+            try:
+                client.responses.create(model="writer", input="sum", **kwargs)
+            except openai.BadRequestError as err:
+                seen[name] = str(err)
+        return 1.0
+
+    engine = ToolEngine(reply)
+    wf = AgentsWorkflow(episode, ["writer"], tasks_file, val_share=0.0)
+    try:
+        result = wf.rollout(wf.tasks("train")[:1], engine, n=1)
+    finally:
+        wf.close()
+    assert result.episodes[0].success, result.episodes[0].info
+    first = seen["first"]
+    assert first.status == "completed" and first.output_text == "Calling. "
+    calls = [i for i in first.output if i.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "add" and json.loads(calls[0].arguments) == {"a": 2, "b": 3}
+    assert seen["final"].output_text == "The sum is 5."
+    assert "previous_response_id" in seen["previous"] and "whole conversation" in seen["previous"]
+    assert "'web_search' tool" in seen["builtin"] and "reasoning" in seen["reasoning"]
+    # what reached the engine: instructions first, then the call and its output as chat turns
+    prompts = [p for _, ps, _ in engine.calls for p in ps]
+    assert prompts[0].messages == (("system", "Use the tools."), ("user", "sum"))
+    second = prompts[1]
+    assert [r for r, _ in second.messages] == ["user", "assistant", "tool"] and second.messages[2][1] == "5"
+    assert json.loads(second.fields[2]) == {"tool_call_id": calls[0].call_id}
+    assert len(result.samples) == 2

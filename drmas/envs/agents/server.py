@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from drmas.envs.agents.protocol import (ApiError, ChatRequest, Reply, chat_chunks, chat_response,
                                         parse_chat_request)
+from drmas.envs.agents.responses import chat_body, response_object
 from drmas.records import Completion, GenerationSettings
 
 __all__ = ["Call", "Endpoint", "Session"]
@@ -195,14 +196,16 @@ class Endpoint:
             self._session(sid, request.headers.get("authorization"))
             return models()
 
-        @app.post("/episodes/{sid}/v1/chat/completions")
-        async def chat(sid: str, request: Request) -> Any:
+        async def answer(sid: str, request: Request, responses: bool) -> Any:
             session = self._session(sid, request.headers.get("authorization"))
             try:
                 body = await request.json()
             except ValueError:
                 raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
-            req = parse_chat_request(body, self.agents, session.settings, session.training)
+            chat = chat_body(body) if responses else body
+            req = parse_chat_request(chat, self.agents, session.settings, session.training)
+            if responses and req.n != 1:
+                raise ApiError(400, "n is not a Responses parameter", "unsupported_parameter", "n")
             loop = asyncio.get_running_loop()
             future = loop.create_future()
             with session._lock:
@@ -219,14 +222,24 @@ class Endpoint:
                 return StreamingResponse(self._events(session, req, result), media_type="text/event-stream")
             if not session.record(req.agent, result):
                 return Response(status_code=499)
+            if responses:
+                return response_object(req.agent, result[0], body)
             return chat_response(req.agent, result)
+
+        @app.post("/episodes/{sid}/v1/chat/completions")
+        async def chat(sid: str, request: Request) -> Any:
+            return await answer(sid, request, responses=False)
+
+        @app.post("/episodes/{sid}/v1/responses")
+        async def responses(sid: str, request: Request) -> Any:
+            return await answer(sid, request, responses=True)
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
         async def other(path: str, request: Request) -> Any:
             self._session(None, request.headers.get("authorization"))
-            if path.endswith("v1/responses") or path.endswith("v1/completions"):
-                raise ApiError(400, f"/{path} is not supported by the drmas endpoint yet: "
-                               "use /v1/chat/completions", "unsupported_endpoint")
+            if path.endswith("v1/completions") and not path.endswith("chat/completions"):
+                raise ApiError(400, f"/{path} (the legacy completions API) is not served: use "
+                               "/v1/chat/completions or /v1/responses", "unsupported_endpoint")
             raise ApiError(404, f"no route /{path}: the endpoint serves /episodes/<id>/v1/chat/completions "
                            "and /v1/models", "not_found")
 

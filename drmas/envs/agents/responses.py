@@ -1,0 +1,155 @@
+"""OpenAI's Responses API (``POST /v1/responses``) as far as agent frameworks use it, on top of the
+chat path: a request's input items become chat messages (then :func:`parse_chat_request` checks
+them as any chat request), and the answer becomes output items. Pure functions.
+
+Served: ``input`` as a string or items (messages with text parts, ``function_call`` and
+``function_call_output``), ``instructions`` (a system message first), function ``tools`` and
+``tool_choice``, ``max_output_tokens``, ``store`` (nothing is kept either way), the sampling
+fields as on the chat path, ``text`` in plain text format. Refused by name: ``previous_response_id``
+(send the whole conversation, as ``store: false`` clients do), streaming, ``reasoning``, structured
+``text`` formats, ``include``, built-in tools, other item types.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from drmas.envs.agents.protocol import ApiError, Reply
+
+__all__ = ["chat_body", "response_object"]
+
+_SAME = ("model", "temperature", "top_p", "seed", "user", "metadata", "parallel_tool_calls", "service_tier")
+_NO_EFFECT = {"store", "truncation", "prompt_cache_key", "safety_identifier"}
+
+
+def _refuse(param: str, why: str) -> ApiError:
+    return ApiError(400, f"{param} is not served on /v1/responses: {why}", "unsupported_parameter", param)
+
+
+def _text(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{param} must be a string or a list of text parts", "invalid_value", param)
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{param}[{j}] is a {kind!r} part: the drmas endpoint takes text parts only",
+                           "unsupported_content", param)
+        out.append(part["text"])
+    return "".join(out)
+
+
+def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
+    """Input items as chat messages: consecutive function calls join one assistant message."""
+    messages: list[dict[str, Any]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": _text(instructions, "instructions")})
+    if isinstance(items, str):
+        return messages + [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise ApiError(400, "input must be a string or a non-empty list of items", "invalid_value", "input")
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            if item.get("role") not in ("user", "system", "developer", "assistant"):
+                raise ApiError(400, f"{param}.role must be user, system, developer or assistant",
+                               "invalid_value", param)
+            content = _text(item.get("content", ""), f"{param}.content")
+            messages.append({"role": item["role"], "content": content})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{param}.output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        else:
+            raise ApiError(400, f"{param} is a {kind!r} item: the drmas endpoint takes messages, "
+                           "function_call and function_call_output items", "unsupported_item", param)
+    return messages
+
+
+def _tools(tools: Any, choice: Any) -> tuple[list[dict[str, Any]], Any]:
+    out = []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else t
+            raise ApiError(400, f"tools[{i}] is a {kind!r} tool: the drmas endpoint serves function tools "
+                           "only", "unsupported_parameter", "tools")
+        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
+                                                      if k in t}})
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return out, choice
+
+
+def chat_body(body: Any) -> dict[str, Any]:
+    """The chat-completions body of a Responses request (every field served, or a 400)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+    if body.get("previous_response_id"):
+        raise _refuse("previous_response_id", "nothing is stored; send the whole conversation as input "
+                      "(store: false)")
+    if body.get("stream"):
+        raise _refuse("stream", "not served yet; use /v1/chat/completions for streaming")
+    if body.get("reasoning"):
+        raise _refuse("reasoning", "the policies here have no reasoning settings")
+    if body.get("include"):
+        raise _refuse("include", "no extra output is produced")
+    fmt = (body.get("text") or {}).get("format")
+    if fmt is not None and fmt.get("type") != "text":
+        raise _refuse("text.format", "structured output would mask the logits while training")
+    known = {*_SAME, *_NO_EFFECT, "input", "instructions", "tools", "tool_choice", "max_output_tokens",
+             "previous_response_id", "stream", "reasoning", "include", "text", "top_logprobs"}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(400, f"unknown or unsupported parameter {unknown[0]!r} on /v1/responses",
+                       "unsupported_parameter", unknown[0])
+    out = {k: body[k] for k in _SAME if body.get(k) is not None}
+    out["messages"] = _messages(body.get("input"), body.get("instructions"))
+    tools, choice = _tools(body.get("tools"), body.get("tool_choice"))
+    if tools:
+        out["tools"] = tools
+    if choice is not None:
+        out["tool_choice"] = choice
+    for src, dst in (("max_output_tokens", "max_tokens"), ("top_logprobs", "top_logprobs")):
+        if body.get(src) is not None:
+            out[dst] = body[src]
+    return out
+
+
+def response_object(agent: str, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    """The ``response`` object of one answer: a message item with the text (if any), then a
+    ``function_call`` item per parsed call."""
+    output: list[dict[str, Any]] = []
+    if reply.content or not reply.tool_calls:
+        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
+                       "role": "assistant",
+                       "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
+    for call in reply.tool_calls:
+        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
+                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                       "status": "completed"})
+    length = reply.completion.finish_reason == "length" and not reply.tool_calls
+    prompt, generated = len(reply.completion.prompt_ids), len(reply.completion.response_ids)
+    return {
+        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": float(int(time.time())),
+        "model": agent, "status": "incomplete" if length else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice", "auto"), "tools": list(body.get("tools") or []),
+        "instructions": body.get("instructions"), "error": None, "store": False,
+        "usage": {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }
