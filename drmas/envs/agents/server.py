@@ -204,8 +204,6 @@ class Endpoint:
                 raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
             chat = chat_body(body) if responses else body
             req = parse_chat_request(chat, self.agents, session.settings, session.training)
-            if responses and req.n != 1:
-                raise ApiError(400, "n is not a Responses parameter", "unsupported_parameter", "n")
             loop = asyncio.get_running_loop()
             future = loop.create_future()
             with session._lock:
