@@ -165,8 +165,8 @@ class Endpoint:
 
     @staticmethod
     async def _events(session: Session, req: ChatRequest, replies: list[Reply]) -> Any:
-        """Server-sent events of an answer; its samples are kept only once the last event is sent
-        (a client that leaves mid-stream cancels this, and nothing is recorded)."""
+        """Server-sent events of an answer; its samples are kept once the last chunk has been handed
+        to the connection (a client gone before that cancels this, and nothing is recorded)."""
         for chunk in chat_chunks(req.agent, replies, req.include_usage):
             yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
         session.record(req.agent, replies)
