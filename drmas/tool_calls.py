@@ -30,6 +30,8 @@ FORMATS: dict[str, tuple[str, str, str | None]] = {
     "llama3_json": ("llama3_json", "<|python_tag|>", None),
     "mistral": ("mistral", "[TOOL_CALLS]", None),
 }
+# a parser logs a traceback for every call it cannot read; those are counted as malformed instead
+logging.getLogger("vllm.tool_parsers").setLevel(logging.CRITICAL)
 _TEMPLATE_MARKS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"),
                    ("ipython", "llama3_json"))
 
@@ -111,7 +113,6 @@ def parse_tool_calls(text: str, fmt: str, tokenizer: Any, tools: Sequence[dict[s
     begun = text.count(start)
     if not begun:
         return ParsedCalls(text)
-    logging.getLogger("vllm.tool_parsers").setLevel(logging.CRITICAL)  # malformed calls are counted instead
     request = ChatCompletionRequest(model="drmas", messages=[], tools=list(tools) or None)
     parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, request.tools)
     try:
