@@ -1,12 +1,16 @@
 """The OpenAI-compatible endpoint over loopback, with the real ``openai`` client and a scripted
-engine: attribution of calls to episodes, batching, limits, errors, failed episodes, disconnects."""
+engine: attribution of calls to episodes, batching, limits, errors, failed episodes, disconnects;
+episodes in worker processes (tests/agent_programs.py), each with its own URL and key."""
 
-import threading
+import functools
+import json
+import os
 import time
 
+import agent_programs as programs
 import httpx
-import openai
 import pytest
+from processes import gone_within
 from scripted import Script
 
 from drmas.envs.agents import AgentsWorkflow
@@ -23,14 +27,17 @@ def tasks_file(tmp_path):
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def out(tmp_path, monkeypatch):
+    """The folder the episodes report to (workers inherit the variable when they start)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    monkeypatch.setenv(programs.OUT, str(folder))
+    return folder
+
+
 def make(episode, tasks_file, **kwargs):
-    return AgentsWorkflow(episode, AGENTS, tasks_file, val_share=0.0, **kwargs)
-
-
-def ask(client, agent, text, **kwargs):
-    reply = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": text}],
-                                           **kwargs)
-    return reply.choices[0].message.content
+    return AgentsWorkflow(episode, AGENTS, tasks_file, val_share=0.0, **{"workers": 4, **kwargs})
 
 
 def echo(agent, prompt, i):
@@ -52,13 +59,7 @@ class Limited(Script):
 
 
 def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(tasks_file):
-    def episode(task, client):
-        first = ask(client, "writer", task["q"], stop=["!"])
-        second = ask(client, "writer", first + "+", stop="!")
-        ask(client, "critic", second)
-        return {"team": 1.0, "writer": 0.5}
-
-    wf = make(episode, tasks_file, alpha=0.5)
+    wf = make(programs.three_calls, tasks_file, alpha=0.5)
     try:
         result = wf.rollout(wf.tasks("train"), Script(echo), n=3)
     finally:
@@ -79,15 +80,8 @@ def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(task
 
 def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_file):
     script = Script(echo)
-
-    def episode(task, client):
-        text = task["q"]
-        for _ in range(3):
-            text = ask(client, "writer", text, stop="!")
-        return 1.0
-
     # a window no test waits out: only "every running episode is waiting" can trigger a call
-    wf = make(episode, tasks_file, window_ms=10**7, episode_timeout_s=60)
+    wf = make(programs.three_rounds, tasks_file, window_ms=10**7, episode_timeout_s=60, workers=16)
     try:
         result = wf.rollout(wf.tasks("train"), script, n=4)
     finally:
@@ -97,45 +91,18 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
     assert [(agent, len(prompts), n) for agent, prompts, n in script.calls] == [("writer", 4, 4)] * 3
     assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/generation_overrides": 0.0,
                                          "endpoint/template_errors": 0.0, "endpoint/batch_size_mean": 16.0,
-                                         "endpoint/tool_calls": 0.0, "endpoint/tool_call_errors": 0.0}
+                                         "endpoint/tool_calls": 0.0, "endpoint/tool_call_errors": 0.0,
+                                         "endpoint/workers_started": 16.0}
 
 
-def test_limits_and_bad_requests_get_openai_errors(tasks_file):
-    seen = {}
-
-    def episode(task, client):
-        def status(fn):
-            try:
-                fn()
-            except openai.APIStatusError as err:
-                return err.status_code, str(err), err.code
-            return 200, "", None
-
-        if task["q"] != "task0":
-            return 0.0 if ask(client, "writer", "x") else 1.0
-        seen["unknown"] = status(lambda: ask(client, "judge", "x"))
-        seen["n"] = status(lambda: ask(client, "writer", "x", n=2))
-        seen["long"] = status(lambda: ask(client, "writer", "x", max_tokens=100))
-        seen["tools"] = status(lambda: ask(client, "writer", "x",
-                                           tools=[{"type": "function", "function": {"name": "f"}}]))
-        seen["context"] = status(lambda: ask(client, "writer", "y" * 190))
-        seen["legacy"] = status(lambda: client.completions.create(model="writer", prompt="x"))
-        url, key = str(client.base_url).rstrip("/"), client.api_key
-        seen["json"] = httpx.post(f"{url}/chat/completions", content=b"{not json",
-                                  headers={"Authorization": f"Bearer {key}"}).status_code
-        seen["no_key"] = httpx.post(f"{url}/chat/completions", json={}).status_code
-        seen["wrong_key"] = status(
-            lambda: openai.OpenAI(base_url=url, api_key="nope", max_retries=0).models.list())
-        seen["models"] = [m.id for m in client.models.list()]
-        seen["content"] = ask(client, "writer", "ok", stop=["!"], max_tokens=5, temperature=0.2)
-        return 1.0
-
+def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
     script = Limited(echo)
-    wf = make(episode, tasks_file)
+    wf = make(programs.limits, tasks_file)
     try:
         result = wf.rollout(wf.tasks("train")[:2], script, n=1)
     finally:
         wf.close()
+    seen = programs.reports(out)
     assert seen["unknown"][0] == 404 and "writer, critic" in seen["unknown"][1]
     assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
     assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
@@ -152,47 +119,86 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file):
     assert len([s for s in result.samples if s.task_uid == "0"]) == 1  # refused calls leave no sample
 
 
-def test_failed_episodes_leave_no_samples_and_a_timed_out_url_answers_410(tasks_file):
-    late = {}
-    done = threading.Event()
-
-    def episode(task, client):
-        ask(client, "writer", task["q"])
-        kind = task["q"]
-        if kind == "task0":
-            raise RuntimeError("the program broke")
-        if kind == "task1":
-            return {"writer": 1.0, "stranger": 2.0}
-        if kind == "task2":
-            time.sleep(1.5)  # past the timeout
-            try:
-                ask(client, "writer", "late")
-            except openai.APIStatusError as err:
-                late["status"] = err.status_code
-            finally:
-                done.set()
-        return 1.0
-
-    def silent(task, client):
-        return 1.0
-
-    wf = make(episode, tasks_file, episode_timeout_s=1.0)
+def test_failed_episodes_leave_no_samples_and_a_timed_out_episodes_process_is_ended(tasks_file, out):
+    wf = make(programs.failing, tasks_file, episode_timeout_s=1.5)
     try:
+        t0 = time.monotonic()
         result = wf.rollout(wf.tasks("train"), Script(echo), n=1)
-        assert done.wait(10) and late["status"] == 410
+        assert time.monotonic() - t0 < 30  # the sleeper was not waited for
         why = {e.task_uid: e.info.get("failure", "") for e in result.episodes}
-        assert "RuntimeError: the program broke" in why["0"] and "Traceback" in why["0"]
-        assert "'stranger'" in why["1"] and "timeout of 1 s" in why["2"] and why["3"] == ""
+        assert "raised:" in why["0"] and "Traceback" in why["0"]
+        assert "RuntimeError: the program broke" in why["0"]
+        assert "'stranger'" in why["1"] and "timeout of 1.5 s" in why["2"] and why["3"] == ""
         assert {s.task_uid for s in result.samples} == {"3"}
         assert [e.success for e in result.episodes] == [False, False, False, True]
+        pid, url, key = programs.reports(out)["late"]
+        assert f"pid {pid}" in why["2"] and gone_within(pid, 10)  # its process was ended
+        # its URL: 410 with its own key, 401 with another episode's key or none
+        assert httpx.get(f"{url}models", headers={"Authorization": f"Bearer {key}"}).status_code == 410
+        other = next(k for sid, k in wf._endpoint.gone.items() if k != key)
+        assert httpx.get(f"{url}models", headers={"Authorization": f"Bearer {other}"}).status_code == 401
+        assert httpx.get(f"{url}models").status_code == 401
+        again = wf.rollout(wf.tasks("train")[3:], Script(echo), n=2)  # the pool goes on, one worker new
+        assert all(e.success for e in again.episodes)
     finally:
         wf.close()
-    wf = make(silent, tasks_file)
+    wf = make(programs.one, tasks_file)
     try:
         result = wf.rollout(wf.tasks("train")[:1], Script(echo), n=2)
     finally:
         wf.close()
     assert all("made no call" in e.info["failure"] for e in result.episodes) and not result.samples
+
+
+def test_a_crash_in_user_code_fails_that_episode_only(tasks_file):
+    wf = make(programs.crashing, tasks_file, workers=2)
+    try:
+        for _ in range(2):  # and the pool replaces the lost workers for the next rollout
+            result = wf.rollout(wf.tasks("train"), Script(echo), n=2)
+            why = {e.traj_uid: e.info.get("failure", "") for e in result.episodes}
+            for j in range(2):
+                assert "was lost" in why[f"0#{j}"] and "exited with code 3" in why[f"0#{j}"]
+                assert "was killed by SIGSEGV" in why[f"1#{j}"]
+            assert [e.success for e in result.episodes] == [False] * 4 + [True] * 4
+            assert {s.task_uid for s in result.samples} == {"2", "3"}
+            assert result.counts["endpoint/workers_started"] >= 4  # four lost, all replaced
+    finally:
+        wf.close()
+
+
+def test_a_process_global_client_reaches_its_own_episode(tasks_file, out):
+    wf = make(programs.process_global, tasks_file, workers=2)
+    try:
+        result = wf.rollout(wf.tasks("train"), Script(echo), n=1)
+    finally:
+        wf.close()
+    assert all(e.success for e in result.episodes), [e.info for e in result.episodes]
+    seen = programs.reports(out)
+    urls = {q: (env_url, given) for q, (_, env_url, _, given) in seen.items()}
+    assert all(env_url == given for env_url, given in urls.values())  # OPENAI_BASE_URL is the episode's
+    assert len({u for u, _ in urls.values()}) == 4 and len({k for _, _, k, _ in seen.values()}) == 4
+    assert len({pid for pid, *_ in seen.values()}) == 2  # four episodes, one at a time in each of two workers
+    assert all(f"task{s.task_uid}" in s.text for s in result.samples)
+
+
+def test_an_episode_a_worker_cannot_import_is_refused_at_start(tasks_file, monkeypatch):
+    def nested(task, client):
+        return 1.0
+
+    for bad in (nested, lambda t, c: 1.0, functools.partial(programs.one)):
+        with pytest.raises(ValueError, match="episodes run in worker processes"):
+            make(bad, tasks_file)
+    broken = os.path.join(os.path.dirname(tasks_file), "broken.py")
+    with open(broken, "w") as f:
+        f.write("import os\nif os.environ.get('IN_WORKER'):\n    raise ImportError('not here')\n"
+                "def episode(task, client):\n    return 1.0\n")
+    wf = make(f"{broken}:episode", tasks_file)  # it loads here
+    monkeypatch.setenv("IN_WORKER", "1")  # and not in the workers
+    try:
+        with pytest.raises(RuntimeError, match=r"could not be loaded in a worker process(.|\n)*not here"):
+            wf.rollout(wf.tasks("train"), Script(echo), n=1)
+    finally:
+        wf.close()
 
 
 def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
@@ -201,14 +207,7 @@ def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
             time.sleep(1.0)
         return "fine"
 
-    def episode(task, client):
-        impatient = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
-                                  timeout=0.2)
-        with pytest.raises(openai.APITimeoutError):
-            ask(impatient, "writer", "slow")
-        return float(ask(client, "critic", "patient") == "fine")
-
-    wf = make(episode, tasks_file, window_ms=0)
+    wf = make(programs.impatient, tasks_file, window_ms=0)
     try:
         result = wf.rollout(wf.tasks("train")[:1], Script(slow), n=1)
     finally:
@@ -217,27 +216,19 @@ def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
     assert [(s.agent, s.text) for s in result.samples] == [("critic", "fine")]
 
 
-def test_async_programs_and_concurrent_calls(tasks_file):
-    import asyncio
-
-    async def episode(task, client):
-        async def one(agent):
-            reply = await client.chat.completions.create(
-                model=agent, messages=[{"role": "user", "content": task["q"]}])
-            return reply.choices[0].message.content
-
-        a, b = await asyncio.gather(one("writer"), one("critic"))
-        return {"team": float(a.startswith("writer") and b.startswith("critic")), "critic": -1.0}
-
+def test_async_programs_and_concurrent_calls(tasks_file, capfd):
     script = Script(echo)
-    wf = make(episode, tasks_file)
+    wf = make(programs.concurrent_async, tasks_file, workers=2)
     try:
-        result = wf.rollout(wf.tasks("train")[:2], script, n=2)
+        for _ in range(2):  # a worker's second async episode, after one that left a client open
+            result = wf.rollout(wf.tasks("train")[:2], script, n=2)
+            assert all(e.success for e in result.episodes), [e.info for e in result.episodes]
+            assert (sorted((s.agent, s.reward) for s in result.samples)
+                    == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4)
     finally:
         wf.close()
-    assert all(e.success for e in result.episodes)
-    assert (sorted((s.agent, s.reward) for s in result.samples)
-            == [("critic", 0.0)] * 4 + [("writer", 1.0)] * 4)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Event loop is closed" not in err, err
 
 
 def test_what_an_episode_may_return():
@@ -250,7 +241,7 @@ def test_what_an_episode_may_return():
 
 
 def test_tasks_splits_and_bad_arguments(tmp_path, tasks_file):
-    wf = AgentsWorkflow(lambda t, c: 1.0, AGENTS, tasks_file)  # val_share 0.1: one of four held apart
+    wf = AgentsWorkflow(programs.one, AGENTS, tasks_file)  # val_share 0.1: one of four held apart
     assert len(wf.tasks("val")) == 1 and len(wf.tasks("train")) == 3
     assert {t.uid for t in wf.tasks("val") + list(wf.tasks("train"))} == {"0", "1", "2", "3"}
     assert wf.tasks("train")[0].row == {"q": f"task{wf.tasks('train')[0].uid}"}
@@ -258,17 +249,17 @@ def test_tasks_splits_and_bad_arguments(tmp_path, tasks_file):
         wf.tasks("test")
     ids = tmp_path / "ids.jsonl"
     ids.write_text('{"id": "a"}\n{"id": 7}\n')
-    assert ([t.uid for t in AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids), val_share=0).tasks("train")]
+    assert ([t.uid for t in AgentsWorkflow(programs.one, AGENTS, str(ids), val_share=0).tasks("train")]
             == ["a", "7"])
     ids.write_text('{"id": "a"}\n{"id": "a"}\n')
     with pytest.raises(ValueError, match="'a' is given to more than one row"):
-        AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(ids))
+        AgentsWorkflow(programs.one, AGENTS, str(ids))
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        AgentsWorkflow(lambda t, c: 1.0, AGENTS, str(tmp_path / "missing.jsonl"))
+        AgentsWorkflow(programs.one, AGENTS, str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="has no function 'nope'"):
         AgentsWorkflow("json:nope", AGENTS, tasks_file)
     with pytest.raises(ValueError, match="name the agents"):
-        AgentsWorkflow(lambda t, c: 1.0, [], tasks_file)
+        AgentsWorkflow(programs.one, [], tasks_file)
     with pytest.raises(ValueError, match="opaque program cannot be copied"):
         wf.rollout(wf.tasks("train"), Script(echo), n=2, sampling="tree")
 
@@ -302,24 +293,19 @@ class Backend:
         return BatchSpec(pad_id=0, micro_batch_size=4, ppo_epochs=1)
 
 
-def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_traceback(tasks_file):
+def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_traceback(tasks_file, out):
     from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
 
-    def episode(task, client):
-        ask(client, "writer", task["q"])
-        if task["q"] in fail:
-            raise ValueError(f"broken on {task['q']}")
-        return 1.0
-
-    wf = make(episode, tasks_file)
+    fail = out / "fail.json"
+    wf = make(programs.from_file, tasks_file)
     try:
         rollouts = Rollouts(wf, RolloutConfig(estimator="grpo", group_size=2, tasks_per_iteration=4,
                                               val_tasks=0, max_failed_share=0.5))
-        fail = {"task1"}
+        fail.write_text(json.dumps(["task1"]))
         plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
         assert plan.scalars["rollout/failed_episodes"] == 2.0 and plan.scalars["endpoint/requests"] == 8.0
         assert {s.task_uid for s in plan.samples} == {"0", "2", "3"}
-        fail = {"task0", "task1", "task2"}
+        fail.write_text(json.dumps(["task0", "task1", "task2"]))
         with pytest.raises(OutageError, match=r"6 of 8 episodes failed(.|\n)*ValueError: broken on task"):
             rollouts.prepare(Backend(Script(echo)), iteration=2)
     finally:
@@ -329,14 +315,9 @@ def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_tr
 def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason(tasks_file):
     from drmas.data.rollouts import RolloutConfig, Rollouts
 
-    def episode(task, client):
-        reply = client.chat.completions.create(model="critic", messages=[{"role": "user", "content": "x"}],
-                                               n=2)
-        return float(len(reply.choices) == 2)
-
     evaluating = Script(echo)
     evaluating.train = False  # the trainer's generate function for validation says so
-    wf = make(episode, tasks_file)
+    wf = make(programs.two_choices, tasks_file)
     try:
         result = wf.rollout(wf.tasks("train")[:1], evaluating, n=2)
         with pytest.raises(ValueError, match="sampling='tree' .*an opaque program cannot be copied"):
@@ -371,44 +352,14 @@ class StrictTemplate(Limited):
         return len(encode_prompt(self.tokenizer, prompt))
 
 
-def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_one_call(tasks_file):
-    seen = {}
-
-    def episode(task, client):
-        def status(**kwargs):
-            try:
-                reply = client.chat.completions.create(model="writer", **kwargs)
-            except openai.APIStatusError as err:
-                return err.status_code, str(err), err.code
-            return 200, reply.choices[0].message.content, None
-
-        if task["q"] != "task0":
-            return 0.0 if ask(client, "writer", "x") else 1.0
-        user = [{"role": "user", "content": "x"}]
-        seen["parts"] = status(messages=[{"role": "user", "content": [
-            {"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]}])
-        seen["image"] = status(messages=[{"role": "user", "content": [
-            {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}])
-        seen["name"] = status(messages=[{"role": "user", "content": "hi", "name": "alice"}])
-        seen["seed"] = status(messages=user, seed=7)
-        seen["unknown"] = status(messages=user, extra_body={"mirostat": 2})
-        seen["logprobs"] = status(messages=user, logprobs=True)
-        seen["top"] = status(messages=user, logprobs=False, top_logprobs=2)
-        seen["json"] = status(messages=user, response_format={"type": "json_object"})
-        seen["harmless"] = status(messages=user, user="u1", metadata={"k": "v"}, store=False)
-        seen["twice"] = status(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
-        seen["late_system"] = status(messages=[{"role": "user", "content": "a"},
-                                               {"role": "assistant", "content": "b"},
-                                               {"role": "system", "content": "c"}])
-        seen["after"] = status(messages=user)
-        return 1.0
-
+def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_one_call(tasks_file, out):
     script = StrictTemplate(echo)
-    wf = make(episode, tasks_file)
+    wf = make(programs.fields, tasks_file)
     try:
         result = wf.rollout(wf.tasks("train")[:2], script, n=1)
     finally:
         wf.close()
+    seen = programs.reports(out)
     assert seen["parts"][:2] == (200, "writer<two parts>!")
     assert seen["image"][0] == 400 and "'image_url' part" in seen["image"][1]
     assert "content[1]" in seen["image"][1]

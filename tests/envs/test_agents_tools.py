@@ -6,8 +6,9 @@ template that takes them (Qwen3's) and on one that ignores them (the hermes fall
 import json
 import time
 
-import openai
+import agent_programs as programs
 import pytest
+from agent_programs import ADD
 from scripted import Script
 
 from drmas.envs.agents import AgentsWorkflow
@@ -17,9 +18,6 @@ from drmas.records import ChatPrompt
 
 pytest.importorskip("vllm.tool_parsers")
 
-ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
-                                        "parameters": {"type": "object", "properties": {
-                                            "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 
 
@@ -45,6 +43,14 @@ def reply(agent, prompt, i):
     return "Calling. " + CALL
 
 
+@pytest.fixture(autouse=True)
+def out(tmp_path, monkeypatch):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    monkeypatch.setenv(programs.OUT, str(folder))
+    return folder
+
+
 @pytest.fixture
 def tasks_file(tmp_path):
     path = tmp_path / "tasks.jsonl"
@@ -52,43 +58,14 @@ def tasks_file(tmp_path):
     return str(path)
 
 
-def test_a_tool_call_round_trip_and_a_malformed_call(tasks_file):
-    seen = {}
-
-    def episode(task, client):
-        messages = [{"role": "user", "content": task["q"]}]
-        first = client.chat.completions.create(model="writer", messages=messages, tools=[ADD],
-                                               tool_choice="auto", parallel_tool_calls=True)
-        choice = first.choices[0]
-        if task["q"] == "broken":
-            seen["broken"] = (choice.finish_reason, choice.message.content, choice.message.tool_calls)
-            return 0.0
-        seen["first"] = (choice.finish_reason, choice.message.content, choice.message.tool_calls)
-        call = choice.message.tool_calls[0]
-        args = json.loads(call.function.arguments)
-        messages += [choice.message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
-        final = client.chat.completions.create(model="writer", messages=messages, tools=[ADD])
-        seen["final"] = (final.choices[0].finish_reason, final.choices[0].message.content)
-        unknown = client.chat.completions.create(
-            model="writer", messages=[{"role": "user", "content": "unknown"}], tools=[ADD])
-        seen["unknown"] = (unknown.choices[0].finish_reason, unknown.choices[0].message.tool_calls)
-        plain = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}],
-                                               tools=[ADD], tool_choice="none")
-        seen["none"] = (plain.choices[0].finish_reason, plain.choices[0].message.content)
-        try:
-            client.chat.completions.create(model="writer", messages=messages[:1], tools=[ADD],
-                                           tool_choice={"type": "function", "function": {"name": "mul"}})
-        except openai.BadRequestError as err:
-            seen["named"] = str(err)
-        return 1.0
-
+def test_a_tool_call_round_trip_and_a_malformed_call(tasks_file, out):
     engine = ToolEngine(reply)
-    wf = AgentsWorkflow(episode, ["writer"], tasks_file, val_share=0.0)
+    wf = AgentsWorkflow(programs.tools_round_trip, ["writer"], tasks_file, val_share=0.0, workers=2)
     try:
         result = wf.rollout(wf.tasks("train"), engine, n=1)
     finally:
         wf.close()
+    seen = programs.reports(out)
     assert not [e for e in result.episodes if "failure" in e.info], result.episodes
     finish, content, calls = seen["first"]
     assert finish == "tool_calls" and content == "Calling. " and len(calls) == 1
@@ -101,7 +78,8 @@ def test_a_tool_call_round_trip_and_a_malformed_call(tasks_file):
     assert finish == "stop" and calls is None and content.endswith('"a": 2')
     # tool_choice none: the prompt carried no tools and the text was not parsed
     assert seen["none"] == ("stop", "Calling. " + CALL)
-    assert "'mul'" in seen["named"] and "not among the tools" in seen["named"]
+    assert seen["named"][0] == 400
+    assert "'mul'" in seen["named"][1] and "not among the tools" in seen["named"][1]
 
     # what reached the engine: the tools, the assistant's call and the tool's answer with its id
     prompts = [p for _, ps, _ in engine.calls for p in ps]
@@ -154,39 +132,18 @@ def test_a_tool_format_the_template_cannot_render_is_refused_when_the_policy_is_
         PolicyConfig(model="tiny-random", tool_format="xml")
 
 
-def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer_leaves_none(tasks_file):
-    seen = {}
-
+def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer_leaves_none(tasks_file, out):
     def slow_reply(agent, prompt, i):
         if prompt.messages[-1][1] == "slow":
             time.sleep(1.0)
         return reply(agent, prompt, i)
 
-    def episode(task, client):
-        if task["q"] == "broken":
-            impatient = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0,
-                                      timeout=0.2)
-            with pytest.raises(openai.APITimeoutError):
-                for _ in impatient.chat.completions.create(
-                        model="writer", messages=[{"role": "user", "content": "slow"}], stream=True):
-                    pass
-            return 0.0
-        messages = [{"role": "user", "content": "sum"}]
-        seen["plain"] = client.chat.completions.create(model="writer", messages=messages, tools=[ADD])
-        seen["chunks"] = list(client.chat.completions.create(
-            model="writer", messages=messages, tools=[ADD], stream=True,
-            stream_options={"include_usage": True}))
-        with client.chat.completions.stream(model="writer", messages=messages, tools=[ADD]) as stream:
-            for _ in stream:
-                pass
-            seen["final"] = stream.get_final_completion()  # the SDK's own assembly of the chunks
-        return 1.0
-
-    wf = AgentsWorkflow(episode, ["writer"], tasks_file, val_share=0.0, window_ms=0)
+    wf = AgentsWorkflow(programs.streaming, ["writer"], tasks_file, val_share=0.0, window_ms=0, workers=2)
     try:
         result = wf.rollout(wf.tasks("train"), ToolEngine(slow_reply), n=1)
     finally:
         wf.close()
+    seen = programs.reports(out)
     ok, impatient = result.episodes
     assert ok.success and "none was delivered" in impatient.info["failure"]
     chunks = seen["chunks"]
@@ -203,50 +160,23 @@ def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer
     assert sorted(s.task_uid for s in result.samples) == ["0", "0", "0"]
 
 
-RESPONSES_ADD = {"type": "function", "name": "add", "description": "a + b",
-                 "parameters": ADD["function"]["parameters"], "strict": False}
-
-
-def test_the_responses_api_with_a_function_tool_round_trip(tasks_file):
-    seen = {}
-
-    def episode(task, client):
-        if task["q"] == "broken":
-            return 0.0
-        first = client.responses.create(model="writer", instructions="Use the tools.", input="sum",
-                                        tools=[RESPONSES_ADD], store=False)
-        seen["first"] = first
-        call = next(item for item in first.output if item.type == "function_call")
-        args = json.loads(call.arguments)
-        answer = {"type": "function_call_output", "call_id": call.call_id,
-                  "output": str(args["a"] + args["b"])}
-        echoed = [i.model_dump(exclude_none=True) for i in first.output]
-        history = [{"role": "user", "content": "sum"}, *echoed, answer]
-        seen["final"] = client.responses.create(model="writer", input=history, tools=[RESPONSES_ADD],
-                                                store=False)
-        for name, kwargs in (("previous", {"previous_response_id": first.id}),
-                             ("builtin", {"tools": [{"type": "web_search"}]}),
-                             ("reasoning", {"reasoning": {"effort": "high"}})):
-            try:
-                client.responses.create(model="writer", input="sum", **kwargs)
-            except openai.BadRequestError as err:
-                seen[name] = str(err)
-        return 1.0
-
+def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
     engine = ToolEngine(reply)
-    wf = AgentsWorkflow(episode, ["writer"], tasks_file, val_share=0.0)
+    wf = AgentsWorkflow(programs.responses_round_trip, ["writer"], tasks_file, val_share=0.0, workers=1)
     try:
         result = wf.rollout(wf.tasks("train")[:1], engine, n=1)
     finally:
         wf.close()
+    seen = programs.reports(out)
     assert result.episodes[0].success, result.episodes[0].info
     first = seen["first"]
     assert first.status == "completed" and first.output_text == "Calling. "
     calls = [i for i in first.output if i.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "add" and json.loads(calls[0].arguments) == {"a": 2, "b": 3}
     assert seen["final"].output_text == "The sum is 5."
-    assert "previous_response_id" in seen["previous"] and "whole conversation" in seen["previous"]
-    assert "'web_search' tool" in seen["builtin"] and "reasoning" in seen["reasoning"]
+    assert seen["previous"][0] == seen["builtin"][0] == seen["reasoning"][0] == 400
+    assert "previous_response_id" in seen["previous"][1] and "whole conversation" in seen["previous"][1]
+    assert "'web_search' tool" in seen["builtin"][1] and "reasoning" in seen["reasoning"][1]
     # what reached the engine: instructions first, then the call and its output as chat turns
     prompts = [p for _, ps, _ in engine.calls for p in ps]
     assert prompts[0].messages == (("system", "Use the tools."), ("user", "sum"))

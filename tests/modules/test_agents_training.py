@@ -5,6 +5,7 @@ answers learns to answer shorter (an lr-0 control does not), and a frozen policy
 import lightning as L
 import pytest
 import torch
+from agent_programs import conversation, short_answers, with_tools
 
 from drmas.callbacks import RolloutStats
 from drmas.data.datamodule import RolloutDataModule
@@ -19,18 +20,6 @@ def tasks_file(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(f'{{"q": "Say something about the number {i}."}}\n' for i in range(8)))
     return str(path)
-
-
-def conversation(task, client):
-    """The writer answers, the critic reads the answer; each is rewarded for its own brevity."""
-    text = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": task["q"]}],
-                                          stop=["y"])
-    critique = client.chat.completions.create(
-        model="critic", messages=[{"role": "user", "content": task["q"]},
-                                  {"role": "assistant", "content": text.choices[0].message.content},
-                                  {"role": "user", "content": "Is that right?"}])
-    return {"team": 1.0, "writer": -text.usage.completion_tokens / 10,
-            "critic": -critique.usage.completion_tokens / 10}
 
 
 def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
@@ -63,13 +52,6 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
             torch.testing.assert_close(mine[mask], batch.engine_logprobs[mask], atol=1e-4, rtol=0)
             checked += int(mask.sum())
     assert checked == sum(len(s.response_ids) for s in plan.samples)
-
-
-def short_answers(task, client):
-    """The writer is rewarded for answering in few tokens (it stops at a "y")."""
-    reply = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": task["q"]}],
-                                           stop=["y"])
-    return {"writer": -reply.usage.completion_tokens / 16}
 
 
 def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
@@ -120,21 +102,6 @@ def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, t
     last = [h for h in module.history if "rollout/critic/samples" in h][-1]
     assert (last["rollout/critic/samples"] == 32
             and "train/c/loss" not in {k for h in module.history for k in h})
-
-
-ADD = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
-
-
-def with_tools(task, client):
-    """A tool result already in the history: each policy renders the tools and the call its way."""
-    call = {"id": "call_7", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
-    messages = [{"role": "user", "content": task["q"]},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_7", "content": "5"}]
-    for agent in ("writer", "critic"):
-        client.chat.completions.create(model=agent, messages=messages, tools=[ADD])
-    return 1.0
 
 
 def test_tools_reach_each_policy_in_its_own_format(tasks_file):

@@ -34,27 +34,27 @@ class Dispatcher:
         self.counts: dict[str, float] = defaultdict(float)
         self._tool_formats: dict[str, Any] = {}
 
-    def run(self, runs: Sequence[EpisodeRun], on_end: Callable[[EpisodeRun], None] | None = None) -> None:
-        """Serve ``runs``' calls until all have ended or timed out. An engine failure (or a
+    def run(self, runs: Sequence[EpisodeRun], schedule: Callable[[], None],
+            on_end: Callable[[EpisodeRun], None] | None = None) -> None:
+        """Serve ``runs``' calls until all have ended or timed out; ``schedule`` (the worker pool's)
+        starts queued episodes and ends those past their deadline. An engine failure (or a
         preemption, raised by ``generate``) answers every pending call with a 500 and is raised."""
         pending: list[Call] = []
         first_at: float | None = None
         ended: set[int] = set()
         try:
             while True:
+                schedule()
                 now = time.monotonic()
                 for run in runs:
-                    if run.running and now > run.deadline:
-                        run.timed_out = True
-                        run.session.close()
-                    if not run.running and id(run) not in ended:
+                    if run.done and id(run) not in ended:
                         ended.add(id(run))
                         if on_end is not None:
                             on_end(run)
                 pending = [c for c in pending if self._open(c)]
                 first_at = first_at if pending else None
                 running = {run.session.index for run in runs if run.running}
-                if not running and not pending:
+                if len(ended) == len(runs) and not pending:
                     return
                 waiting = {c.session.index for c in pending}
                 if pending and (running <= waiting or now - first_at >= self.window_s):

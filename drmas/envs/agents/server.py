@@ -1,5 +1,5 @@
 """The HTTP side of the endpoint: an OpenAI-compatible API on the loopback interface, served by
-uvicorn (FastAPI) in a thread of its own, one base URL per episode.
+uvicorn (FastAPI) in a thread of its own, one base URL and one API key per episode.
 
 The server never generates: a checked request becomes a :class:`Call` in the inbox, and the
 thread that plays the rollout answers it (:mod:`drmas.envs.agents.dispatch`), because generation
@@ -47,6 +47,8 @@ class Session:
     agents: tuple[str, ...]
     settings: dict[str, GenerationSettings] | None
     training: bool
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """The episode's own API key: a request with another key gets 401."""
     records: list[Record] = field(default_factory=list)
     open: bool = True
     calls: int = 0
@@ -93,11 +95,10 @@ class Endpoint:
 
     def __init__(self, agents: Sequence[str], host: str = "127.0.0.1") -> None:
         self.agents, self.host = tuple(agents), host
-        self.key = secrets.token_urlsafe(24)
         self.inbox: queue.Queue = queue.Queue()
         self.sessions: dict[str, Session] = {}
-        self.gone: set[str] = set()
-        """Ended episodes' ids: their URLs answer 410."""
+        self.gone: dict[str, str] = {}
+        """Ended episodes' ids and keys: their URLs answer 410."""
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -139,7 +140,7 @@ class Endpoint:
 
     def end_session(self, session: Session) -> None:
         session.close()
-        self.gone.add(session.id)
+        self.gone[session.id] = session.key
         self.sessions.pop(session.id, None)
 
     def base_url(self, session: Session) -> str:
@@ -148,19 +149,24 @@ class Endpoint:
     # ---- the app ----------------------------------------------------------------------------
 
     def _session(self, sid: "str | None", authorization: "str | None") -> "Session | None":
+        """The URL's episode, if the key is its own (``sid`` None: any open episode's key will do)."""
         scheme, _, token = (authorization or "").partition(" ")
-        if (scheme.lower() != "bearer"
-                or not secrets.compare_digest(token.strip().encode(), self.key.encode())):
-            raise ApiError(401, "missing or wrong API key: use the api_key the episode was given",
-                           "invalid_api_key")
+        token = token.strip().encode() if scheme.lower() == "bearer" else b""
+        session = None if sid is None else self.sessions.get(sid)
+        known = session is not None or sid in self.gone
+        keys = ([session.key if session is not None else self.gone[sid]] if known
+                else [s.key for s in list(self.sessions.values())])
+        if not token or not any(secrets.compare_digest(token, k.encode()) for k in keys):
+            raise ApiError(401, "missing or wrong API key: use the api_key the episode was given (each "
+                           "episode has its own, for its own URL)", "invalid_api_key")
         if sid is None:
             return None
-        session = self.sessions.get(sid)
-        if session is None and sid not in self.gone:
+        if not known:
             raise ApiError(404, f"no episode {sid!r} on this endpoint", "episode_not_found")
         if session is None or not session.open:
             raise ApiError(410, f"episode {sid!r} has ended (finished, failed or timed out); its URL takes "
-                           "no more requests", "episode_gone")
+                           "no more requests (a client kept from an earlier episode? build clients inside "
+                           "episode(), or use the one it is given)", "episode_gone")
         return session
 
     @staticmethod

@@ -1,29 +1,30 @@
 """The ``agents`` workflow: train a multi-agent program written against the OpenAI chat API,
 unchanged. See docs/agents.md.
 
-Each episode of a rollout runs the user's ``episode(task, client)`` in a thread of its own, with
-an OpenAI client whose base URL is that episode's on the endpoint; the request's ``model`` names
-the agent, whose policy answers. Every delivered completion is a sample (the agent's k-th call is
-its turn k); once the episode returns, each sample's reward is ``alpha * team + local`` with the
-agent's local reward from the episode's return value and the format penalty for a call that ended
-by length, as in every domain.
+Each episode of a rollout runs the user's ``episode(task, client)`` in a worker process (one
+episode at a time per worker), with an OpenAI client whose base URL and key are that episode's
+own on the endpoint; the request's ``model`` names the agent, whose policy answers. Every
+delivered completion is a sample (the agent's k-th call is its turn k); once the episode returns,
+each sample's reward is ``alpha * team + local`` with the agent's local reward from the
+episode's return value and the format penalty for a call that ended by length, as in every domain.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from drmas.algorithms import sample_reward
 from drmas.envs.agents.dispatch import Dispatcher
-from drmas.envs.agents.episodes import EpisodeRun, failure_of, load_episode
+from drmas.envs.agents.episodes import EpisodeRun, failure_of
+from drmas.envs.agents.pool import WorkerPool
 from drmas.envs.agents.server import Endpoint
 from drmas.envs.base import WORKFLOWS, Workflow
 from drmas.envs.files import read_records
+from drmas.episode_worker import episode_ref, load_episode
 from drmas.records import EpisodeResult, Sample, GenerateFn, RolloutResult
 
 __all__ = ["EXAMPLE", "AgentsWorkflow", "RowTask", "example_team", "read_tasks"]
@@ -87,11 +88,13 @@ class AgentsWorkflow(Workflow):
         format_penalty: float = 0.1,
         window_ms: float = 500.0,
         episode_timeout_s: float = 600.0,
+        workers: int = 16,
     ) -> None:
         """
         Args:
             episode: the program: ``"module:function"``, ``"path/to/file.py:function"`` or (in
-                Python) a callable ``episode(task: dict, client: openai.OpenAI)`` (or ``async def``
+                Python) a function defined at the top level of a module (workers import it by its
+                module path) ``episode(task: dict, client: openai.OpenAI)`` (or ``async def``
                 with ``openai.AsyncOpenAI``) returning the team reward, or a dict of per-agent
                 local rewards with optional ``team`` and ``success`` keys. None, with no
                 ``train_file`` either: the example math team of ``examples/agents/`` with its
@@ -108,7 +111,11 @@ class AgentsWorkflow(Workflow):
             format_penalty: the format term of a call that ended by length rather than by a stop
                 (``-format_penalty`` in its local reward).
             window_ms: the longest a call waits for others to be batched with it.
-            episode_timeout_s: an episode still running after this long fails; its URL answers 410.
+            episode_timeout_s: an episode still running this long after it began fails: its process
+                is ended and its URL answers 410.
+            workers: episode worker processes, each playing one episode at a time (the most episodes
+                in flight, so the largest batch the engine sees; each costs a Python process, about
+                ``import openai`` and the program's own imports to start, once per run).
         """
         if episode is None and train_file is None:
             episode, agents = example_team(agents)
@@ -123,15 +130,19 @@ class AgentsWorkflow(Workflow):
         if train_file is None:
             raise ValueError("train_file: the training tasks of your program (JSONL or parquet, one task "
                              "per row) are needed; the example's tasks come only with the example team")
-        if not 0.0 <= val_share < 1.0 or window_ms < 0 or episode_timeout_s <= 0:
-            raise ValueError("need 0 <= val_share < 1, window_ms >= 0 and episode_timeout_s > 0; "
-                             f"got {val_share}, {window_ms}, {episode_timeout_s}")
+        if not 0.0 <= val_share < 1.0 or window_ms < 0 or episode_timeout_s <= 0 or workers < 1:
+            raise ValueError("need 0 <= val_share < 1, window_ms >= 0, episode_timeout_s > 0 and "
+                             f"workers >= 1; got {val_share}, {window_ms}, {episode_timeout_s}, {workers}")
         self.agents = tuple(agents)
-        self.episode: Callable[..., Any] = load_episode(episode)
+        self.episode = episode_ref(episode)
+        if isinstance(episode, str):
+            load_episode(self.episode)  # its errors now, in this process, rather than in every worker
+        self.workers = workers
         self.alpha, self.format_penalty = alpha, format_penalty
         self.window_s, self.timeout_s = window_ms / 1000.0, episode_timeout_s
         self._splits = self._read_splits(train_file, val_file, test_file, val_share)
         self._endpoint: Endpoint | None = None
+        self._pool: WorkerPool | None = None
         self._rollouts = 0
 
     @staticmethod
@@ -175,20 +186,24 @@ class AgentsWorkflow(Workflow):
         runs = []
         for i, (task, j) in enumerate((t, j) for t in tasks for j in range(n)):
             session = endpoint.open_session(f"r{self._rollouts}-e{i}", i, settings, training)
-            runs.append(EpisodeRun(self.episode, task, f"{task.uid}#{j}", session, endpoint.base_url(session),
-                                   endpoint.key, self.timeout_s, endpoint.inbox))
-        deadline = time.monotonic() + self.timeout_s
-        for run in runs:
-            run.start(deadline)
+            runs.append(EpisodeRun(task, f"{task.uid}#{j}", session, endpoint.base_url(session),
+                                   self.timeout_s))
+        if self._pool is None:
+            self._pool = WorkerPool(self.episode, self.workers, endpoint.inbox)
+        pool, started = self._pool, self._pool.started
         dispatcher = Dispatcher(endpoint.inbox, generate, self.window_s)
         try:
-            dispatcher.run(runs, on_end=None if progress is None else lambda r: progress(self._ended_well(r)))
+            pool.ensure(len(runs))
+            dispatcher.run(runs, lambda: pool.schedule(runs, self.timeout_s),
+                           on_end=None if progress is None else lambda r: progress(self._ended_well(r)))
         finally:
             for run in runs:
                 endpoint.end_session(run.session)
+            pool.abandon()  # a rollout that stopped early: its episodes still playing are void
         result = self._results(runs)
         result.counts.update(dispatcher.counts)
         result.counts["endpoint/generation_overrides"] = float(sum(r.session.overrides for r in runs))
+        result.counts["endpoint/workers_started"] = float(pool.started - started)
         return result
 
     def _ended_well(self, run: EpisodeRun) -> bool:
@@ -220,10 +235,11 @@ class AgentsWorkflow(Workflow):
 
     def scalars(self, counts: dict[str, float]) -> dict[str, float]:
         """The endpoint's requests, its mean batch (samples per engine call), the requests that
-        asked for sampling other than the policy's and those the chat template rejected."""
+        asked for sampling other than the policy's and those the chat template rejected, and the
+        worker processes started (the first rollout's, then one per lost worker)."""
         calls = counts.get("endpoint/engine_calls", 0.0)
         out = {k: counts.get(k, 0.0) for k in ("endpoint/requests", "endpoint/generation_overrides",
-                                               "endpoint/template_errors")}
+                                               "endpoint/template_errors", "endpoint/workers_started")}
         if out["endpoint/requests"]:  # per request: how often the agents call tools, and get it wrong
             for k in ("endpoint/tool_calls", "endpoint/tool_call_errors"):
                 out[k] = counts.get(k, 0.0) / out["endpoint/requests"]
@@ -232,6 +248,9 @@ class AgentsWorkflow(Workflow):
         return out
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._endpoint is not None:
             self._endpoint.close()
             self._endpoint = None

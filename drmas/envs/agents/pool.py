@@ -1,0 +1,199 @@
+"""Episode workers: a pool of processes, each playing one episode at a time.
+
+An episode runs in a process of its own (:mod:`drmas.episode_worker`, started as a
+:class:`drmas.children.Child`, so it ends with the trainer), never in a thread of the trainer: a
+program's process-global client (the Agents SDK's default client, a cached LangChain model)
+then cannot carry one episode's calls into another's, a timed-out episode can be ended (its
+process is killed), and a crash in user code (a segfault, ``os._exit``) fails that episode only.
+
+The dispatcher drives the pool from the rollout's thread: :meth:`WorkerPool.schedule` ends the
+episodes past their deadline, replaces dead workers and hands queued episodes to idle ones. A
+thread per worker waits for its answers and wakes the dispatcher through the endpoint's inbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Sequence
+
+from drmas.children import Child
+from drmas.envs.agents.episodes import EpisodeRun
+from drmas.episode_worker import EpisodeRef
+
+__all__ = ["WorkerPool"]
+
+log = logging.getLogger(__name__)
+
+_READY_S = 300.0  # the longest a first start may take (a slow import of the user's program)
+
+
+def _how_it_ended(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Worker:
+    """One worker process and the thread that reads its answers."""
+
+    def __init__(self, ref: EpisodeRef, inbox: queue.Queue) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self.child = Child("drmas.episode_worker:serve", [str(theirs.fileno())],
+                               name="drmas-episode-worker", threads=1, pass_fds=[theirs.fileno()])
+        finally:
+            theirs.close()
+        # the reader owns a duplicate of our end; the socket itself is kept to shut our side down
+        # (the worker reads EOF and leaves) without closing a descriptor the reader is blocked on
+        self._sock = ours
+        self.conn = Connection(os.dup(ours.fileno()))
+        self.conn.send({"episode": ref, "sys_path": list(sys.path), "cwd": os.getcwd()})
+        self.run: EpisodeRun | None = None
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.dead = False
+        self._inbox = inbox
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, daemon=True, name=f"drmas-worker-{self.child.pid}")
+        self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        return not self.dead and (self.run is None or self.run.state == "ended")
+
+    def play(self, run: EpisodeRun, deadline: float) -> None:
+        run.state, run.deadline, run.worker_pid = "playing", deadline, self.child.pid
+        self.run = run
+        try:
+            self.conn.send(run.job())
+        except OSError:  # the process died meanwhile (its reader may have ended already)
+            self.dead = True
+            self._end(run, f"could not begin: its worker process (pid {self.child.pid}) was gone")
+
+    def _read(self) -> None:
+        try:
+            hello = self.conn.recv()
+            self.load_error = hello.get("load_error")
+            self.ready.set()
+            while True:
+                answer = self.conn.recv()
+                self.run.value = answer.get("value")
+                error = answer.get("error")
+                self._end(self.run, None if error is None else f"raised:\n{error}")
+        except (EOFError, OSError):
+            pass
+        self.conn.close()
+        self.dead = True
+        self.ready.set()
+        try:
+            code = self.child.proc.wait(5)
+        except Exception:  # noqa: BLE001 - still running (a closed socket): say so
+            code = None
+        if self.run is not None:
+            why = f"was lost: its worker process (pid {self.child.pid}) {_how_it_ended(code)} while it played"
+            if self.load_error:
+                why += f"; it could not load the episode:\n{self.load_error}"
+            self._end(self.run, why)
+
+    def _end(self, run: EpisodeRun, error: str | None) -> None:
+        """Once per episode, from whichever thread sees its end first."""
+        with self._lock:
+            if run.state == "ended":
+                return
+            run.error = error
+            run.state = "ended"
+        self._inbox.put(run)
+
+    def kill(self) -> None:
+        """End the process now (an episode past its timeout)."""
+        self.dead = True
+        self.child.close(grace_s=0)
+        self._sock.close()
+
+    def close(self) -> None:
+        """End the process: it leaves once its connection closes, else it is killed."""
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.child.close(grace_s=2.0)
+        self._sock.close()
+        self.dead = True
+
+
+class WorkerPool:
+    """Up to ``size`` worker processes for the episodes of ``ref``; started on demand, kept across
+    rollouts, closed with the workflow (or, at the latest, with the trainer)."""
+
+    def __init__(self, ref: EpisodeRef, size: int, inbox: queue.Queue) -> None:
+        if size < 1:
+            raise ValueError(f"workers must be >= 1, got {size}")
+        self.ref, self.size, self.inbox = ref, size, inbox
+        self.workers: list[Worker] = []
+        self.started = 0
+
+    def ensure(self, wanted: int) -> None:
+        """Start workers up to ``min(wanted, size)`` and wait until each has imported the program;
+        one that cannot is an error naming the worker's traceback."""
+        new = [self._start() for _ in range(min(wanted, self.size) - len(self.workers))]
+        if not new:
+            return
+        t0 = time.monotonic()
+        for w in new:
+            if not w.ready.wait(_READY_S):
+                raise RuntimeError(f"an episode worker did not start within {_READY_S:g} s")
+            if w.load_error or w.dead:
+                self.close()
+                raise RuntimeError("the episode could not be loaded in a worker process:\n"
+                                   f"{w.load_error or 'the process ended before it said so'}")
+        log.info("agents workflow: %d episode worker(s) started in %.1f s", len(new), time.monotonic() - t0)
+
+    def _start(self) -> Worker:
+        w = Worker(self.ref, self.inbox)
+        self.workers.append(w)
+        self.started += 1
+        return w
+
+    def schedule(self, runs: Sequence[EpisodeRun], timeout_s: float) -> None:
+        """End the episodes past their deadline (their processes too), replace dead workers and give
+        queued episodes to idle ones, in the rollout's order."""
+        now = time.monotonic()
+        for w in self.workers:
+            run = w.run
+            if run is not None and run.running and now > run.deadline:
+                run.timed_out = True
+                run.session.close()
+                w.kill()
+        # a dead worker stays listed until its reader has ended its episode
+        self.workers = [w for w in self.workers
+                        if not w.dead or (w.run is not None and w.run.state == "playing")]
+        queued = [r for r in runs if r.state == "queued"]
+        idle = [w for w in self.workers if w.idle]
+        while len(idle) < len(queued) and len(self.workers) < self.size:
+            idle.append(self._start())
+        for w, run in zip(idle, queued):
+            w.play(run, now + timeout_s)
+
+    def abandon(self) -> None:
+        """End the workers still playing an episode (of a rollout that stopped early)."""
+        for w in self.workers:
+            if w.run is not None and w.run.state == "playing":
+                w.kill()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []

@@ -1,0 +1,171 @@
+"""The process side of the agents endpoint: a worker that imports the user's episode function once
+and plays one episode at a time, as the trainer asks, each with its own URL and key.
+
+A worker is a fresh interpreter (:class:`drmas.children.Child`), so the function travels by
+reference: ``("module", name, qualname)`` or ``("file", path, qualname)``, the way spawn-started
+multiprocessing finds a target. This module imports nothing heavy (no torch, nothing of drmas but
+the child helper), so a worker starts in about the time ``import openai`` takes.
+
+Async episodes run on one event loop per worker that stays open until the worker ends: clients a
+program leaves behind (a framework's default client) are then closed on a live loop, not on a
+closed one (which prints "Event loop is closed" tracebacks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import importlib
+import importlib.util
+import inspect
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["EpisodeRef", "episode_ref", "load_episode", "serve"]
+
+EpisodeRef = tuple[str, str, str]
+"""``(kind, where, qualname)``: kind ``"module"`` (where = a module name) or ``"file"`` (a path)."""
+
+_NOT_IMPORTABLE = ("episodes run in worker processes, which import the function by its module path: "
+                   "define it at the top level of a module, or give 'module:function' or "
+                   "'path/to/file.py:function'")
+
+
+def _resolve(obj: Any, qualname: str) -> Any:
+    return functools.reduce(getattr, qualname.split("."), obj)
+
+
+def episode_ref(spec: str | Callable[..., Any]) -> EpisodeRef:
+    """Where a worker finds the episode: from ``"module:function"``, ``"path/to/file.py:function"``
+    or a function defined at the top level of a module (a lambda, a nested function or a callable
+    object is refused: a fresh interpreter cannot import it)."""
+    if isinstance(spec, str):
+        if ":" not in spec:
+            raise ValueError(f"episode must be 'module:function' or 'path/to/file.py:function', got {spec!r}")
+        where, _, name = spec.rpartition(":")
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.is_file():
+                raise FileNotFoundError(f"episode {spec!r}: no such file {path}")
+            return "file", str(path.resolve()), name
+        return "module", where, name
+    if not callable(spec):
+        raise ValueError(f"episode must be a function or 'module:function', got {spec!r:.80}")
+    module, qualname = getattr(spec, "__module__", None), getattr(spec, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        raise ValueError(f"episode {spec!r:.80}: {_NOT_IMPORTABLE}")
+    try:
+        same = _resolve(sys.modules[module], qualname) is spec
+    except (KeyError, AttributeError):
+        same = False
+    if not same:
+        raise ValueError(f"episode {spec!r:.80}: {module}.{qualname} is not that function; {_NOT_IMPORTABLE}")
+    if module == "__main__":  # a script's function: the worker loads the script, not as __main__
+        main = getattr(sys.modules["__main__"], "__file__", None)
+        if not main:
+            raise ValueError(f"episode {spec!r:.80} is defined in an interactive session; {_NOT_IMPORTABLE}")
+        return "file", str(Path(main).resolve()), qualname
+    return "module", module, qualname
+
+
+def load_episode(ref: EpisodeRef) -> Callable[..., Any]:
+    """The function a reference names, imported with the working directory on the path (as
+    ``python -m`` would); a file is loaded under a private module name, so code under its
+    ``if __name__ == "__main__":`` does not run."""
+    kind, where, qualname = ref
+    shown = f"{where}:{qualname}"
+    if kind == "file":
+        name = f"drmas_episode_{abs(hash(where))}"
+        module = sys.modules.get(name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(name, where)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as err:
+            raise ModuleNotFoundError(f"episode {shown!r}: cannot import {where!r} ({err}); run from the "
+                                      "folder that holds it, or give a file path "
+                                      "(path/to/file.py:function)") from err
+    try:
+        fn = _resolve(module, qualname)
+    except AttributeError:
+        fn = None
+    if not callable(fn):
+        raise ValueError(f"episode {shown!r}: {where} has no function {qualname!r}")
+    return fn
+
+
+def _play(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop, job: dict[str, Any]) -> Any:
+    import openai
+
+    kwargs = dict(base_url=job["base_url"], api_key=job["key"], max_retries=0, timeout=job["timeout_s"])
+    if not inspect.iscoroutinefunction(fn):
+        with openai.OpenAI(**kwargs) as client:
+            return fn(job["task"], client)
+
+    async def play() -> Any:
+        async with openai.AsyncOpenAI(**kwargs) as client:
+            return await fn(job["task"], client)
+
+    try:
+        return loop.run_until_complete(play())
+    finally:  # what the program left running is cancelled, as asyncio.run would, on a loop left open
+        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        gc.collect()  # clients dropped by the program close now, while their loop runs
+
+
+def serve(fd: str) -> None:
+    """A worker's life (started by :class:`drmas.children.Child`): the hello, then episodes until
+    the trainer closes the connection."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the trainer's to handle; it ends us
+    conn = Connection(int(fd))
+    hello = conn.recv()
+    sys.path[:] = hello["sys_path"]
+    os.chdir(hello["cwd"])
+    try:
+        fn = load_episode(tuple(hello["episode"]))
+        import openai  # noqa: F401 - imported once per worker, before its first episode
+    except BaseException:  # noqa: BLE001 - whatever the user's module raised, told to the trainer
+        conn.send({"load_error": traceback.format_exc()})
+        return
+    conn.send({"ready": os.getpid()})
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            break
+        # a program that builds OpenAI() with no arguments reaches its own episode
+        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = job["base_url"], job["key"]
+        try:
+            reply = {"value": _play(fn, loop, job)}
+        except BaseException:  # noqa: BLE001 - the user's code may raise anything; it fails this episode
+            reply = {"error": traceback.format_exc()}
+        try:
+            conn.send(reply)
+        except Exception as err:  # noqa: BLE001 - a return value pickle cannot send
+            conn.send({"error": "its return value cannot be sent to the trainer: "
+                                f"{type(err).__name__}: {err}"})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown: nothing the program left behind runs on a closed loop
