@@ -299,3 +299,10 @@ def with_tools(task, client):
     for agent in ("writer", "critic"):
         client.chat.completions.create(model=agent, messages=messages, tools=[ADD])
     return 1.0
+
+
+def sleeper(task, client):
+    ask(client, "writer", task["q"])
+    report(**{f"sleeper-{os.getpid()}": os.getpid()})
+    time.sleep(600)
+    return 1.0

@@ -181,6 +181,38 @@ def test_a_process_global_client_reaches_its_own_episode(tasks_file, out):
     assert all(f"task{s.task_uid}" in s.text for s in result.samples)
 
 
+TRAINER = """
+import sys
+sys.path[:0] = sys.argv[1:3]
+from scripted import Script
+import agent_programs
+from drmas.envs.agents import AgentsWorkflow
+wf = AgentsWorkflow(agent_programs.sleeper, ["writer"], sys.argv[3], val_share=0.0, workers=2)
+wf.rollout(wf.tasks("train")[:2], Script(lambda a, p, i: "hi"), n=1)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_the_workers_die_with_the_trainer(tasks_file, out, signal_name):
+    import signal
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, here, os.path.dirname(here), tasks_file])
+    try:
+        deadline = time.monotonic() + 60
+        while len(programs.reports(out)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = list(programs.reports(out).values())
+        assert len(pids) == 2, "the episodes did not start"
+        trainer.send_signal(getattr(signal, signal_name))
+        trainer.wait(30)
+        assert all(gone_within(pid, 15) for pid in pids), pids
+    finally:
+        trainer.kill()
+
+
 def test_an_episode_a_worker_cannot_import_is_refused_at_start(tasks_file, monkeypatch):
     def nested(task, client):
         return 1.0
