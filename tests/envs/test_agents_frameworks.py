@@ -1,0 +1,110 @@
+"""Agent frameworks' own tool loops through the endpoint, with the examples under
+examples/agents/frameworks/: LangGraph (a tool-calling agent, two agents with a handoff), the
+OpenAI Agents SDK (a function tool and a handoff, on its Responses model and its chat-completions
+model) and AutoGen AgentChat (an assistant with a tool). The engine is scripted to emit tool calls
+in the hermes format (parsed by vLLM's parser with tiny-random's tokenizer), so each framework's
+round trip runs for real: its request, the parsed call, its tool, the result sent back, the answer."""
+
+import json
+import re
+
+import pytest
+from scripted import Script
+
+from drmas.envs.agents import AgentsWorkflow
+from drmas.models import load_tokenizer
+
+pytest.importorskip("vllm.tool_parsers")
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "agents" / "frameworks"
+
+
+def call(name, arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def oracle(agent, prompt, i):
+    """A handoff tool first, else the calculator once, then the answer that quotes its result."""
+    results = [c for role, c in prompt.messages if role == "tool" and re.fullmatch(r"\s*-?\d+\s*", c)]
+    if results:
+        return f"The answer is {results[-1].strip()}."
+    names = [json.loads(t)["function"]["name"] for t in prompt.tools]
+    handoff = next((n for n in names if n.startswith("transfer_to")), None)
+    if handoff:
+        return call(handoff, {})
+    if "add" in names:
+        return "Let me add. " + call("add", {"a": 2, "b": 3})
+    return "I cannot tell."
+
+
+class ToolEngine(Script):
+    tokenizer = None
+
+    def tool_format(self, agent):
+        if ToolEngine.tokenizer is None:
+            ToolEngine.tokenizer = load_tokenizer("tiny-random")
+        return "hermes", ToolEngine.tokenizer
+
+
+@pytest.fixture
+def tasks_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"question": "What is 2 + 3?", "answer": 5}\n' * 2)
+    return str(path)
+
+
+def play(program, agents, tasks_file, capfd):
+    engine = ToolEngine(oracle)
+    wf = AgentsWorkflow(f"{EXAMPLES / program}", agents, tasks_file, val_share=0.0, workers=2)
+    try:
+        result = wf.rollout(wf.tasks("train"), engine, n=1)
+    finally:
+        wf.close()
+    assert not [e.info for e in result.episodes if "failure" in e.info]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Event loop is closed" not in err, err
+    return result, wf.scalars(result.counts), engine
+
+
+def by_agent(result):
+    out = {}
+    for s in result.samples:
+        out[s.agent] = out.get(s.agent, 0) + 1
+    return out
+
+
+def test_a_langgraph_tool_calling_agent(tasks_file, capfd):
+    result, scalars, _ = play("langgraph_tools.py:episode", ["solver"], tasks_file, capfd)
+    # per episode: the call of add, then the answer with its result
+    assert by_agent(result) == {"solver": 4}
+    assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
+    assert scalars["endpoint/tool_calls"] == pytest.approx(0.5) and scalars["endpoint/tool_call_errors"] == 0
+    assert {s.text for s in result.samples} == {"Let me add. " + call("add", {"a": 2, "b": 3}),
+                                               "The answer is 5."}
+
+
+def test_two_langgraph_agents_with_a_handoff(tasks_file, capfd):
+    result, scalars, engine = play("langgraph_handoff.py:episode", ["router", "solver"], tasks_file, capfd)
+    assert by_agent(result) == {"router": 2, "solver": 4}
+    assert all(e.success and e.team_reward == 1.0 for e in result.episodes)
+    assert [s.reward for s in result.samples if s.agent == "router"] == pytest.approx([1.1, 1.1])
+    # the solver saw the router's handoff and its result before its own call
+    solver_prompts = [p for a, ps, _ in engine.calls if a == "solver" for p in ps]
+    assert all(("tool", "transferred to solver") in p.messages for p in solver_prompts)
+
+
+@pytest.mark.parametrize("episode", ["episode", "episode_chat"])
+def test_the_agents_sdk_with_a_function_tool_and_a_handoff(tasks_file, capfd, episode):
+    result, scalars, engine = play(f"agents_sdk.py:{episode}", ["triage", "solver"], tasks_file, capfd)
+    assert by_agent(result) == {"triage": 2, "solver": 4}
+    assert all(e.success for e in result.episodes)
+    assert [s.reward for s in result.samples if s.agent == "triage"] == pytest.approx([1.1, 1.1])
+    assert scalars["endpoint/tool_calls"] == pytest.approx(4 / 6)  # a handoff and an add per episode
+    first = [p for a, ps, _ in engine.calls if a == "triage" for p in ps][0]
+    assert [json.loads(t)["function"]["name"] for t in first.tools] == ["transfer_to_solver"]
+
+
+def test_an_autogen_assistant_with_a_tool(tasks_file, capfd):
+    result, scalars, _ = play("autogen_tool.py:episode", ["solver"], tasks_file, capfd)
+    assert by_agent(result) == {"solver": 4}  # the call, then the reflection on its result
+    assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
+    assert scalars["endpoint/tool_calls"] == pytest.approx(0.5)
