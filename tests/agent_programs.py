@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 OUT = "AGENT_TEST_OUT"
 ADD = {"type": "function", "function": {"name": "add", "description": "a + b",
@@ -263,6 +264,15 @@ def responses_round_trip(task, client):
                answer]
     final = client.responses.create(model="writer", input=history, tools=[RESPONSES_ADD], store=False)
     seen = {"first": first, "final": final}
+    events = list(client.responses.create(model="writer", input="sum", tools=[RESPONSES_ADD], store=False,
+                                          stream=True))
+    seen["events"] = [e.type for e in events]
+    seen["streamed"] = events[-1].response
+    with client.responses.stream(model="writer", input="sum", tools=[RESPONSES_ADD], store=False) as stream:
+        for _ in stream:
+            pass
+        assembled = stream.get_final_response()  # the SDK's own assembly of the events
+    seen["assembled"] = Response.model_validate(assembled.model_dump())
     for name, kwargs in (("previous", {"previous_response_id": first.id}),
                          ("builtin", {"tools": [{"type": "web_search"}]}),
                          ("reasoning", {"reasoning": {"effort": "high"}})):

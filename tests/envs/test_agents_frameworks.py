@@ -1,7 +1,7 @@
 """Agent frameworks' own tool loops through the endpoint, with the examples under
 examples/agents/frameworks/: LangGraph (a tool-calling agent, two agents with a handoff), the
-OpenAI Agents SDK (a function tool and a handoff, on its Responses model and its chat-completions
-model) and AutoGen AgentChat (an assistant with a tool). The engine is scripted to emit tool calls
+OpenAI Agents SDK (a function tool and a handoff, on its Responses model, plain and streamed,
+and on its chat-completions model) and AutoGen AgentChat (an assistant with a tool). The engine is scripted to emit tool calls
 in the hermes format (parsed by vLLM's parser with tiny-random's tokenizer), so each framework's
 round trip runs for real: its request, the parsed call, its tool, the result sent back, the answer."""
 
@@ -92,7 +92,7 @@ def test_two_langgraph_agents_with_a_handoff(tasks_file, capfd):
     assert all(("tool", "transferred to solver") in p.messages for p in solver_prompts)
 
 
-@pytest.mark.parametrize("episode", ["episode", "episode_chat"])
+@pytest.mark.parametrize("episode", ["episode", "episode_streamed", "episode_chat"])
 def test_the_agents_sdk_with_a_function_tool_and_a_handoff(tasks_file, capfd, episode):
     result, scalars, engine = play(f"agents_sdk.py:{episode}", ["triage", "solver"], tasks_file, capfd)
     assert by_agent(result) == {"triage": 2, "solver": 4}

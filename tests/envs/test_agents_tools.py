@@ -174,6 +174,16 @@ def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
     calls = [i for i in first.output if i.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "add" and json.loads(calls[0].arguments) == {"a": 2, "b": 3}
     assert seen["final"].output_text == "The sum is 5."
+    assert seen["events"] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    for streamed in (seen["streamed"], seen["assembled"]):
+        assert streamed.output_text == "Calling. " and streamed.status == "completed"
+        (call,) = [i for i in streamed.output if i.type == "function_call"]
+        assert call.name == "add" and json.loads(call.arguments) == {"a": 2, "b": 3}
     assert seen["previous"][0] == seen["builtin"][0] == seen["reasoning"][0] == 400
     assert "previous_response_id" in seen["previous"][1] and "whole conversation" in seen["previous"][1]
     assert "'web_search' tool" in seen["builtin"][1] and "reasoning" in seen["reasoning"][1]
@@ -183,4 +193,4 @@ def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
     second = prompts[1]
     assert [r for r, _ in second.messages] == ["user", "assistant", "tool"] and second.messages[2][1] == "5"
     assert json.loads(second.fields[2]) == {"tool_call_id": calls[0].call_id}
-    assert len(result.samples) == 2
+    assert len(result.samples) == 4  # two plain, two streamed

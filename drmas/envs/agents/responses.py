@@ -5,9 +5,10 @@ them as any chat request), and the answer becomes output items. Pure functions.
 Served: ``input`` as a string or items (messages with text parts, ``function_call`` and
 ``function_call_output``), ``instructions`` (a system message first), function ``tools`` and
 ``tool_choice``, ``max_output_tokens``, ``store`` (nothing is kept either way), the sampling
-fields as on the chat path, ``text`` in plain text format. Refused by name: ``previous_response_id``
-(send the whole conversation, as ``store: false`` clients do), streaming, ``reasoning``, structured
-``text`` formats, ``include``, built-in tools, other item types.
+fields as on the chat path, ``text`` in plain text format, ``stream`` (the answer's events, after
+it was generated whole). Refused by name: ``previous_response_id`` (send the whole conversation,
+as ``store: false`` clients do), ``reasoning``, structured ``text`` formats, ``include``,
+built-in tools, other item types.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from drmas.envs.agents.protocol import ApiError, Reply
 
-__all__ = ["chat_body", "response_object"]
+__all__ = ["chat_body", "response_events", "response_object"]
 
 _SAME = ("model", "temperature", "top_p", "seed", "user", "metadata", "parallel_tool_calls", "service_tier")
 _NO_EFFECT = {"store", "truncation", "prompt_cache_key", "safety_identifier"}
@@ -100,8 +101,6 @@ def chat_body(body: Any) -> dict[str, Any]:
     if body.get("previous_response_id"):
         raise _refuse("previous_response_id", "nothing is stored; send the whole conversation as input "
                       "(store: false)")
-    if body.get("stream"):
-        raise _refuse("stream", "not served yet; use /v1/chat/completions for streaming")
     if body.get("reasoning"):
         raise _refuse("reasoning", "the policies here have no reasoning settings")
     if body.get("include"):
@@ -116,6 +115,8 @@ def chat_body(body: Any) -> dict[str, Any]:
         raise ApiError(400, f"unknown or unsupported parameter {unknown[0]!r} on /v1/responses",
                        "unsupported_parameter", unknown[0])
     out = {k: body[k] for k in _SAME if body.get(k) is not None}
+    if body.get("stream"):
+        out["stream"] = True
     out["messages"] = _messages(body.get("input"), body.get("instructions"))
     tools, choice = _tools(body.get("tools"), body.get("tool_choice"))
     if tools:
@@ -150,6 +151,39 @@ def response_object(agent: str, reply: Reply, body: dict[str, Any]) -> dict[str,
         "tool_choice": body.get("tool_choice", "auto"), "tools": list(body.get("tools") or []),
         "instructions": body.get("instructions"), "error": None, "store": False,
         "usage": {"input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated,
-                  "input_tokens_details": {"cached_tokens": 0},
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
     }
+
+
+def response_events(agent: str, reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The same answer as the Responses API's stream: created, in progress, per output item its
+    added / delta / done events, then completed (or incomplete)."""
+    final = response_object(agent, reply, body)
+    events: list[dict[str, Any]] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        events.append({"type": kind, "sequence_number": len(events), **fields})
+
+    start = {**final, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
+    emit("response.created", response=start)
+    emit("response.in_progress", response=start)
+    for i, item in enumerate(final["output"]):
+        at = {"item_id": item["id"], "output_index": i}
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            emit("response.output_item.added", output_index=i,
+                 item={**item, "status": "in_progress", "content": []})
+            emit("response.content_part.added", **at, content_index=0, part=part)
+            emit("response.output_text.delta", **at, content_index=0, delta=text, logprobs=[])
+            emit("response.output_text.done", **at, content_index=0, text=text, logprobs=[])
+            emit("response.content_part.done", **at, content_index=0, part={**part, "text": text})
+        else:
+            emit("response.output_item.added", output_index=i,
+                 item={**item, "status": "in_progress", "arguments": ""})
+            emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            emit("response.function_call_arguments.done", **at, arguments=item["arguments"])
+        emit("response.output_item.done", output_index=i, item=item)
+    emit("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+    return events

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from drmas.envs.agents.protocol import (ApiError, ChatRequest, Reply, chat_chunks, chat_response,
                                         parse_chat_request)
-from drmas.envs.agents.responses import chat_body, response_object
+from drmas.envs.agents.responses import chat_body, response_events, response_object
 from drmas.records import Completion, GenerationSettings
 
 __all__ = ["Call", "Endpoint", "Session"]
@@ -170,13 +170,21 @@ class Endpoint:
         return session
 
     @staticmethod
-    async def _events(session: Session, req: ChatRequest, replies: list[Reply]) -> Any:
-        """Server-sent events of an answer; its samples are kept once the last chunk has been handed
+    async def _events(session: Session, req: ChatRequest, replies: list[Reply], body: "dict | None") -> Any:
+        """Server-sent events of an answer (chat chunks, or the Responses API's events when
+        ``body`` is a Responses request); its samples are kept once the last event has been handed
         to the connection (a client gone before that cancels this, and nothing is recorded)."""
-        for chunk in chat_chunks(req.agent, replies, req.include_usage):
-            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        if body is None:
+            for chunk in chat_chunks(req.agent, replies, req.include_usage):
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            session.record(req.agent, replies)
+            yield "data: [DONE]\n\n"
+            return
+        *events, last = response_events(req.agent, replies[0], body)
+        for event in events:
+            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
         session.record(req.agent, replies)
-        yield "data: [DONE]\n\n"
+        yield f"event: {last['type']}\ndata: {json.dumps(last, ensure_ascii=False)}\n\n"
 
     def _app(self) -> Any:
         from fastapi import FastAPI, Request
@@ -223,7 +231,8 @@ class Endpoint:
             if await request.is_disconnected():
                 return Response(status_code=499)  # nobody reads it; nothing was recorded
             if req.stream:
-                return StreamingResponse(self._events(session, req, result), media_type="text/event-stream")
+                events = self._events(session, req, result, body if responses else None)
+                return StreamingResponse(events, media_type="text/event-stream")
             if not session.record(req.agent, result):
                 return Response(status_code=499)
             if responses:
