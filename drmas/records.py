@@ -98,6 +98,9 @@ class GenerateFn(Protocol):
     def tool_format(self, agent: str) -> tuple[str, Any] | None:
         """``(format, tokenizer)`` the agent's tool calls are parsed with (None: it takes no tools)."""
 
+    def tokenizer(self, agent: str) -> Any | None:
+        """The agent's policy's tokenizer, to show the text of each sampled token (None: not known)."""
+
 
 @dataclass
 class ScriptedGenerate:
@@ -120,6 +123,9 @@ class ScriptedGenerate:
         return None
 
     def tool_format(self, agent: str) -> tuple[str, Any] | None:
+        return None
+
+    def tokenizer(self, agent: str) -> Any | None:
         return None
 
 

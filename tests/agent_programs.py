@@ -92,6 +92,7 @@ def limits(task, client):
                                     tools=[{"type": "function", "function": {"name": "f"}}])),
         "context": status(lambda: ask(client, "writer", "y" * 190)),
         "legacy": status(lambda: client.completions.create(model="writer", prompt="x")),
+        "logprobs": status(lambda: ask(client, "writer", "x", logprobs=True)),
     }
     url, key = str(client.base_url).rstrip("/"), client.api_key
     seen["json"] = httpx.post(f"{url}/chat/completions", content=b"{not json",
@@ -186,7 +187,11 @@ def fields(task, client):
         name=chat(messages=[{"role": "user", "content": "hi", "name": "alice"}]),
         seed=chat(messages=user, seed=7),
         unknown=chat(messages=user, extra_body={"mirostat": 2}),
-        logprobs=chat(messages=user, logprobs=True),
+        logprobs=status(lambda: [(t.token, t.logprob) for t in client.chat.completions.create(
+            model="writer", messages=user, logprobs=True).choices[0].logprobs.content]),
+        streamed_logprobs=[(t.token, t.logprob) for c in client.chat.completions.create(
+            model="writer", messages=user, logprobs=True, stream=True)
+            if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content],
         top=chat(messages=user, logprobs=False, top_logprobs=2),
         json=chat(messages=user, response_format={"type": "json_object"}),
         harmless=chat(messages=user, user="u1", metadata={"k": "v"}, store=False),

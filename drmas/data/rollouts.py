@@ -338,6 +338,9 @@ class _Rerouted:
     def tool_format(self, agent: str) -> Any:
         return self.generate.tool_format(self.partner[agent])
 
+    def tokenizer(self, agent: str) -> Any:
+        return self.generate.tokenizer(self.partner[agent])
+
     def check_stop(self) -> None:
         self.generate.check_stop()
 

@@ -131,6 +131,9 @@ class PolicyGenerate:
         policy = self._policy(agent)
         return resolve_format(policy.config.tool_format, policy.tokenizer.chat_template)[0], policy.tokenizer
 
+    def tokenizer(self, agent: str) -> Any:
+        return self._policy(agent).tokenizer
+
 
 def engine_seed(rollout_seed: int, k: int) -> int:
     """The seed of a rank's ``k``-th engine for a rollout of ``rollout_seed``."""

@@ -108,6 +108,7 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
     assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
     assert seen["tools"][::2] == (400, "tools_unavailable") and "parses no tool calls" in seen["tools"][1]
     assert seen["legacy"][0] == 400 and "legacy completions API" in seen["legacy"][1]
+    assert seen["logprobs"][::2] == (400, "logprobs_unavailable")  # this engine has no tokenizer
     assert seen["context"][::2] == (400, "context_length_exceeded") and "190" in seen["context"][1]
     assert seen["json"] == 400 and seen["no_key"] == 401 and seen["wrong_key"][0] == 401
     assert seen["models"] == AGENTS
@@ -369,8 +370,8 @@ class StrictTemplate(Limited):
         super().__init__(reply)
         from drmas.models import load_tokenizer
 
-        self.tokenizer = load_tokenizer("tiny-random")
-        self.tokenizer.chat_template = (
+        self.tok = load_tokenizer("tiny-random")
+        self.tok.chat_template = (
             "{% for m in messages %}"
             "{% if m['role'] == 'system' and not loop.first %}"
             "{{ raise_exception('a system message must come first') }}{% endif %}"
@@ -378,10 +379,13 @@ class StrictTemplate(Limited):
             "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
             "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
 
+    def tokenizer(self, agent):
+        return self.tok
+
     def prompt_tokens(self, agent, prompt):
         from drmas.modules.generation import encode_prompt
 
-        return len(encode_prompt(self.tokenizer, prompt))
+        return len(encode_prompt(self.tok, prompt))
 
 
 def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_one_call(tasks_file, out):
@@ -397,7 +401,9 @@ def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_
     assert "content[1]" in seen["image"][1]
     assert seen["name"][:2] == (200, "writer<alice: hi>!")
     assert seen["unknown"][::2] == (400, "unsupported_parameter") and "'mirostat'" in seen["unknown"][1]
-    assert seen["logprobs"][0] == 400 and "logprobs" in seen["logprobs"][1]
+    # the sampled tokens' own log-probs, each token's text by the policy's tokenizer
+    tokens = [(script.tok.decode([t]), -0.5) for t in (2, 3)]
+    assert seen["logprobs"] == (200, tokens, None) and seen["streamed_logprobs"] == tokens
     assert seen["top"][0] == 400 and "top_logprobs" in seen["top"][1]
     assert seen["json"][0] == 400 and "json_object" in seen["json"][1] and "while training" in seen["json"][1]
     assert seen["harmless"][0] == 200 and seen["seed"][0] == 200
@@ -407,5 +413,6 @@ def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_
     scalars = wf.scalars(result.counts)
     assert scalars["endpoint/template_errors"] == 2.0
     assert scalars["endpoint/generation_overrides"] == 1.0  # the seed
-    # served calls of task 0: parts, name, seed, harmless, after; its refused ones left no sample
-    assert len([s for s in result.samples if s.task_uid == "0"]) == 5
+    # served calls of task 0: parts, name, seed, logprobs twice, harmless, after; its refused ones left
+    # no sample
+    assert len([s for s in result.samples if s.task_uid == "0"]) == 7

@@ -1,9 +1,10 @@
 """Agent frameworks' own tool loops through the endpoint, with the examples under
 examples/agents/frameworks/: LangGraph (a tool-calling agent, two agents with a handoff), the
-OpenAI Agents SDK (a function tool and a handoff, on its Responses model, plain and streamed,
-and on its chat-completions model) and AutoGen AgentChat (an assistant with a tool). The engine is scripted to emit tool calls
-in the hermes format (parsed by vLLM's parser with tiny-random's tokenizer), so each framework's
-round trip runs for real: its request, the parsed call, its tool, the result sent back, the answer."""
+OpenAI Agents SDK (a function tool and a handoff, on its Responses model, plain and streamed, and
+on its chat-completions model) and AutoGen AgentChat (an assistant with a tool). The engine is
+scripted to emit tool calls in the hermes format (parsed by vLLM's parser with tiny-random's
+tokenizer), so each framework's round trip runs for real: its request, the parsed call, its
+tool, the result sent back, the answer."""
 
 import json
 import re

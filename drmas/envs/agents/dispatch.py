@@ -33,6 +33,7 @@ class Dispatcher:
         self.inbox, self.generate, self.window_s = inbox, generate, window_s
         self.counts: dict[str, float] = defaultdict(float)
         self._tool_formats: dict[str, Any] = {}
+        self._tokenizers: dict[str, Any] = {}
 
     def run(self, runs: Sequence[EpisodeRun], schedule: Callable[[], None],
             on_end: Callable[[EpisodeRun], None] | None = None) -> None:
@@ -106,6 +107,10 @@ class Dispatcher:
             return False
         if call.request.tools and not self._takes_tools(call):
             return False
+        if call.request.logprobs and self._tokenizer(call.request.agent) is None:
+            call.answer(ApiError(400, f"logprobs: true needs agent {call.request.agent!r}'s tokenizer, which "
+                                 "its generate function does not give", "logprobs_unavailable", "logprobs"))
+            return False
         settings = (call.session.settings or {}).get(call.request.agent)
         if tokens is None or settings is None or settings.context_length is None:
             return True
@@ -140,13 +145,31 @@ class Dispatcher:
         settings = (call.session.settings or {}).get(call.request.agent)
         stops = [*call.request.prompt.stop, *(settings.stop if settings else ())]
         content = message_content(completion, stops)
+        logprobs = self._token_logprobs(call.request.agent, completion) if call.request.logprobs else None
         if not call.request.tools:
-            return Reply(completion, content)
+            return Reply(completion, content, logprobs=logprobs)
         fmt, tokenizer = self._tool_formats[call.request.agent]
         parsed = parse_tool_calls(content, fmt, tokenizer, call.request.tools)
         self.counts["endpoint/tool_calls"] += len(parsed.calls)
         self.counts["endpoint/tool_call_errors"] += parsed.malformed
-        return Reply(completion, parsed.content, parsed.calls, parsed.malformed)
+        return Reply(completion, parsed.content, parsed.calls, parsed.malformed, logprobs)
+
+    def _tokenizer(self, agent: str) -> Any:
+        if agent not in self._tokenizers:
+            self._tokenizers[agent] = self.generate.tokenizer(agent)
+        return self._tokenizers[agent]
+
+    def _token_logprobs(self, agent: str, completion: Completion) -> list[dict[str, Any]]:
+        """Every generated token (the stop string and call markup included: what was sampled) with
+        its sampling log-prob, as text decoded alone (a token holding part of a character shows
+        the replacement character)."""
+        tokenizer = self._tokenizer(agent)
+        out = []
+        for token_id, logprob in zip(completion.response_ids, completion.logprobs):
+            text = tokenizer.decode([token_id])
+            out.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")),
+                        "top_logprobs": []})
+        return out
 
     def _serve(self, calls: list[Call]) -> None:
         groups: dict[tuple[str, int], list[Call]] = defaultdict(list)

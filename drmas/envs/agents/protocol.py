@@ -68,6 +68,8 @@ class ChatRequest:
     """Answer as server-sent events (:func:`chat_chunks`)."""
     include_usage: bool = False
     """Streaming: a last chunk with the token counts (``stream_options.include_usage``)."""
+    logprobs: bool = False
+    """Answer with each sampled token's log-prob (``logprobs: true``)."""
 
 
 @dataclass
@@ -80,11 +82,8 @@ class Reply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     malformed: int = 0
     """Calls begun that the parser did not take (the sample is invalid)."""
-
-
-def _unsupported(what: str, param: str) -> ApiError:
-    return ApiError(400, f"{what} not supported by the drmas endpoint yet (see docs/agents.md)",
-                    "unsupported_parameter", param)
+    logprobs: list[dict[str, Any]] | None = None
+    """OpenAI's ``logprobs.content``: each generated token's text and log-prob, where asked."""
 
 
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
@@ -201,8 +200,6 @@ def _check_fields(body: dict[str, Any], training: bool) -> None:
     if unknown:
         raise ApiError(400, f"unknown or unsupported parameter {unknown[0]!r} (the drmas endpoint serves "
                        "the fields listed in docs/agents.md)", "unsupported_parameter", unknown[0])
-    if body.get("logprobs"):
-        raise _unsupported("logprobs: true is", "logprobs")
     if body.get("top_logprobs"):
         raise ApiError(400, "top_logprobs > 0 is not served: the engines return the sampled token's "
                        "log-prob only", "unsupported_parameter", "top_logprobs")
@@ -275,7 +272,7 @@ def parse_chat_request(body: Any, agents: Sequence[str],
     prompt = ChatPrompt(messages, "", _stops(body.get("stop")), length,
                         tuple(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools), fields)
     return ChatRequest(model, prompt, n, _overrides(body, policy), tools, bool(body.get("stream")),
-                       bool((options or {}).get("include_usage")))
+                       bool((options or {}).get("include_usage")), bool(body.get("logprobs")))
 
 
 def message_content(completion: Completion, stops: Sequence[str]) -> str:
@@ -299,6 +296,10 @@ def _finish(r: Reply) -> str:
     return "tool_calls" if r.tool_calls else "length" if r.completion.finish_reason == "length" else "stop"
 
 
+def _logprobs(reply: Reply) -> dict[str, Any] | None:
+    return None if reply.logprobs is None else {"content": reply.logprobs, "refusal": None}
+
+
 def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
     """The ``chat.completion`` object for one request's choices."""
     choices = []
@@ -307,7 +308,8 @@ def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if r.tool_calls:
             message["tool_calls"] = r.tool_calls
-        choices.append({"index": i, "message": message, "finish_reason": _finish(r), "logprobs": None})
+        choices.append({"index": i, "message": message, "finish_reason": _finish(r),
+                        "logprobs": _logprobs(r)})
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": agent, "choices": choices, "usage": _usage(replies)}
 
@@ -319,15 +321,16 @@ def chat_chunks(agent: str, replies: Sequence[Reply], include_usage: bool) -> li
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": agent}
 
-    def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}],
-                **({"usage": None} if include_usage else {})}
+    def chunk(i: int, delta: dict[str, Any], finish: str | None = None,
+              logprobs: Any = None) -> dict[str, Any]:
+        choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return {**head, "choices": [choice], **({"usage": None} if include_usage else {})}
 
     out = []
     for i, r in enumerate(replies):
         out.append(chunk(i, {"role": "assistant", "content": ""}))
-        if r.content:
-            out.append(chunk(i, {"content": r.content}))
+        if r.content or r.logprobs:
+            out.append(chunk(i, {"content": r.content}, logprobs=_logprobs(r)))
         for k, call in enumerate(r.tool_calls):
             out.append(chunk(i, {"tool_calls": [{"index": k, **call}]}))
         out.append(chunk(i, {}, _finish(r)))
