@@ -5,6 +5,7 @@ template that takes them (Qwen3's) and on one that ignores them (the hermes fall
 
 import json
 import time
+from pathlib import Path
 
 import agent_programs as programs
 import pytest
@@ -194,3 +195,29 @@ def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
     assert [r for r, _ in second.messages] == ["user", "assistant", "tool"] and second.messages[2][1] == "5"
     assert json.loads(second.fields[2]) == {"tool_call_id": calls[0].call_id}
     assert len(result.samples) == 4  # two plain, two streamed
+
+
+def test_the_calculator_example_rewards_the_right_answer_and_a_call_that_ran(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "agents" / "calculator.py"
+
+    def solver(agent, prompt, i):
+        role, last = prompt.messages[-1]
+        if role == "tool":
+            return f"The answer is {last}."
+        expression = last.removeprefix("What is ").rstrip("?")
+        if "13" in expression:  # one that cannot be evaluated: no result, the answer guessed
+            expression += " +"
+        return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "What is 21 * 4?", "answer": 84}\n'
+                     '{"question": "What is 13 + 2?", "answer": 15}\n')
+    wf = AgentsWorkflow(f"{example}:episode", ["solver"], str(tasks), val_share=0.0, workers=2)
+    try:
+        result = wf.rollout(wf.tasks("train"), ToolEngine(solver), n=1)
+    finally:
+        wf.close()
+    ran, failed = result.episodes
+    assert (ran.success, ran.team_reward, failed.success, failed.team_reward) == (True, 1.0, False, 0.0)
+    # each episode's two calls: the right answer and 0.5 for the call that ran; nothing for the other
+    assert sorted((s.task_uid, s.reward) for s in result.samples) == [("0", 1.5)] * 2 + [("1", 0.0)] * 2
