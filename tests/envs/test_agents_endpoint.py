@@ -193,6 +193,7 @@ wf.rollout(wf.tasks("train")[:2], Script(lambda a, p, i: "hi"), n=1)
 """
 
 
+@pytest.mark.integration  # starts a trainer process
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
 def test_the_workers_die_with_the_trainer(tasks_file, out, signal_name):
     import signal

@@ -16,6 +16,7 @@ from drmas.envs.agents import AgentsWorkflow
 from drmas.models import load_tokenizer
 
 pytest.importorskip("vllm.tool_parsers")
+pytestmark = pytest.mark.integration  # each test starts workers that import a whole framework
 EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "agents" / "frameworks"
 
 

@@ -56,10 +56,8 @@ class Worker:
                                name="drmas-episode-worker", threads=1, pass_fds=[theirs.fileno()])
         finally:
             theirs.close()
-        # the reader owns a duplicate of our end; the socket itself is kept to shut our side down
-        # (the worker reads EOF and leaves) without closing a descriptor the reader is blocked on
-        self._sock = ours
-        self.conn = Connection(os.dup(ours.fileno()))
+        # only the reader closes it (at EOF, once the process is gone): never under a blocked recv
+        self.conn = Connection(ours.detach())
         self.conn.send({"episode": ref, "sys_path": list(sys.path), "cwd": os.getcwd()})
         self.run: EpisodeRun | None = None
         self.ready = threading.Event()
@@ -118,20 +116,14 @@ class Worker:
         self._inbox.put(run)
 
     def kill(self) -> None:
-        """End the process now (an episode past its timeout)."""
+        """End the process now (an episode past its timeout); its reader then sees EOF."""
         self.dead = True
         self.child.close(grace_s=0)
-        self._sock.close()
 
     def close(self) -> None:
-        """End the process: it leaves once its connection closes, else it is killed."""
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        self.child.close(grace_s=2.0)
-        self._sock.close()
+        """End the process (SIGTERM, SIGKILL after a grace): a worker keeps nothing to save."""
         self.dead = True
+        self.child.close(grace_s=2.0)
 
 
 class WorkerPool:
