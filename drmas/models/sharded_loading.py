@@ -3,11 +3,15 @@
 :func:`empty_causal_lm` builds the model's modules with parameters on the meta device (no
 memory) and buffers real (rotary frequencies and the like are computed, not loaded). After
 ``fully_shard`` each parameter is a DTensor whose local piece is this rank's rows;
-:func:`load_shards` allocates those pieces and fills each from the model's safetensors files,
-reading only the rows the rank keeps (mapped from the file), so a rank's peak host
-memory is its shards, not the model. Checkpoints that are not safetensors, or whose tensor names
-do not cover the model's parameters, are read whole on every rank: the fallback costs what loading
-did before, and says so.
+:func:`load_shards` allocates those pieces and fills each from the model's safetensors files
+(one file, or several named by ``model.safetensors.index.json``), reading only the rows the rank
+keeps (mapped from the file), so a rank's peak host memory is its shards, not the model.
+Persistent buffers (a router's ``e_score_correction_bias``) are read from the checkpoint too;
+computed ones keep their values, in every module that shares them. Every tensor's shape is
+checked against its target, and FP8 weights are dequantised with their block scales
+(``weight_scale_inv``), never copied as raw values. Checkpoints that are not safetensors, or
+whose tensor names do not cover the model's parameters (an MoE whose experts transformers fuses
+as it loads), are read whole on every rank: the fallback costs what loading did before, and says so.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import logging
 import math
 import os
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,28 +53,54 @@ def empty_causal_lm(name_or_path: str, dtype: torch.dtype | str) -> nn.Module:
 
 def load_shards(model: nn.Module, name_or_path: str, device: torch.device) -> str:
     """Allocate ``model``'s parameters (sharded or not) on ``device`` and fill each rank's piece
-    from the checkpoint; buffers keep their values. Returns how: ``"slices"`` (only this rank's
-    rows were read) or ``"whole"`` (the fallback)."""
-    # buffers keep their values and their device (fully_shard put them on the compute device,
-    # also when the parameters are offloaded to CPU memory)
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    model.to_empty(device=device)
-    for name, saved in buffers.items():
-        owner, _, leaf = name.rpartition(".")
-        model.get_submodule(owner)._buffers[leaf] = saved
+    from the checkpoint, and its persistent buffers whole. Returns how: ``"slices"`` (only this
+    rank's rows were read) or ``"whole"`` (the fallback). A tensor whose shape differs from its
+    target's, or FP8 values without their scales, raise ``ValueError`` naming it and the file."""
+    path = resolve_model_path(name_or_path)
+    persistent = _keep_buffers(model, device)
     if hasattr(model, "tie_weights"):  # moving off the meta device made new tensors: tie them again
         model.tie_weights()
     params = dict(model.named_parameters())
-    read, how = _slice_reader(resolve_model_path(name_or_path), params)
+    source = _Safetensors(path) if _covers(path, params) else _Whole(path, next(iter(params.values())).dtype)
     with torch.no_grad():
         for name, p in params.items():
+            source.check(name, p.shape)
             local = p.to_local() if hasattr(p, "to_local") else p
             if local.numel() == 0:
                 continue
             offset = _row_offset(p)
-            local.copy_(read(name, offset, offset + local.shape[0]).to(local.dtype))
-    return how
+            local.copy_(source.read(name, offset, offset + local.shape[0]).to(local.dtype))
+        for name, b in persistent.items():
+            if name not in source.names:
+                log.warning("%s: no tensor %r in the checkpoint; the buffer keeps its initial value",
+                            path, name)
+                continue
+            source.check(name, b.shape)
+            b.copy_(source.read(name, 0, b.shape[0] if b.dim() else None).reshape(b.shape).to(b.dtype))
+    return source.how
 
+
+def _keep_buffers(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """``model.to_empty(device)`` keeping its buffers' values and devices (fully_shard put them on
+    the compute device, also when the parameters are offloaded to CPU memory), and keeping every
+    module that shares a buffer on one tensor (to_empty gives each owner a new one). Returns the
+    persistent buffers by their first name: the checkpoint holds those."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    saved: dict[int, torch.Tensor] = {}
+    persistent: dict[str, int] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for leaf, b in module._buffers.items():
+            if b is None:
+                continue
+            owners.setdefault(id(b), []).append((module, leaf))
+            saved.setdefault(id(b), b.detach().clone())
+            if leaf not in module._non_persistent_buffers_set:
+                persistent.setdefault(id(b), f"{name}.{leaf}" if name else leaf)
+    model.to_empty(device=device)
+    for key, places in owners.items():
+        for module, leaf in places:
+            module._buffers[leaf] = saved[key]
+    return {name: saved[key] for key, name in persistent.items()}
 
 
 def _row_offset(p: torch.Tensor) -> int:
@@ -86,23 +116,115 @@ def _row_offset(p: torch.Tensor) -> int:
     return int(offset[0])
 
 
-def _slice_reader(path: str, params: dict[str, Any]) -> tuple[Callable[[str, int, int], torch.Tensor], str]:
-    """``read(name, start, stop)``: rows ``start:stop`` of a tensor of the checkpoint."""
-    files = _safetensors_files(path)
-    if files and set(params) <= set(files):
-        headers = {file: _header(file) for file in set(files.values())}
-        return ((lambda name, start, stop: _rows(files[name], headers[files[name]], name, start, stop)),
-                "slices")
-    log.warning("%s: no safetensors files naming every parameter; each rank reads the whole model once", path)
-    from drmas.models.loading import load_causal_lm
-
-    full = load_causal_lm(path, dtype=next(iter(params.values())).dtype)[0].state_dict()
-    return (lambda name, start, stop: full[name][start:stop]), "whole"
-
-
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+           "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_FP8 = {"F8_E4M3", "F8_E5M2"}
+
+
+def _shape_error(name: str, found: Any, wanted: Any, file: str) -> ValueError:
+    return ValueError(f"{file}: tensor {name!r} has shape {list(found)}, the model's has {list(wanted)}; "
+                      "is this checkpoint for another model size or config?")
+
+
+def _covers(path: str, params: dict[str, Any]) -> bool:
+    files = _safetensors_files(path)
+    return bool(files) and set(params) <= set(files)
+
+
+class _Safetensors:
+    """The model's safetensors files, read by rows; FP8 weights dequantised with their scales."""
+
+    how = "slices"
+
+    def __init__(self, path: str) -> None:
+        self.files = _safetensors_files(path)
+        self.names = set(self.files)
+        self.headers = {file: _header(file) for file in set(self.files.values())}
+        self.block = _fp8_block(path)
+
+    def _info(self, name: str) -> dict[str, Any]:
+        return self.headers[self.files[name]][1][name]
+
+    def check(self, name: str, shape: torch.Size) -> None:
+        found = self._info(name)["shape"]
+        if list(found) != list(shape):
+            raise _shape_error(name, found, shape, self.files[name])
+
+    def read(self, name: str, start: int, stop: int | None) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``name`` (``stop`` None: a 0-d tensor, whole)."""
+        file = self.files[name]
+        kind = self._info(name)["dtype"]
+        rows = _rows(file, self.headers[file], name, start, stop)
+        if kind not in _FP8:
+            return rows
+        scale = f"{name}_scale_inv"
+        if scale not in self.files or self.block is None or rows.dim() != 2:
+            why = (f"no {scale!r} beside it" if scale not in self.files else
+                   "no weight_block_size in config.json's quantization_config" if self.block is None else
+                   f"{rows.dim()}-d, not a 2-d weight")
+            raise ValueError(f"{file}: tensor {name!r} is {kind} and cannot be dequantised ({why}); "
+                             "drmas loads FP8 only as block-scaled weights with weight_scale_inv, "
+                             "never as raw values")
+        # one scale per (b0 x b1) block: the blocks of these rows, each repeated over its rows and columns
+        (b0, b1), n = self.block, rows.shape[0]
+        first, last = start // b0, math.ceil((start + n) / b0)
+        scales = _rows(self.files[scale], self.headers[self.files[scale]], scale, first, last).float()
+        scales = scales.repeat_interleave(b0, 0)[start - first * b0:][:n]
+        return rows.float() * scales.repeat_interleave(b1, 1)[:, :rows.shape[1]]
+
+
+class _Whole:
+    """The fallback: the checkpoint loaded whole by transformers, once on every rank."""
+
+    how = "whole"
+
+    def __init__(self, path: str, dtype: torch.dtype) -> None:
+        quantised = _config(path).get("quantization_config")
+        if quantised:
+            raise ValueError(f"{path}: a quantised checkpoint ({quantised.get('quant_method')}) without "
+                             "safetensors files naming every parameter; drmas dequantises FP8 only from "
+                             "safetensors with weight_scale_inv")
+        log.warning("%s: no safetensors files naming every parameter; each rank reads the whole model once",
+                    path)
+        from transformers import AutoModelForCausalLM
+
+        self.path = path
+        # mismatches and gaps are ours to refuse, in one line (transformers would log a report and
+        # raise pointing to it, or initialise a missing tensor at random)
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, ignore_mismatched_sizes=True,
+                                                           output_loading_info=True)
+        if info["mismatched_keys"]:
+            name, found, wanted = sorted(info["mismatched_keys"])[0]
+            raise _shape_error(name, found, wanted, path)
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            named = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+            raise ValueError(f"{path}: the checkpoint has no tensor for {len(missing)} of the model's "
+                             f"parameters and buffers ({named})")
+        self.state = model.state_dict()
+        self.names = set(self.state)
+
+    def check(self, name: str, shape: torch.Size) -> None:
+        if self.state[name].shape != shape:
+            raise _shape_error(name, self.state[name].shape, shape, self.path)
+
+    def read(self, name: str, start: int, stop: int | None) -> torch.Tensor:
+        return self.state[name] if stop is None else self.state[name][start:stop]
+
+
+def _config(path: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f)
+    except OSError:
+        return {}
+
+
+def _fp8_block(path: str) -> tuple[int, int] | None:
+    """The FP8 scales' block (rows, columns) from config.json, as DeepSeek-V3 and Qwen3-FP8 write it."""
+    block = (_config(path).get("quantization_config") or {}).get("weight_block_size")
+    return (int(block[0]), int(block[1])) if block else None
 
 
 def _header(file: str) -> tuple[int, dict[str, Any]]:
@@ -112,19 +234,23 @@ def _header(file: str) -> tuple[int, dict[str, Any]]:
         return 8 + size, json.loads(f.read(size))
 
 
-def _rows(file: str, header: tuple[int, dict[str, Any]], name: str, start: int, stop: int) -> torch.Tensor:
-    """Rows ``start:stop`` of a tensor, mapped from the file (copy-on-write, never written): the
-    copy into the shard reads those pages and nothing else; no heap buffer of the slice is made.
-    (A buffer per slice, as ``safe_open(...).get_slice`` returns, was seen to leave a whole model's
-    worth of freed heap resident on a rank.)"""
+def _rows(file: str, header: tuple[int, dict[str, Any]], name: str, start: int,
+          stop: int | None) -> torch.Tensor:
+    """Rows ``start:stop`` of a tensor (``stop`` None: a 0-d one), mapped from the file
+    (copy-on-write, never written): the copy into the shard reads those pages and nothing else; no
+    heap buffer of the slice is made. (A buffer per slice, as ``safe_open(...).get_slice``
+    returns, was seen to leave a whole model's worth of freed heap resident on a rank.)"""
     base, tensors = header
     info = tensors[name]
+    if info["dtype"] not in _DTYPES:
+        raise ValueError(f"{file}: tensor {name!r} has dtype {info['dtype']}, which drmas cannot load")
     dtype, shape, (begin, _) = _DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
-    row, stop = math.prod(shape[1:]), min(stop, shape[0])
+    row, stop = math.prod(shape[1:]), 1 if stop is None else min(stop, shape[0])
     element = torch.empty((), dtype=dtype).element_size()
     mapped = np.memmap(file, dtype=np.uint8, mode="c", offset=base + begin + start * row * element,
                        shape=((stop - start) * row * element,))
-    return torch.from_numpy(mapped).view(dtype).reshape(stop - start, *shape[1:])
+    return torch.from_numpy(mapped).view(dtype).reshape(stop - start, *shape[1:]) if shape else \
+        torch.from_numpy(mapped).view(dtype).reshape(())
 
 
 def _safetensors_files(path: str) -> dict[str, str]:
