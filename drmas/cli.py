@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 # vLLM runs in-process to share weights with the trainer (a separate engine process cannot
 # receive the new weights as tensors); its CPU backend warns on every request. Set before
@@ -56,6 +56,7 @@ from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
+from drmas.ranks import TIMEOUT_ENV, watch
 
 __all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow",
            "run_recipe"]
@@ -78,6 +79,7 @@ def _message(err: BaseException) -> str:
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 PARSER_MODE = "drmas_yaml"
 _ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path",
+              "collective_timeout_s",
               "recipes"}
 _active_recipe: list[str] = []  # the recipe whose section a config file contributes
 
@@ -196,6 +198,11 @@ class DrmasCLI(LightningCLI):
         # temporary file, so an interrupted save leaves the old one intact).
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0,
                              "checkpoint.every_n_epochs": 1})
+        parser.add_argument(
+            "--collective_timeout_s", type=Optional[float], default=None,
+            help=("Seconds any rank waits for the others (the process group's timeout) or for its engine "
+                  f"processes before it stops, naming the wait and the rank that did not answer; default "
+                  f"${TIMEOUT_ENV}, else 1800 on GPUs and 300 on CPU (docs/reliability.md)."))
 
 
     def instantiate_classes(self) -> None:
@@ -203,6 +210,11 @@ class DrmasCLI(LightningCLI):
         # reads only its shards once they are sharded (drmas.modules.policy.deferred_weights)
         sharded = (self.subcommand == "fit"
                    and is_sharded(self._get(self.config, "trainer", {}).get("strategy")))
+        timeout = self._get(self.config, "collective_timeout_s")
+        if timeout is not None:  # read by the strategy and every wait (drmas.ranks.collective_timeout_s)
+            if not timeout > 0:
+                raise ConfigurationError(f"--collective_timeout_s must be > 0, got {timeout}")
+            os.environ[TIMEOUT_ENV] = repr(float(timeout))
         with deferred_weights(sharded):
             try:
                 super().instantiate_classes()
@@ -379,6 +391,10 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
         _leave_process_group()  # every rank stops at the same point (drmas.modules.preemption)
         # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
         sys.exit(143)
+    except Exception as err:
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            raise
+        watch.end(err)  # one line naming the failing rank and its error, on every rank; exit 1
     if getattr(cli, "subcommand", None) == "fit":
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
         if cli.trainer.is_global_zero:
@@ -391,6 +407,7 @@ def _leave_process_group() -> None:
     # Every rank leaves together, and the process group goes while the interpreter is whole: left
     # to the interpreter's exit, gloo's worker threads were seen to abort a finished run
     # ("terminate called without an active exception", exit -6).
+    watch.stop()  # from here a rank that has finished may leave first
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

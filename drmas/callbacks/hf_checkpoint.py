@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.atomic import replace_dir, write_text
 from drmas.models.lora import save_adapter
+from drmas.ranks import at, portable
 
 __all__ = ["HFCheckpoint"]
 
@@ -113,30 +114,42 @@ class HFCheckpoint(Callback):
         target = os.path.join(root, name)
         # frozen: as loaded
         policies = {n: p for n, p in pl_module.policies.items() if getattr(p, "trainable", True)}
+        at("the HF export")
         full = {pname: _full_state_dict(policy.model) for pname, policy in policies.items()}
+        failure = None
         if trainer.is_global_zero:
-            os.makedirs(root, exist_ok=True)
-            tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
             try:
-                for pname, policy in policies.items():
-                    out = os.path.join(tmp, pname)
-                    kwargs: dict[str, Any] = {}
-                    if full[pname] is not None:
-                        kwargs["state_dict"] = full[pname]
-                    if getattr(policy, "adapter", None) is not None:
-                        save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
-                    else:
-                        policy.model.save_pretrained(out, **kwargs)
-                    if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
-                        policy.tokenizer.save_pretrained(out)
-                replace_dir(tmp, target)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            write_text(os.path.join(root, LATEST_FILE), name + "\n")
-            rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")
-        # Keep ranks together: nobody reads `latest` or moves on before rank 0 has finished.
-        trainer.strategy.barrier("HFCheckpoint.save")
+                self._write(policies, full, root, name, target)
+            except Exception as err:  # a full disk: every rank hears of it, none waits in a barrier
+                failure = err
+        # rank 0's outcome, on every rank: nobody reads `latest` or moves on before rank 0 has finished
+        agreed = trainer.strategy.broadcast(portable(failure, 0))
+        if agreed is not None:
+            raise failure if failure is not None else agreed
         self.last_saved = iteration
         self.last_saved_path = target
         return target
+
+    def _write(self, policies: dict[str, Any], full: dict[str, Any], root: str, name: str,
+               target: str) -> None:
+        """Rank 0: every policy into a temporary directory, renamed to ``target``; then ``latest``."""
+        os.makedirs(root, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
+        try:
+            for pname, policy in policies.items():
+                out = os.path.join(tmp, pname)
+                kwargs: dict[str, Any] = {}
+                if full[pname] is not None:
+                    kwargs["state_dict"] = full[pname]
+                if getattr(policy, "adapter", None) is not None:
+                    save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
+                else:
+                    policy.model.save_pretrained(out, **kwargs)
+                if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
+                    policy.tokenizer.save_pretrained(out)
+            replace_dir(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        write_text(os.path.join(root, LATEST_FILE), name + "\n")
+        rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.atomic import COMPLETE, publish_dir, recover_dir
-from drmas.ranks import portable
+from drmas.ranks import at, portable
 
 __all__ = ["IterationCheckpoint", "partial_path", "recover_checkpoint"]
 
@@ -77,6 +77,7 @@ class IterationCheckpoint(ModelCheckpoint):
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         # a fixed hidden name (the same on every rank, which all write into it when sharded)
         partial = partial_path(filepath)
+        at("the checkpoint")
         if trainer.is_global_zero and os.path.lexists(partial):  # left by a kill: start it afresh
             shutil.rmtree(partial) if os.path.isdir(partial) else os.remove(partial)
         trainer.strategy.barrier("IterationCheckpoint.begin")
@@ -90,11 +91,11 @@ class IterationCheckpoint(ModelCheckpoint):
                     with open(partial, "rb") as f:
                         os.fsync(f.fileno())
                     os.replace(partial, filepath)
-            except OSError as err:  # a full disk: every rank hears of it, none waits in a barrier
+            except Exception as err:  # a full disk: every rank hears of it, none waits in a barrier
                 failure = err
-        failure = trainer.strategy.broadcast(portable(failure))
-        if failure is not None:
-            raise failure
+        agreed = trainer.strategy.broadcast(portable(failure, 0))
+        if agreed is not None:
+            raise failure if failure is not None else agreed
         self._last_checkpoint_saved = filepath
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from drmas.atomic import write_text
 from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts
 from drmas.envs.base import Workflow
+from drmas.ranks import agree, at
 from drmas.records import PreparedIteration
 
 __all__ = ["VALIDATION_FILE", "RolloutDataModule"]
@@ -159,9 +160,17 @@ class RolloutDataModule(L.LightningDataModule):
         bootstrap over questions (``python -m drmas.report``) needs, which the scalars average away.
         A resumed run that validates an iteration again appends it again; readers keep the last."""
         log_dir = self.trainer.log_dir
+        failure = None
+        if backend.rank == 0 and log_dir and self.rollouts.last_validation is not None:
+            try:
+                self._write_tasks(backend, log_dir)
+            except Exception as err:  # a full disk: every rank hears of it (agreed)
+                failure = err
+        at("the validation record")
+        agree(backend.gather_objects, backend.rank, failure)
+
+    def _write_tasks(self, backend: RolloutBackend, log_dir: str) -> None:
         result = self.rollouts.last_validation
-        if backend.rank != 0 or not log_dir or result is None:
-            return
         correct: dict[str, int] = {}
         for ep in result.episodes:
             correct[ep.task_uid] = correct.get(ep.task_uid, 0) + int(ep.success)

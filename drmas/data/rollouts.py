@@ -38,7 +38,7 @@ from drmas.data.progress import EpisodeBar, show_progress
 from drmas.data.rollout_config import RolloutConfig, rollout_seed
 from drmas.envs.base import Workflow
 from drmas.metrics import AvgAtK, PassAtK
-from drmas.ranks import portable, raise_first
+from drmas.ranks import at, portable, raise_first
 from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
 
 __all__ = ["OutageError", "RolloutBackend", "RolloutConfig", "Rollouts", "outcome_scalars"]
@@ -145,6 +145,7 @@ class Rollouts:
         backend.engine_cache_stats()  # from here on: this rollout's requests only
         local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
                                     c.group_size, c.sampling, seed)
+        at("the rollout's gather")
         result, (prompt, cached) = _gather(backend, local, failure, backend.engine_cache_stats())
         scalars = self.check_failures(result, f"iteration {iteration}")
         scalars.update(self.workflow.scalars(result.counts))
@@ -276,6 +277,7 @@ class Rollouts:
             generate = _Rerouted(generate, self.swapped_agents())
         local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate,
                                     self.config.val_k, "parallel", 0)
+        at(f"the {split} rollout's gather")
         result, _ = _gather(backend, local, failure)
         self.last_validation = result
         # only when some failed
@@ -373,7 +375,7 @@ def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseExceptio
         if failure is not None:
             raise failure
         return local, stats
-    parts = backend.gather_objects((local, stats, portable(failure)))
+    parts = backend.gather_objects((local, stats, portable(failure, backend.rank)))
     failures = [err for _, _, err in parts]
     if any(err is not None for err in failures):
         first = next(r for r, err in enumerate(failures) if err is not None)

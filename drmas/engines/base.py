@@ -13,7 +13,8 @@ import torch
 from drmas.registry import Registry
 
 __all__ = ["ENGINES", "Engine", "EngineError", "GenerationParams", "Generation", "Placement", "check_request",
-           "full_state_items", "parse_settings", "per_prompt", "policy_settings", "resolve_engine"]
+           "finish_gathers", "full_state_items", "parse_settings", "per_prompt", "policy_settings",
+           "resolve_engine", "start_gathers"]
 
 
 @dataclass(frozen=True)
@@ -284,13 +285,35 @@ def full_state_items(model: torch.nn.Module,
 
     A sharded (FSDP2) parameter is gathered from every rank when its turn comes and dropped once
     the consumer has copied it, so no rank holds a second full copy of the model. Gathering is a
-    collective: every rank must consume the whole iterator, in the same order.
+    collective: every rank must consume the whole iterator, in the same order (a consumer that
+    fails midway: :func:`finish_gathers`).
     """
-    for name, tensor in model.state_dict().items():
-        if hasattr(tensor, "full_tensor"):
-            mesh = tensor.device_mesh.device_type
-            if tensor.device.type != mesh:  # an offloaded shard (fsdp_offload): gather where the group runs
-                tensor = tensor.to(mesh)
-            tensor = tensor.full_tensor()
-        tensor = tensor.detach()
+    for i, (name, tensor) in enumerate(model.state_dict().items()):
+        tensor = _full(tensor).detach()
+        _yielded[id(model)] = i + 1
         yield name, tensor if dtype is None else tensor.to(dtype)
+
+
+_yielded: dict[int, int] = {}  # id(model) -> items full_state_items has gathered in this pass
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    if not hasattr(tensor, "full_tensor"):
+        return tensor
+    mesh = tensor.device_mesh.device_type
+    if tensor.device.type != mesh:  # an offloaded shard (fsdp_offload): gather where the group runs
+        tensor = tensor.to(mesh)
+    return tensor.full_tensor()
+
+
+def start_gathers(model: torch.nn.Module) -> None:
+    """Count :func:`full_state_items`'s gathers of ``model`` from here."""
+    _yielded[id(model)] = 0
+
+
+def finish_gathers(model: torch.nn.Module) -> None:
+    """Make, and drop, the gathers of ``model``'s sharded tensors that the other ranks make in a
+    pass of :func:`full_state_items` and that this rank's consumer left undone since
+    :func:`start_gathers` (it failed): the other ranks are not left waiting inside a gather."""
+    for _, tensor in list(model.state_dict().items())[_yielded.pop(id(model), 0):]:
+        _full(tensor)

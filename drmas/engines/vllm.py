@@ -39,6 +39,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
@@ -55,6 +56,7 @@ from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, chec
                                          local_ranks, rank_cores)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
+from drmas.ranks import collective_timeout_s
 
 __all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
 
@@ -246,10 +248,16 @@ class VLLMEngine(Engine):
         """The engine process's answer to ``method``."""
         if self.conn is None:
             raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
+        bound, start = collective_timeout_s(self.on_gpu), time.monotonic()
         try:
             while not self.conn.poll(1.0):
                 if not self.process.alive():
                     raise EOFError
+                if time.monotonic() - start > bound:  # frozen or hung: the other ranks would wait too
+                    self.process.close(grace_s=0)
+                    raise EngineProcessError(
+                        f"the vLLM engine process of {self.name} (pid {self.process.pid}) did not answer "
+                        f"{method!r} within {bound:.0f} s (--collective_timeout_s); it was stopped")
             status, *reply = self.conn.recv()
         except (EOFError, OSError) as err:
             try:  # its end of the socket closes as it dies: reap it for the exit code

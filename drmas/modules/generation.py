@@ -8,7 +8,8 @@ import json
 from typing import Any, Sequence
 
 from drmas.engines import Engine, EngineError, Placement, policy_settings
-from drmas.ranks import portable, raise_first
+from drmas.engines.base import finish_gathers, start_gathers
+from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 from drmas.tool_calls import fallback_messages, resolve_format
 
@@ -26,10 +27,7 @@ class EngineRouting:
 
     def _agree(self, failure: BaseException | None) -> None:
         """A collective: raise this rank's ``failure``, or another rank's, on every rank alike."""
-        if self.world_size > 1:
-            raise_first(self.gather_objects(portable(failure)), self.rank, failure)
-        elif failure is not None:
-            raise failure
+        agree(self.gather_objects, self.rank, failure)
 
     def _engine(self, name: str) -> Engine:
         if name not in self.engines:
@@ -44,7 +42,10 @@ class EngineRouting:
         """Make every engine serve its policy's current weights (only after they changed, or
         after the engine slept and discarded them), then reseed each from ``seed`` (the rollout's:
         of the run's seed, the rank and the iteration). Engines are built at the first call, and
-        the ranks agree that every rank built its own before any weights are gathered for them."""
+        the ranks agree that every rank built its own before any weights are gathered for them,
+        and that every rank's sync went through: a rank whose engine fails still takes part in
+        every gather of the sharded weights that the others make, then every rank raises."""
+        at("the weight sync")
         if any(name not in self.engines for name in self.policies):
             failure = None
             try:
@@ -55,11 +56,20 @@ class EngineRouting:
             except Exception as err:  # an engine that cannot load on this rank (memory, files)
                 failure = err
             self._agree(failure)
+        failure = None
         for name, policy in self.policies.items():
             engine = self._engine(name)
             if self._synced[name] != policy.version or engine.asleep:
-                engine.sync_weights(policy.model)
-                self._synced[name] = policy.version
+                start_gathers(policy.model)
+                try:
+                    if failure is None:  # after a failure: the gathers only
+                        engine.sync_weights(policy.model)
+                        self._synced[name] = policy.version
+                except Exception as err:  # the engine process died, a transfer failed
+                    failure = err
+                if self._sharded:
+                    finish_gathers(policy.model)
+        self._agree(failure)
         if seed is not None:  # engines drawing from an RNG of their own: a stream per engine
             for k, engine in enumerate(self.engines.values()):
                 engine.reseed(engine_seed(seed, k))

@@ -34,6 +34,7 @@ from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import capture_rng, epoch_scalars, machine, restore_rng
 from drmas.modules.sharding import check_precision
+from drmas.ranks import at, watch, watch_state
 from drmas.records import BatchSpec, MicroBatch
 
 __all__ = ["MultiAgentRL", "check_precision"]
@@ -187,6 +188,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             for policy in self.policies.values():
                 print(policy.describe(self.engine_name), flush=True)
         self.stop_signal.install(self.trainer)
+        watch.start(self.global_rank, self.world_size)  # another rank's failure stops this one too
         failure = None
         try:  # every rank its own placement, agreed before any rank builds an engine
             self._engine_class.check_placement(self._placement())
@@ -239,6 +241,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         return policy.token_logprobs(batch, temperature, with_entropy, reference)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
+        at("the update's forward and backward")
         # every rank stops at the same micro-batch
         self.stop_signal.raise_if_any(self.world_size, self.device)
         policy = self.policies[batch.policy]
@@ -296,6 +299,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         return out
 
     def _step(self, policy: Policy) -> float:
+        """Clip and step ``policy``'s optimiser, or skip on every rank if any rank's loss or gradient
+        is not finite; a step that raises on one rank is raised on every rank (agreed)."""
+        at("the optimiser step")
         opt = self._optimizer(policy.name)
         params = [p for p in policy.trainable_parameters() if p.grad is not None]
         clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
@@ -307,15 +313,20 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             flag = torch.tensor(float(bad), device=self.device)
             bad = bool(self.trainer.strategy.reduce(flag, reduce_op="sum") > 0)
         bucket = self._metrics[policy.name]
+        failure = None
         if bad:
             log.warning("policy %s: non-finite loss or gradient (norm=%s) at iteration %d; step skipped",
                         policy.name, norm, self.iteration)
             bucket["skipped_steps"].append((1.0, 0.0))
         else:
-            opt.step()
-            policy.version += 1
+            try:
+                opt.step()
+                policy.version += 1
+            except Exception as err:  # e.g. out of memory for the optimiser state on this rank
+                failure = err
         opt.zero_grad(set_to_none=True)
         self._bad_loss = False
+        self._agree(failure)
         bucket["grad_norm"].append((norm, 1.0))
         for agent, agent_norm in self._agent_grads.take_norms(policy.name).items():
             bucket[f"{agent}/grad_norm"].append((agent_norm, 1.0))
@@ -332,6 +343,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,
         with each policy's learning rate for iteration k."""
         self.iteration += 1
+        watch_state.iteration = self.iteration
         self._old_logprobs.clear()
         # Stepped here, not at the end of the previous iteration: the checkpoint written at that
         # end then holds the schedule of the iteration it finished, and a resumed run steps it
@@ -349,6 +361,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._update_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
+        at("the iteration's metrics gather")
         buckets = {name: dict(bucket) for name, bucket in self._metrics.items()}
         per_rank = self.gather_objects(buckets)  # every rank trained on its own share
         scalars = {"time/update_s": time.perf_counter() - self._update_started,

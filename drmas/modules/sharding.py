@@ -10,12 +10,16 @@ used.
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.distributed.constants import default_pg_timeout
+
+from drmas.ranks import collective_timeout_s
 
 __all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded",
            "resolve_strategy", "shard_model", "shard_policies"]
@@ -30,8 +34,13 @@ class FSDP(ModelParallelStrategy):
             mixed_precision: compute in bf16 with fp32 master weights and fp32 gradient
                 reductions (default: on CUDA only; gloo on CPU reduces fp32).
             cpu_offload: keep parameters and optimiser state in CPU memory between uses.
+
+        The process group's ``timeout`` defaults to ``--collective_timeout_s``
+        (:func:`drmas.ranks.collective_timeout_s`).
         """
         kwargs.setdefault("tensor_parallel_size", 1)
+        if kwargs.get("timeout") in (None, default_pg_timeout):  # drmas's bound, not torch's 30 minutes
+            kwargs["timeout"] = datetime.timedelta(seconds=collective_timeout_s())
         super().__init__(**kwargs)
         self.mixed_precision, self.cpu_offload = mixed_precision, cpu_offload
 

@@ -14,19 +14,31 @@ faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. F
   kill_hf         SIGKILL halfway through writing a weights file of ITERATION's HF export
   sigterm_rollout SIGTERM at the rollout engine's first request of ITERATION
   engine_error    the rollout engine raises at its first request of ITERATION
+  hf_enospc       the HF export's weights file fails with ENOSPC (a full disk) at ITERATION
+  step_error      the optimiser step raises (as an out-of-memory would) at ITERATION
+  sync_error      the HF engine's weight sync raises after copying 3 gathered tensors of ITERATION's
+                  first sync (a lost engine mid-transfer)
+  freeze          SIGSTOP after the first micro-batch of ITERATION (a hung kernel, a stuck file system,
+                  a paused VM); the pid is written to $FAULT_STAMP
+$FAULT_EXITS names a folder where each rank writes how and when it ended (rank<R>: exit code, time,
+and the line drmas ended it with).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import sys
 import time
 
+import torch
+
 from fsspec.implementations.local import LocalFileOpener
 
 import drmas.atomic
+import drmas.ranks
 import transformers.modeling_utils as modeling_utils
 from drmas.modules.multi_agent import MultiAgentRL
 
@@ -41,7 +53,19 @@ else:
         faults[name] = int(when or at)
     os.environ["FAULTY_SPEC"] = json.dumps({"faults": faults, "recipe": recipe})
 only_rank = os.environ.get("FAULT_RANK")
-state = {"iteration": 0, "trainer": None}
+state = {"iteration": 0, "trainer": None, "rank": int(os.environ.get("LOCAL_RANK", "0"))}
+
+
+def struck(fault: str) -> bool:
+    """``fault`` is due now on this rank (for faults outside the module's methods)."""
+    rank_ok = only_rank is None or int(only_rank) == state["rank"]
+    return rank_ok and faults.get(fault) == state["iteration"]
+
+
+def record_exit(code, line: str = "") -> None:
+    if "FAULT_EXITS" in os.environ:  # how and when each rank ended: $FAULT_EXITS/rank<R>
+        with open(os.path.join(os.environ["FAULT_EXITS"], f"rank{state['rank']}"), "w") as f:
+            f.write(f"{code} {time.time()!r} {line}")
 
 
 def due(fault: str, module) -> bool:
@@ -72,10 +96,23 @@ def training_step(self, batch, batch_idx):
                 with open(os.environ["FAULT_STAMP"], "w") as f:
                     f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGTERM)
+        if due("freeze", self):
+            with open(os.environ["FAULT_STAMP"], "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
     return out
 
 
 MultiAgentRL.training_step = training_step
+begin = MultiAgentRL.begin_iteration
+
+
+def begin_iteration(self):
+    state["iteration"] = begin(self)  # from the rollout on: its weight sync included
+    return state["iteration"]
+
+
+MultiAgentRL.begin_iteration = begin_iteration
 
 if "kill_ckpt" in faults:
     write = LocalFileOpener.write
@@ -140,6 +177,52 @@ if "engine_error" in faults or "sigterm_rollout" in faults:
 
     MultiAgentRL.generate_fn = failing_generate_fn
 
+if "hf_enospc" in faults:
+    full_disk_save = modeling_utils.safe_save_file
+
+    def disk_full(tensors, filename, metadata=None):
+        if struck("hf_enospc"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+        return full_disk_save(tensors, filename, metadata=metadata)
+
+    modeling_utils.safe_save_file = disk_full
+
+if "step_error" in faults:
+    adamw_step = torch.optim.AdamW.step
+
+    def failing_step(self, *args, **kwargs):
+        if struck("step_error"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return adamw_step(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = failing_step
+
+if "sync_error" in faults:
+    from drmas.engines.base import full_state_items
+    from drmas.engines.hf import HFEngine
+
+    hf_sync = HFEngine.sync_weights
+
+    def failing_sync(self, model):
+        if struck("sync_error") and not state.get("synced_badly"):
+            state["synced_badly"] = True
+            for _, (name, tensor) in zip(range(3), full_state_items(model)):
+                self.model.state_dict()[name].copy_(tensor)
+            raise RuntimeError("the engine was lost mid-transfer (injected)")
+        return hf_sync(self, model)
+
+    HFEngine.sync_weights = failing_sync
+
+drmas_exit = drmas.ranks._exit
+
+
+def recording_exit(line: str) -> None:
+    record_exit(1, line)
+    drmas_exit(line)
+
+
+drmas.ranks._exit = recording_exit
+
 # the recipe runs as __main__ with its own arguments; argv[0] stays this script (runpy would set
 # it to the recipe's path), which is what Lightning starts again for the other ranks
 sys.argv = [os.path.abspath(__file__), *args]
@@ -148,8 +231,5 @@ with open(recipe) as f:
 try:
     exec(code, {"__name__": "__main__", "__file__": recipe, "__builtins__": __builtins__})
 except SystemExit as stop:
-    if "FAULT_EXITS" in os.environ:  # how and when each rank ended: $FAULT_EXITS/rank<R>
-        rank = os.environ.get("LOCAL_RANK", "0")
-        with open(os.path.join(os.environ["FAULT_EXITS"], f"rank{rank}"), "w") as f:
-            f.write(f"{stop.code} {time.time()!r}")
+    record_exit(stop.code)
     raise

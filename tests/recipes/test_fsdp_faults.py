@@ -26,9 +26,16 @@ def exits(folder, ranks=2, wait=60.0) -> dict[int, tuple[int, float]]:
         time.sleep(0.5)
     out = {}
     for name in os.listdir(folder):
-        code, when = open(os.path.join(folder, name)).read().split()
+        code, when, *_ = open(os.path.join(folder, name)).read().split(maxsplit=2)
         out[int(name.removeprefix("rank"))] = (int(code), float(when))
     return out
+
+
+def exit_lines(folder, ranks=2) -> dict[int, str]:
+    """The line drmas ended each rank with (as faulty.py records it)."""
+    exits(folder, ranks)  # every rank's record, or a minute's wait
+    return {int(name.removeprefix("rank")): open(os.path.join(folder, name)).read().split(maxsplit=2)[2]
+            for name in os.listdir(folder)}
 
 
 def saved_iteration(ckpt: str) -> int:

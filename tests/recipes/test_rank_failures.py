@@ -1,0 +1,97 @@
+"""One rank of a 2-rank FSDP run (gloo) fails or freezes, by faults that ``faulty.py`` injects:
+every rank ends, non-zero, with one line that names the failing rank and its error (or the wait
+and the rank that did not answer), and ``--ckpt_path last`` resumes from the last whole
+iteration to the end."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from recipe_runs import run_dir, scalars
+from test_fsdp_faults import FSDP, exit_lines, exits, saved_iteration
+from test_resume import run_faulty
+
+pytestmark = pytest.mark.integration  # runs the recipe in processes of its own, on 2 ranks
+
+RUN = [*FSDP, "--trainer.max_epochs", "3"]
+
+
+def _checkpoint(tmp) -> str:
+    return os.path.join(run_dir(tmp), "checkpoints", "last.ckpt")
+
+
+def _resumes_to_the_end(tmp, folder) -> None:
+    """``--ckpt_path last`` from the last whole iteration (1) to the end (3), on both ranks."""
+    proc = run_faulty("none", 0, tmp, *RUN, "--ckpt_path", "last")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"--ckpt_path last: resuming from {os.path.join(folder, 'last.ckpt')}" in proc.stdout
+    assert sorted(scalars(run_dir(tmp))["rollout/success_rate"]) == [2, 3]  # iteration 2 again, then 3
+    assert saved_iteration(_checkpoint(tmp)) == 3
+
+
+def _fails(tmp_path, fault: str, rank: str | None, *args: str):
+    (tmp_path / "exits").mkdir()
+    env = {"FAULT_EXITS": str(tmp_path / "exits"), "FAULT_STAMP": str(tmp_path / "stamp"),
+           **({"FAULT_RANK": rank} if rank is not None else {})}
+    proc = run_faulty(fault, 2, tmp_path, *RUN, *args, env=env)
+    folder = os.path.dirname(_checkpoint(tmp_path))
+    return proc, folder
+
+
+def _every_rank_names(tmp_path, proc, failed: int, where: str, error: str) -> None:
+    """Both ranks ended with exit 1: the failing one with a line naming where, the other (through
+    the agreement, or first through the failure board) naming the failing rank and its error;
+    ``last.ckpt`` holds the last whole iteration."""
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    ended = exits(tmp_path / "exits")
+    assert sorted(ended) == [0, 1] and {code for code, _ in ended.values()} == {1}, ended
+    lines = exit_lines(tmp_path / "exits")
+    at = f"drmas: rank {failed} failed during iteration 2"
+    assert re.match(rf"{at} in {where}: {error}", lines[failed]), lines
+    assert re.match(rf"{at}( in {where})?: {error}", lines[1 - failed]), lines
+    assert "Connection closed by peer" not in proc.stderr  # not the backend's transport error
+    assert saved_iteration(_checkpoint(tmp_path)) == 1
+
+
+def test_rank_0s_full_disk_in_the_hf_export_stops_every_rank_naming_it(tmp_path):
+    proc, folder = _fails(tmp_path, "hf_enospc", "0", "--hf_checkpoint.every_n_iterations", "1")
+    _every_rank_names(tmp_path, proc, 0, "the HF export", r"OSError: \[Errno 28\] No space left on device")
+    _resumes_to_the_end(tmp_path, folder)
+
+
+def test_rank_1s_failing_optimiser_step_stops_every_rank_naming_it(tmp_path):
+    proc, folder = _fails(tmp_path, "step_error", "1")
+    error = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+    _every_rank_names(tmp_path, proc, 1, "the optimiser step", error)
+    _resumes_to_the_end(tmp_path, folder)
+
+
+def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):
+    """Without the bound, rank 0 waits for the frozen rank 1 for the process group's 30 minutes."""
+    timeout = 45
+    proc, folder = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout))
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    line = exit_lines(tmp_path / "exits", ranks=1)[0]
+    waits = "the [a-z' ]+"  # rank 1 froze after its update's first micro-batch
+    assert re.fullmatch(rf"drmas: rank 0 waited {timeout} s in {waits} during iteration 2 and gave up "
+                        r"\(--collective_timeout_s\); rank 1 did not answer \(frozen, hung or lost\)",
+                        line), line
+    # the frozen rank, woken, finds rank 0 gone and ends too
+    frozen = int((tmp_path / "stamp").read_text())
+    os.kill(frozen, signal.SIGCONT)
+    deadline = time.time() + 60
+    while 1 not in exits(tmp_path / "exits", wait=0) and time.time() < deadline:
+        time.sleep(0.5)
+    assert exits(tmp_path / "exits", wait=0)[1][0] == 1
+    assert saved_iteration(_checkpoint(tmp_path)) == 1
+    _resumes_to_the_end(tmp_path, folder)
+
+
+def test_a_weight_sync_failing_on_rank_1_midway_stops_every_rank_naming_it(tmp_path):
+    """Rank 1 still takes part in the gathers rank 0 makes for the rest of the sync, then both raise;
+    without that, rank 0 would wait inside a gather until the timeout."""
+    proc, _ = _fails(tmp_path, "sync_error", "1")
+    error = re.escape("RuntimeError: the engine was lost mid-transfer (injected)")
+    _every_rank_names(tmp_path, proc, 1, "the weight sync", error)  # at once, not after the timeout
