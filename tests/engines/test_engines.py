@@ -380,10 +380,11 @@ def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, promp
 
 
 @pytest.mark.integration
-def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine):
+def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine, monkeypatch):
     """One process per engine, started by this one (vLLM's CuMem allocator, which sleep mode needs,
-    is one per process); an engine process that dies is named by the next request, not waited on;
-    the other engines keep working and the dead one's process is reaped."""
+    is one per process); an engine process that freezes is given up on after the collective
+    timeout and stopped, one that dies is named by the next request, not waited on; the other
+    engines keep working and the dead one's process is reaped."""
     import signal
 
     from drmas.engines import VLLMEngine
@@ -405,7 +406,13 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine)
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
             assert ppid == os.getpid()
         assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
-        os.kill(other.pid, signal.SIGKILL)
+        os.kill(other.pid, signal.SIGSTOP)  # frozen: without the bound, the trainer would wait forever
+        monkeypatch.setenv("DRMAS_COLLECTIVE_TIMEOUT_S", "3")
+        frozen = (rf"vLLM engine process of solver \(pid {other.pid}\) did not answer 'generate' within 3 s "
+                  r"\(--collective_timeout_s\)")
+        with pytest.raises(EngineProcessError, match=frozen):
+            other.generate(prompts, 1, GREEDY)
+        # stopped by then (SIGKILL reaches a stopped process): the next request names its end
         with pytest.raises(EngineProcessError, match=rf"vLLM engine process of solver \(pid {other.pid}\) "
                                                      r"ended \(exit code -9\) during 'generate'"):
             other.generate(prompts, 1, GREEDY)

@@ -18,6 +18,9 @@ faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. F
   step_error      the optimiser step raises (as an out-of-memory would) at ITERATION
   sync_error      the HF engine's weight sync raises after copying 3 gathered tensors of ITERATION's
                   first sync (a lost engine mid-transfer)
+  record_enospc   writing validation.jsonl fails with ENOSPC at ITERATION's validation
+  backward_error  the first backward of ITERATION raises (inside the update's collectives: nothing
+                  can be agreed there)
   freeze          SIGSTOP after the first micro-batch of ITERATION (a hung kernel, a stuck file system,
                   a paused VM); the pid is written to $FAULT_STAMP
 $FAULT_EXITS names a folder where each rank writes how and when it ended (rank<R>: exit code, time,
@@ -212,6 +215,28 @@ if "sync_error" in faults:
         return hf_sync(self, model)
 
     HFEngine.sync_weights = failing_sync
+
+if "record_enospc" in faults:
+    import drmas.data.datamodule as datamodule
+
+    record = datamodule.write_text
+
+    def full_disk_record(path, text):
+        if struck("record_enospc") and path.endswith("validation.jsonl"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return record(path, text)
+
+    datamodule.write_text = full_disk_record
+
+if "backward_error" in faults:
+    backward = MultiAgentRL.manual_backward
+
+    def failing_backward(self, loss, *args, **kwargs):
+        if struck("backward_error"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
+        return backward(self, loss, *args, **kwargs)
+
+    MultiAgentRL.manual_backward = failing_backward
 
 drmas_exit = drmas.ranks._exit
 

@@ -16,6 +16,7 @@ from test_resume import run_faulty
 pytestmark = pytest.mark.integration  # runs the recipe in processes of its own, on 2 ranks
 
 RUN = [*FSDP, "--trainer.max_epochs", "3"]
+FULL_DISK = r"OSError: \[Errno 28\] No space left on device"
 
 
 def _checkpoint(tmp) -> str:
@@ -57,7 +58,7 @@ def _every_rank_names(tmp_path, proc, failed: int, where: str, error: str) -> No
 
 def test_rank_0s_full_disk_in_the_hf_export_stops_every_rank_naming_it(tmp_path):
     proc, folder = _fails(tmp_path, "hf_enospc", "0", "--hf_checkpoint.every_n_iterations", "1")
-    _every_rank_names(tmp_path, proc, 0, "the HF export", r"OSError: \[Errno 28\] No space left on device")
+    _every_rank_names(tmp_path, proc, 0, "the HF export", FULL_DISK)
     _resumes_to_the_end(tmp_path, folder)
 
 
@@ -95,3 +96,19 @@ def test_a_weight_sync_failing_on_rank_1_midway_stops_every_rank_naming_it(tmp_p
     proc, _ = _fails(tmp_path, "sync_error", "1")
     error = re.escape("RuntimeError: the engine was lost mid-transfer (injected)")
     _every_rank_names(tmp_path, proc, 1, "the weight sync", error)  # at once, not after the timeout
+
+
+def test_rank_0s_full_disk_in_the_validation_record_stops_every_rank_naming_it(tmp_path):
+    proc, _ = _fails(tmp_path, "record_enospc", "0", "--data.val_tasks", "2", "--data.val_every", "2",
+                     "--data.val_before_training", "false")
+    _every_rank_names(tmp_path, proc, 0, "the validation record", FULL_DISK)
+
+
+def test_a_failure_inside_the_update_reaches_the_other_rank_through_the_board(tmp_path):
+    """Rank 1 raises where rank 0 waits inside the backward's collectives: rank 0's watch thread
+    reads rank 1's line from the board and ends it within seconds, not at the timeout."""
+    proc, _ = _fails(tmp_path, "backward_error", "1")
+    error = re.escape("RuntimeError: CUDA error: an illegal memory access was encountered (injected)")
+    _every_rank_names(tmp_path, proc, 1, "the update's forward and backward", error)
+    ended = exits(tmp_path / "exits")
+    assert abs(ended[0][1] - ended[1][1]) < 30  # well within the 300 s timeout
