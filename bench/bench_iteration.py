@@ -11,6 +11,9 @@ backward; recomputation under gradient checkpointing is not counted).
 
     python bench/bench_iteration.py [--iterations 2] [--modes parallel tree] [--matmul 2048]
     python bench/bench_iteration.py --device cuda --model /path/to/hf_folder   # on one GPU, HF engine
+        [--peak-tflops 989 --peak-name "H200 bf16 dense"]   # also against a named peak
+
+Each mode ends with one line ``update <mode>: ... tokens/s ...``, which the device check collects.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ def main() -> None:
                    help="where the recipe trains; cuda: one GPU, HF engine, bf16 where native")
     p.add_argument("--model", default="embedded:smollm2-135m-instruct",
                    help="the shared policy: a name or an HF folder")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="also report the update against this peak (e.g. 989: H200's bf16 dense)")
+    p.add_argument("--peak-name", default="the given peak", help="what --peak-tflops is")
     args = p.parse_args()
     import torch
 
@@ -102,6 +108,11 @@ def main() -> None:
         print(f"{mode:9s} {r['rollout']:9.1f} {r['sync']:7.1f} {r['update']:8.1f} "
               f"{100 * r['update'] / total:7.0f}% {r['samples']:7.0f} {r['tokens']:7.0f} "
               f"{rate / 1e9:8.1f} {rate / peak[trained]:11.0%}")
+        named = (f", {rate / (args.peak_tflops * 1e12):.1%} of {args.peak_name} "
+                 f"({args.peak_tflops:g} TFLOP/s)" if args.peak_tflops else "")
+        print(f"update {mode}: {parameters / 1e6:.0f}M parameters, {r['tokens'] / r['update']:.0f} tokens/s, "
+              f"{rate / 1e12:.2f} TFLOP/s, {rate / peak[trained]:.1%} of the measured {trained} matmul peak"
+              f"{named}", flush=True)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def stop_line(err: BaseException, rank: int, board: str | None, silent: list[int
     """The line rank ``rank`` ends with after ``err``, and whether ``err`` is this rank's own
     failure (whose traceback it shows). ``board``: a failure another rank posted; ``silent``: the
     ranks that did not answer a monitored barrier (None: not asked)."""
-    at = f"during iteration {watch_state.iteration}"
+    at = _at()
     failed = getattr(err, "failed_rank", None)
     if failed is not None and failed != rank:  # agreed: the same exception raised on every rank
         return f"drmas: rank {failed} failed {at}: {_text(err)}; every rank stopped", False

