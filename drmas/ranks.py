@@ -55,7 +55,7 @@ def collective_timeout_s(on_gpu: bool | None = None) -> float:
     return 1800.0 if on_gpu else 300.0
 
 
-def portable(err: BaseException | None, rank: int | None = None) -> BaseException | None:
+def portable(err: BaseException | None, rank: int) -> BaseException | None:
     """``err`` as another process can receive it: itself if it pickles, else a RuntimeError naming
     it; ``rank``: the rank it happened on, kept as ``failed_rank``."""
     if err is None:
@@ -66,8 +66,7 @@ def portable(err: BaseException | None, rank: int | None = None) -> BaseExceptio
         clone = RuntimeError(f"{type(err).__name__}: {err}")
     clone.failed_rank = rank
     if hasattr(clone, "add_note"):  # Python 3.11+
-        clone.add_note(f"(raised on rank {rank if rank is not None else 'another'}; "
-                       "that rank's log has its traceback)")
+        clone.add_note(f"(raised on rank {rank}; that rank's log has its traceback)")
     return clone
 
 
@@ -80,7 +79,6 @@ def raise_first(failures: Sequence[BaseException | None], rank: int, own: BaseEx
         return
     if first == rank and own is not None:
         raise own
-    failures[first].failed_rank = first
     raise failures[first]
 
 

@@ -61,7 +61,9 @@ def load_shards(model: nn.Module, name_or_path: str, device: torch.device) -> st
     if hasattr(model, "tie_weights"):  # moving off the meta device made new tensors: tie them again
         model.tie_weights()
     params = dict(model.named_parameters())
-    source = _Safetensors(path) if _covers(path, params) else _Whole(path, next(iter(params.values())).dtype)
+    files = _safetensors_files(path)
+    source = (_Safetensors(path, files) if files and set(params) <= set(files)
+              else _Whole(path, next(iter(params.values())).dtype))
     with torch.no_grad():
         for name, p in params.items():
             source.check(name, p.shape)
@@ -127,18 +129,13 @@ def _shape_error(name: str, found: Any, wanted: Any, file: str) -> ValueError:
                       "is this checkpoint for another model size or config?")
 
 
-def _covers(path: str, params: dict[str, Any]) -> bool:
-    files = _safetensors_files(path)
-    return bool(files) and set(params) <= set(files)
-
-
 class _Safetensors:
     """The model's safetensors files, read by rows; FP8 weights dequantised with their scales."""
 
     how = "slices"
 
-    def __init__(self, path: str) -> None:
-        self.files = _safetensors_files(path)
+    def __init__(self, path: str, files: dict[str, str] | None = None) -> None:
+        self.files = _safetensors_files(path) if files is None else files
         self.names = set(self.files)
         self.headers = {file: _header(file) for file in set(self.files.values())}
         self.block = _fp8_block(path)

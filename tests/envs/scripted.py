@@ -21,3 +21,17 @@ class Script(ScriptedGenerate):
     def prompts(self, agent):
         """The last user message of every prompt ``agent`` was given, in order."""
         return [p.messages[-1][1] for a, ps, _ in self.calls if a == agent for p in ps]
+
+
+class HermesScript(Script):
+    """A scripted engine whose answers the endpoint parses for tool calls in the hermes format,
+    with tiny-random's tokenizer (loaded once)."""
+
+    tokenizer = None
+
+    def tool_format(self, agent):
+        if HermesScript.tokenizer is None:
+            from drmas.models import load_tokenizer
+
+            HermesScript.tokenizer = load_tokenizer("tiny-random")
+        return "hermes", HermesScript.tokenizer

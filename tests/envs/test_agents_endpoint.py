@@ -17,6 +17,7 @@ from drmas.envs.agents import AgentsWorkflow
 from drmas.envs.agents.episodes import EpisodeFailure, read_outcome
 from drmas.records import GenerationSettings
 
+pytestmark = pytest.mark.usefixtures("out")  # every episode reports to tmp_path/out
 AGENTS = ["writer", "critic"]
 
 
@@ -25,15 +26,6 @@ def tasks_file(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(f'{{"q": "task{i}"}}\n' for i in range(4)))
     return str(path)
-
-
-@pytest.fixture(autouse=True)
-def out(tmp_path, monkeypatch):
-    """The folder the episodes report to (workers inherit the variable when they start)."""
-    folder = tmp_path / "out"
-    folder.mkdir()
-    monkeypatch.setenv(programs.OUT, str(folder))
-    return folder
 
 
 def make(episode, tasks_file, **kwargs):

@@ -10,10 +10,9 @@ import json
 import re
 
 import pytest
-from scripted import Script
+from scripted import HermesScript as ToolEngine
 
 from drmas.envs.agents import AgentsWorkflow
-from drmas.models import load_tokenizer
 
 pytest.importorskip("vllm.tool_parsers")
 pytestmark = pytest.mark.integration  # each test starts workers that import a whole framework
@@ -36,15 +35,6 @@ def oracle(agent, prompt, i):
     if "add" in names:
         return "Let me add. " + call("add", {"a": 2, "b": 3})
     return "I cannot tell."
-
-
-class ToolEngine(Script):
-    tokenizer = None
-
-    def tool_format(self, agent):
-        if ToolEngine.tokenizer is None:
-            ToolEngine.tokenizer = load_tokenizer("tiny-random")
-        return "hermes", ToolEngine.tokenizer
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import agent_programs as programs
 import pytest
 from agent_programs import ADD
-from scripted import Script
+from scripted import HermesScript as ToolEngine
 
 from drmas.envs.agents import AgentsWorkflow
 from drmas.models import load_tokenizer
@@ -18,19 +18,9 @@ from drmas.modules.generation import encode_prompt
 from drmas.records import ChatPrompt
 
 pytest.importorskip("vllm.tool_parsers")
+pytestmark = pytest.mark.usefixtures("out")  # every episode reports to tmp_path/out
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
-
-
-class ToolEngine(Script):
-    """A scripted engine whose answers are parsed in the hermes format with a real tokenizer."""
-
-    tokenizer = None
-
-    def tool_format(self, agent):
-        if ToolEngine.tokenizer is None:
-            ToolEngine.tokenizer = load_tokenizer("tiny-random")
-        return "hermes", ToolEngine.tokenizer
 
 
 def reply(agent, prompt, i):
@@ -42,14 +32,6 @@ def reply(agent, prompt, i):
     if last == "unknown":
         return '<tool_call>{"name": "divide", "arguments": {}}</tool_call>'
     return "Calling. " + CALL
-
-
-@pytest.fixture(autouse=True)
-def out(tmp_path, monkeypatch):
-    folder = tmp_path / "out"
-    folder.mkdir()
-    monkeypatch.setenv(programs.OUT, str(folder))
-    return folder
 
 
 @pytest.fixture
