@@ -23,7 +23,7 @@ import torch
 
 from drmas.engines import GenerationParams
 from drmas.engines.base import full_state_items
-from drmas.modules.run_state import machine
+from drmas.hardware import machine
 from drmas.models import load_causal_lm, resolve_model_path
 
 

@@ -26,7 +26,7 @@ from drmas.envs.code.judge import _DRIVER, Judge, pass_rate
 from drmas.envs.code.loaders import embedded_problems
 from drmas.envs.programs import SandboxSettings
 from drmas.envs.sandbox import run_python
-from drmas.modules.run_state import machine
+from drmas.hardware import machine
 
 
 def median_time(fn, repeats: int) -> tuple[float, object]:

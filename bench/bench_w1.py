@@ -6,8 +6,9 @@ optimiser step per step, the drmas solver's prompt, reward 1 for a right boxed a
 ``recipes/math.py fit`` with one solver loop and ``grpo`` (its defaults: the engine of
 ``--model.engine``, the precision the hardware suggests unless ``--precision`` says: bf16-mixed
 where the CPU computes bf16 natively, else fp32); TRL runs ``GRPOTrainer`` on the CPU in fp32.
-Printed: each side's median seconds per step (the first step, with its warm-up, left out) and
-the ratio. TRL is an optional extra: ``pip install .[bench]``.
+Printed: the machine (its CPU kind and the vLLM kernel build it selects), the build drmas's
+engine loaded, each side's median seconds per step (the first step, with its warm-up, left out)
+and the ratio. TRL is an optional extra: ``pip install .[bench]``.
 
     python bench/bench_w1.py [--steps 5] [--engine auto|hf|vllm] [--precision auto|bf16-mixed|32]
 """
@@ -37,6 +38,7 @@ def write_problems(path: str) -> None:
 
 
 def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
+    """drmas's seconds per step; ``args.kernels`` becomes the vLLM kernel build its engine loaded."""
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "math.py"), "fit",
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
            "--trainer.max_epochs", str(args.steps),
@@ -49,7 +51,10 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
            "--data.estimator", "grpo", "--data.group_size", "4", "--data.tasks_per_iteration", "4",
            "--data.val_tasks", "0", "--data.workflow.init_args.max_turns", "1",
            "--data.workflow.init_args.train_file", data]
-    subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.PIPE, text=True)
+    engines = [line.rsplit("kernels ", 1)[1] for line in proc.stdout.splitlines()
+               if " vLLM engine of policy " in line]
+    args.kernels = ", ".join(sorted(set(engines))) or "none (HF engine)"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(glob.glob(os.path.join(out, "math", "version_*", "events.*"))[0],
@@ -127,8 +132,12 @@ def main() -> None:
         ours = drmas_steps(args, data, os.path.join(tmp, "drmas"))
         theirs = trl_steps(args, data, os.path.join(tmp, "trl"))
     med = lambda xs: statistics.median(xs[1:] if len(xs) > 1 else xs)  # noqa: E731
+    from drmas.hardware import machine
+
+    print(f"machine: {machine()}")
     print(f"W1: SmolLM2-135M, 4 problems x 4 samples, <= 64 new tokens, {args.steps} steps; "
-          f"drmas engine {args.engine}, precision {resolved_precision(args.precision)}")
+          f"drmas engine {args.engine} (vLLM kernels loaded: {args.kernels}), "
+          f"precision {resolved_precision(args.precision)}")
     print(f"drmas  median {med(ours):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in ours)})")
     if theirs:
         print(f"TRL    median {med(theirs):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in theirs)})")

@@ -120,8 +120,7 @@ class Study:
         return total
 
     def _run(self, run: Run, rest: list[Run], done: int) -> None:
-        from drmas.hardware import default_precision
-        from drmas.modules.run_state import machine
+        from drmas.hardware import default_precision, machine
 
         if run.record and not os.path.exists(run.checkpoint):
             # started, but its checkpoint is gone (lost with the machine it ran on, or it died

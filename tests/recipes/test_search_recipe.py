@@ -3,12 +3,13 @@
 import os
 
 import pytest
-from recipe_runs import check_run, run_dir, scalars
+from forked import run_script
+from recipe_runs import ROOT, TINY, check_run, run_dir, scalars
 from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
 from drmas.engines import vllm_available
-from drmas.hardware import default_precision
+from drmas.hardware import cpu_flags, default_precision
 
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
@@ -49,6 +50,27 @@ def test_parallel_sampling_with_the_vllm_engine(tmp_path):
     # the agents' prompts share whole cache blocks (system prompt, worked example): vLLM reuses them
     hits = s["rollout/prefix_cache_hit_rate"]
     assert sorted(hits) == [1, 2] and all(0 < v < 1 for v in hits.values()), hits
+
+
+@pytest.mark.skipif(not (vllm_available() and cpu_flags()["AVX-512"]),
+                    reason="vllm missing, or this CPU is AVX2-only and the test above is this one")
+def test_the_vllm_recipe_on_an_avx2_cpu(tmp_path, monkeypatch):
+    """The main job's path on a CPU without AVX-512 (many laptops and cloud CPUs), stood in for
+    here: vLLM and drmas see no AVX-512 (tests/cpu_kind), torch's and oneDNN's kernels are held
+    to AVX2. vLLM loads its AVX2 build and the run trains in fp32."""
+    monkeypatch.setenv("DRMAS_TEST_FORK", "0")  # the zygote's torch has read the real flags
+    path = os.pathsep.join([str(ROOT / "tests" / "cpu_kind"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, DRMAS_TEST_CPU_KIND="avx2", ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2",
+               PYTHONPATH=path)
+    argv = [str(ROOT / "recipes" / "search.py"), "fit", *TINY, "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "runs"), "--model.engine", "vllm", "--trainer.max_epochs", "1",
+            "--model.loss.entropy_coef", "0.01"]  # as run() above: random rewards are all equal
+    proc = run_script(argv, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "precision: 32-true (this CPU computes bf16 " in proc.stdout
+    engines = [line for line in proc.stdout.splitlines() if " vLLM engine of policy " in line]
+    assert engines and all(line.endswith("kernels _C_AVX2") for line in engines), engines
+    check_run(tmp_path, AGENTS, iterations=1)
 
 
 def test_a_team_of_two_model_families_and_lora_adapters_on_one_base(tmp_path):
