@@ -130,9 +130,16 @@ class Engine(ABC):
         return []
 
     @classmethod
-    def transfer_bytes(cls) -> float:
-        """The device staging buffer one weight sync takes on the trainer's side (bytes)."""
+    def transfer_bytes(cls, settings: Any, largest: int) -> float:
+        """The device memory one weight sync takes on the trainer's side at its peak (bytes), for a
+        policy whose largest tensor has ``largest`` elements."""
         return 0.0
+
+    @classmethod
+    def builds_alone(cls, device: Any) -> bool:
+        """Whether a rank builds its engines on ``device`` one after the other (each finished before
+        the next starts) rather than all at once."""
+        return False
 
     @classmethod
     def keeps_copy(cls, sharded: bool) -> bool:
@@ -178,7 +185,16 @@ class Engine(ABC):
         trainer's own RNG, which the checkpoint holds (the HF engine)."""
 
     def sleep(self) -> None:
-        """Free accelerator memory for training until the next ``sync_weights`` (default: no-op)."""
+        """Free accelerator memory for training until the next ``sync_weights`` or :meth:`wake`
+        (default: no-op)."""
+
+    @property
+    def transfer_dtype(self) -> torch.dtype | None:
+        """The dtype a weight sync gathers sharded tensors in (None: their own)."""
+        return None
+
+    def wake(self) -> None:
+        """Bring back what :meth:`sleep` released, when no weights are to be sent (default: no-op)."""
 
     @property
     def asleep(self) -> bool:
@@ -281,20 +297,27 @@ def check_request(prompts: Sequence[Sequence[int]], n: int, params: GenerationPa
 
 def full_state_items(model: torch.nn.Module,
                      dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """``model``'s state-dict items one at a time, each a full tensor (cast to ``dtype``).
+    """``model``'s state-dict items one at a time, each a full tensor (floating ones cast to ``dtype``).
 
     A sharded (FSDP2) parameter is gathered from every rank when its turn comes and dropped once
-    the consumer has copied it, so no rank holds a second full copy of the model. Gathering is a
-    collective: every rank must consume the whole iterator, in the same order (a consumer that
-    fails midway: :func:`finish_gathers`).
+    the consumer has copied it, so no rank holds a second full copy of the model; its local shard
+    is cast first, so the gather moves the target dtype's bytes. Gathering is a collective: every
+    rank must consume the whole iterator, in the same order (a consumer that fails midway:
+    :func:`finish_gathers`).
     """
+    _yielded[id(model)] = (0, dtype)
     for i, (name, tensor) in enumerate(model.state_dict().items()):
-        tensor = _full(tensor).detach()
-        _yielded[id(model)] = i + 1
-        yield name, tensor if dtype is None else tensor.to(dtype)
+        tensor = _full(_cast(tensor.detach(), dtype))
+        _yielded[id(model)] = (i + 1, dtype)
+        yield name, tensor
 
 
-_yielded: dict[int, int] = {}  # id(model) -> items full_state_items has gathered in this pass
+# id(model) -> (items full_state_items has gathered in this pass, their dtype)
+_yielded: dict[int, tuple[int, torch.dtype | None]] = {}
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -306,14 +329,15 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor()
 
 
-def start_gathers(model: torch.nn.Module) -> None:
-    """Count :func:`full_state_items`'s gathers of ``model`` from here."""
-    _yielded[id(model)] = 0
+def start_gathers(model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+    """Count :func:`full_state_items`'s gathers of ``model`` (in ``dtype``, the engine's) from here."""
+    _yielded[id(model)] = (0, dtype)
 
 
 def finish_gathers(model: torch.nn.Module) -> None:
     """Make, and drop, the gathers of ``model``'s sharded tensors that the other ranks make in a
     pass of :func:`full_state_items` and that this rank's consumer left undone since
     :func:`start_gathers` (it failed): the other ranks are not left waiting inside a gather."""
-    for _, tensor in list(model.state_dict().items())[_yielded.pop(id(model), 0):]:
-        _full(tensor)
+    done, dtype = _yielded.pop(id(model), (0, None))
+    for _, tensor in list(model.state_dict().items())[done:]:
+        _full(_cast(tensor.detach(), dtype))

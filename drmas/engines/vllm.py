@@ -51,9 +51,10 @@ from drmas.engines.base import (ENGINES, Engine, Generation, GenerationParams, P
                                 per_prompt)
 from drmas.engines.vllm_adapter import VLLMAdapter
 from drmas.engines.vllm_runtime import vllm_available
-from drmas.engines.vllm_settings import (VLLMSettings, check_gpu_fractions, check_kv_caches, engine_fractions,
-                                         engine_key, engine_process_env, engine_sizes, llm_kwargs,
-                                         local_ranks, rank_cores)
+from drmas.engines.vllm_settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
+                                         eager, engine_fractions, engine_key, engine_process_env,
+                                         engine_sizes, llm_kwargs, local_ranks, rank_cores,
+                                         transfer_buffer_bytes)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 from drmas.ranks import collective_timeout_s
@@ -63,8 +64,6 @@ __all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
 
 ASLEEP_BYTES = 2**30
 """Device memory an engine process keeps asleep (CUDA context, what sleep does not release): an estimate."""
-TRANSFER_BYTES = 2**30
-"""The trainer's staging buffer of one CUDA IPC transfer: vLLM's packed chunk (1 GiB by default)."""
 
 
 class EngineProcessError(RuntimeError):
@@ -101,7 +100,8 @@ class VLLMEngine(Engine):
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: float = 2.0,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
+        transfer_buffer_mib: int | None = None,
         max_loras: int = 0,
         max_lora_rank: int = 16,
         device: torch.device | str | None = None,
@@ -118,8 +118,9 @@ class VLLMEngine(Engine):
             print(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} overrides "
                   f"kv_cache_gib={kv_cache_gib}", flush=True)
         self.llm_kwargs = llm_kwargs(model_path, engine_dtype(dtype), max_model_len, seed, self.on_gpu,
-                                     gpu_memory_utilization, kv_cache_gib, enforce_eager, max_loras,
-                                     max_lora_rank, quiet=console.QUIET, **extra)
+                                     gpu_memory_utilization, kv_cache_gib, eager(enforce_eager, self.on_gpu),
+                                     max_loras, max_lora_rank, quiet=console.QUIET, **extra)
+        self.transfer_buffer = transfer_buffer_bytes(transfer_buffer_mib, self.on_gpu)
         self.name = name or os.path.basename(model_path)
         cores = list(cpus) if cpus is not None else rank_cores()
         ours, theirs = socket.socketpair()
@@ -142,6 +143,7 @@ class VLLMEngine(Engine):
         self._lora_ids = 0
         self._lora_dir = tempfile.mkdtemp(prefix="drmas-vllm-lora-") if max_loras else None
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
+        self.frozen = False  # set by create for a policy that does not train
         self.context_length = max_model_len
         self.pid = self.process.pid
         self._rank: int | None = None  # set by create: the start-up line names the rank
@@ -182,6 +184,10 @@ class VLLMEngine(Engine):
         self.ready()
         return self._info["dtype"]
 
+    @property
+    def transfer_dtype(self) -> torch.dtype:
+        return self.dtype
+
     @classmethod
     def create(cls, policy: Any, settings: VLLMSettings, place: Placement, pool: dict[str, Any],
                team: dict[str, Any]) -> tuple[Engine, bool]:
@@ -190,10 +196,12 @@ class VLLMEngine(Engine):
         c, own = policy.config, settings
         kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
                       gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
+                      enforce_eager=own.enforce_eager, transfer_buffer_mib=own.transfer_buffer_mib,
                       device=place.device, cpus=rank_cores(place.local_rank, local_ranks(place.world_size)))
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
             engine._rank = place.rank
+            engine.frozen = not policy.trainable
             return engine, True
         key = engine_key(policy.name, c)
         if key not in pool:
@@ -223,8 +231,15 @@ class VLLMEngine(Engine):
         return [ASLEEP_BYTES] * len(engine_fractions(team, settings))
 
     @classmethod
-    def transfer_bytes(cls) -> float:
-        return TRANSFER_BYTES
+    def transfer_bytes(cls, settings: VLLMSettings, largest: int) -> float:
+        """A GPU transfer's peak on the trainer's side: its buffer (raised to the largest tensor, of
+        ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype."""
+        tensor = largest * getattr(torch, engine_dtype(settings.dtype)).itemsize
+        return max(transfer_buffer_bytes(settings.transfer_buffer_mib, True), tensor) + tensor
+
+    @classmethod
+    def builds_alone(cls, device: torch.device) -> bool:
+        return builds_alone(device.type == "cuda")
 
     def _announce(self, rank: int) -> None:
         """One line per engine: the device its worker reports it took, its process and cores, and
@@ -301,18 +316,36 @@ class VLLMEngine(Engine):
         self._call("reseed", seed=seed)
 
     def _wake(self, tags: list[str] | None = None) -> None:
-        """--- GPU path: not exercised by the CPU test suite. ---"""
-        self._call("wake_up", tags=tags)
+        """Wake what ``tags`` names (None: everything); the engine must then be fully awake unless only
+        its weights were asked for. --- GPU path: not exercised by the CPU test suite. ---"""
+        awake = self._call("wake_up", tags=tags)
+        if not awake and tags != ["weights"]:
+            raise EngineProcessError(f"the vLLM engine of {self.name} is not fully awake after "
+                                     f"wake_up(tags={tags}) (vLLM said so)")
+
+    def wake(self) -> None:
+        """Bring back an engine that kept its weights through its sleep (level 1: a LoRA base, a frozen
+        policy), when nothing is to be sent."""
+        if self._asleep:
+            self._wake()
+            self._asleep = False
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Send ``model``'s state dict (checkpoint-format names, i.e. those of the HF model, cast to the
         engine dtype) through the weight transfer; every rank of a sharded model calls it alike."""
         from drmas.engines.vllm_transfer import trainer_engine
 
+        if self._asleep and self.sleep_level == 1:  # weights kept on the host: back whole, then overwritten
+            self.wake()
+        if self.on_gpu and not self._asleep and self.sleep_level == 2:
+            # every weight is replaced: a fresh engine (after a resume) takes the transfer with only
+            # its weights awake, as every later sync does, not with its KV cache beside them
+            self.sleep()
         if self._asleep:  # GPU only: the weight memory back, then the weights, then the KV cache
             self._wake(["weights"])
         if self._transfer is None:
-            self._transfer = trainer_engine(model, self.dtype, self._call, self.on_gpu)
+            self._transfer = trainer_engine(model, self.dtype, self._call, self.on_gpu, self.transfer_buffer,
+                                            self.name)
         self._transfer.source.model = model  # the same engine may be handed another model object
         self._transfer.send_weights()
         if self._asleep:
@@ -347,13 +380,14 @@ class VLLMEngine(Engine):
 
     @property
     def asleep(self) -> bool:
-        return self._asleep
+        """Whether the engine slept and discarded its weights (level 2): the next sync sends them."""
+        return self._asleep and self.sleep_level == 2
 
     @property
     def sleep_level(self) -> int:
-        """2 for a whole model (re-sent at every sync), 1 for a LoRA base (kept; only adapters are
-        re-sent)."""
-        return 1 if self._lora_dir is not None else 2
+        """2 for a trained whole model (re-sent at every sync), 1 for a LoRA base (kept; only
+        adapters are re-sent) and a frozen policy (kept: its weights never change)."""
+        return 1 if self._lora_dir is not None or self.frozen else 2
 
     def sleep(self) -> None:
         """GPU: free the engine's memory for the update (see :attr:`sleep_level`) until the next sync;

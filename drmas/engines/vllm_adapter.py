@@ -49,6 +49,9 @@ class VLLMAdapter(Engine):
     def sleep(self) -> None:
         self.engine.sleep()
 
+    def wake(self) -> None:
+        self.engine.wake()
+
     def close(self) -> None:
         self.engine.users -= 1
         if self.engine.users == 0:

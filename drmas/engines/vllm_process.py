@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
@@ -44,14 +45,17 @@ class EngineServer:
         console.quiet_numa_binding()
         register()  # the worker creates its transfer engine from this process's factory
         guard_kernel_rebind_scan()
+        start = time.time()
         self.llm = build(self.vllm, llm_kwargs)
+        self.built = (start, time.time())  # wall clock, comparable across a rank's engine processes
         self.adapters: dict[int, Any] = {}  # lora id -> its LoRARequest
 
     def describe(self) -> dict[str, Any]:
-        """What the trainer prints and uses: the device the worker took, the engine's dtype, and
-        the kernel library vLLM loaded for this CPU or GPU."""
+        """What the trainer prints and uses: the device the worker took, the engine's dtype, the
+        kernel library vLLM loaded for this CPU or GPU, and when the build began and ended."""
         return {"device": self.llm.collective_rpc(_worker_device)[0],
-                "dtype": self.llm.llm_engine.model_config.dtype, "kernels": loaded_kernels()}
+                "dtype": self.llm.llm_engine.model_config.dtype, "kernels": loaded_kernels(),
+                "built": self.built}
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
                  stops: Sequence[Sequence[str]], lengths: Sequence[int],
@@ -98,8 +102,20 @@ class EngineServer:
         self.llm.collective_rpc("update_weights", args=(update_info,))
 
     def finish_weight_update(self) -> None:
+        """Finish the transfer, then refuse it in one line when a layer of the engine's model got no
+        tensor (the trainer's names do not match the engine's: that layer would keep stale or,
+        after a level-2 sleep, uninitialised memory; vLLM itself only warns), or when the prefix
+        cache, whose KV blocks were computed with the old weights, could not be reset."""
+        unloaded = self.llm.collective_rpc(_unloaded_layers)[0]
         self.llm.collective_rpc("finish_weight_update")
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if unloaded:
+            more = " ..." if len(unloaded) > 6 else ""
+            raise RuntimeError(f"the weight transfer left {len(unloaded)} layer(s) of the engine's model "
+                               f"without a tensor: {', '.join(unloaded[:6])}{more} "
+                               "(the trainer's state-dict names do not match the engine's model)")
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after the weights changed (it would "
+                               "serve KV blocks of the old weights)")
 
     # ---- LoRA adapters, sleep ----
 
@@ -116,15 +132,31 @@ class EngineServer:
         """--- GPU path: not exercised by the CPU test suite (sleep mode does not exist on CPU). ---"""
         self.llm.sleep(level=level)
 
-    def wake_up(self, tags: list[str] | None) -> None:
-        """--- GPU path: not exercised by the CPU test suite. ---"""
-        torch.cuda.empty_cache()  # blocks freed by the update, returned before vLLM maps its own again
-        self.llm.wake_up(tags=tags)
+    def wake_up(self, tags: list[str] | None) -> bool:
+        """Whether the engine is fully awake afterwards. --- GPU path: not exercised by the CPU test
+        suite. ---"""
+        return self.llm.wake_up(tags=tags)
 
 
 def _worker_device(worker: Any) -> str:
     """Run inside vLLM's worker (``collective_rpc``): the device it placed the model on."""
     return str(worker.device)
+
+
+def _unloaded_layers(worker: Any) -> list[str]:
+    """Run inside vLLM's worker (``collective_rpc``) before a transfer is finished: the layers of its
+    model that take checkpoint weights but received none in this transfer (vLLM's layerwise reload
+    counts each layer's loaded elements). Layers without parameters of their own (the rotary
+    tables: buffers vLLM computes, which no checkpoint carries) are exempt."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    unloaded = []
+    for name, layer in worker.get_model().named_modules():
+        info = get_layerwise_info(layer)
+        if (info.can_load() and info.load_numel <= 0 and info.load_numel_total > 0
+                and next(layer.parameters(recurse=False), None) is not None):
+            unloaded.append(name or type(layer).__name__)
+    return unloaded
 
 
 def loaded_kernels() -> str:

@@ -10,8 +10,9 @@ from typing import Any, Sequence
 
 from drmas.engines.base import policy_settings
 
-__all__ = ["VLLMSettings", "check_gpu_fractions", "check_kv_caches", "engine_fractions", "engine_key",
-           "engine_process_env", "engine_sizes", "llm_kwargs", "local_ranks", "rank_cores"]
+__all__ = ["VLLMSettings", "builds_alone", "check_gpu_fractions", "check_kv_caches", "eager",
+           "engine_fractions", "engine_key", "engine_process_env", "engine_sizes", "llm_kwargs",
+           "local_ranks", "rank_cores", "transfer_buffer_bytes"]
 
 
 @dataclass
@@ -30,12 +31,41 @@ class VLLMSettings:
     each policy its own in its ``engine_settings``)."""
     kv_cache_gib: float = 2.0
     """KV-cache size on CPU per engine, in GiB."""
+    transfer_buffer_mib: int | None = None
+    """The trainer's buffer for one weight transfer into an engine, in MiB (weights go in chunks
+    of this size); raised to the largest tensor when smaller, with a line saying so. Unset: 1024
+    on GPUs, 256 on CPU."""
+    enforce_eager: bool | None = None
+    """Run the engine's model eagerly, without CUDA graphs or compilation. Unset: True on CPU
+    (compiling took minutes there for 1.2x faster decoding), False on GPUs (CUDA graphs)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.transfer_buffer_mib is not None and self.transfer_buffer_mib <= 0:
+            raise ValueError(f"transfer_buffer_mib must be > 0 (or unset), got {self.transfer_buffer_mib}")
+
+
+def transfer_buffer_bytes(mib: int | None, on_gpu: bool) -> int:
+    """The transfer buffer asked for (``transfer_buffer_mib``, else the device's default), in bytes;
+    :func:`drmas.engines.vllm_transfer.trainer_engine` raises it to the largest tensor."""
+    return (mib if mib is not None else 1024 if on_gpu else 256) * 2**20
+
+
+def eager(asked: bool | None, on_gpu: bool) -> bool:
+    """``enforce_eager``: as asked, else True on CPU and False on GPUs."""
+    return (not on_gpu) if asked is None else asked
+
+
+def builds_alone(on_gpu: bool) -> bool:
+    """Whether a rank's engines must be built one after the other. On a GPU, yes: vLLM sizes the KV
+    cache from how much the device's free memory changed while it loaded and profiled, so an
+    engine built while another loads on the same GPU counts that load as its own (a shrunken or
+    negative KV cache, or vLLM's assertion that free memory never grew). On CPU the KV cache is
+    sized in bytes (``kv_cache_gib``), so the builds overlap."""
+    return on_gpu
 
 
 def engine_key(name: str, config: Any) -> str:

@@ -8,11 +8,21 @@ worker-side engine (``WeightTransferEngine``: receives and loads, created by the
 
 - GPUs: vLLM's own ``ipc`` backend (CUDA IPC handles: the engine process reads the trainer's
   gathered tensors on the same GPU, no copy through the host), packed into bounded chunks so the
-  trainer never holds a second whole model.
+  trainer never holds a second whole model. Its trainer side runs collectives on the default
+  process group in every chunk (an all-gather of the handles, barriers), made for several ranks
+  feeding one engine; here each rank feeds its own engine process, so :class:`StandaloneIPCTrainer`
+  leaves them out: a rank's transfer waits on nobody, and a rank whose transfer fails is agreed
+  on with the others afterwards like any sync failure (never a peer stuck in a barrier).
 - CPU: ``drmas_shm``, registered here with both of vLLM's factories: the trainer writes each
   chunk of tensors into a shared-memory file that the engine process mapped once, and the
   worker loads them from it with the same layerwise reload the ``ipc`` backend uses. The file
   is unlinked as soon as both sides mapped it, so a killed run leaves nothing in ``/dev/shm``.
+
+Both take their buffer size from one rule (:func:`trainer_engine`): ``transfer_buffer_mib``,
+raised to the largest tensor when smaller (vLLM's packed IPC producer refuses a tensor larger
+than its buffer: a Qwen3-8B embedding is 1.16 GiB in bf16 against its 1 GiB default), so the CPU
+tests exercise the sizing the GPUs use. Each tensor is cast to the engine's dtype before it is
+gathered from the FSDP shards: half the bytes of gathering fp32 and casting after.
 
 :class:`ProcessClient` is the control plane: each call is one request to the engine process.
 The registries of vLLM's factories live in each process; the engine process calls
@@ -56,9 +66,13 @@ class StateSource(WeightSource):
         return [ParamMeta(name, self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape))
                 for name, t in self.model.state_dict().items()]
 
+    def largest(self) -> tuple[str, int]:
+        """The largest tensor's name and its bytes in the engine's dtype (none: ``("", 0)``)."""
+        return max(((m.name, m.dtype.itemsize * torch.Size(m.shape).numel()) for m in self.metadata()),
+                   key=lambda item: item[1], default=("", 0))
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in full_state_items(self.model):
-            yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+        return full_state_items(self.model, self.dtype)
 
 
 class ProcessClient:
@@ -104,7 +118,8 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
 class SharedMemoryTrainerInitInfo(TrainerInitInfo):
     backend: ClassVar[str] = BACKEND
     buffer_bytes: int = 256 * 2**20
-    """Chunk size (grown to the largest tensor): the trainer's extra memory during a sync."""
+    """Chunk size, at least the largest tensor (:func:`trainer_engine`): the trainer's extra memory
+    during a sync."""
 
 
 def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
@@ -158,9 +173,7 @@ class SharedMemoryTrainerEngine(TrainerWeightTransferEngine[SharedMemoryTrainerI
         if source is None:
             raise ValueError("the drmas_shm weight transfer sends a WeightSource")
         engine = cls(client=client, source=source, is_sender=True)
-        largest = max((_aligned(m.dtype.itemsize * torch.Size(m.shape).numel()) for m in source.metadata()),
-                      default=_ALIGN)
-        engine.size = max(init_info.buffer_bytes, largest)
+        engine.size = _aligned(init_info.buffer_bytes)
         fd, path = tempfile.mkstemp(prefix="drmas-weights-", dir=_shared_dir(engine.size))
         try:
             os.ftruncate(fd, engine.size)
@@ -219,16 +232,52 @@ def register() -> None:
         WeightTransferTrainerFactory.register_engine(BACKEND, SharedMemoryTrainerEngine)
 
 
-def trainer_engine(model: torch.nn.Module, dtype: torch.dtype, call: Callable[..., Any],
-                   on_gpu: bool) -> TrainerWeightTransferEngine:
+def transfer_size(source: StateSource, asked: int, name: str = "") -> int:
+    """The buffer of one engine's transfers: ``asked`` bytes, raised to the largest tensor (in the
+    engine's dtype) when smaller, with a line saying so."""
+    tensor, largest = source.largest()
+    if largest <= asked:
+        return asked
+    print(f"weight transfer{f' of {name}' if name else ''}: buffer raised from {asked / 2**20:.0f} MiB to "
+          f"{largest / 2**20:.1f} MiB, the size of its largest tensor ({tensor}); "
+          "--model.engine_settings.transfer_buffer_mib sets it", flush=True)
+    return largest
+
+
+def trainer_engine(model: torch.nn.Module, dtype: torch.dtype, call: Callable[..., Any], on_gpu: bool,
+                   buffer_bytes: int, name: str = "") -> TrainerWeightTransferEngine:
     """The trainer side of one engine process's transfer, rendezvoused (``ipc`` on GPUs, ``drmas_shm``
-    on CPU). ``rank=0``: every trainer rank is the one sender to its own engine process."""
+    on CPU), with a buffer of :func:`transfer_size`. ``rank=0``: every trainer rank is the one
+    sender to its own engine process."""
     register()
+    source, client = StateSource(model, dtype), ProcessClient(call)
+    size = transfer_size(source, buffer_bytes, name)
     if on_gpu:  # --- GPU path: not exercised by the CPU test suite ---
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-        info: TrainerInitInfo = IPCTrainerInitInfo(rank=0, packed=True)
-    else:
-        info = SharedMemoryTrainerInitInfo(rank=0)
-    return WeightTransferTrainerFactory.trainer_init(info, client=ProcessClient(call),
-                                                    source=StateSource(model, dtype))
+        info = IPCTrainerInitInfo(rank=0, packed=True, packed_buffer_size_bytes=size)
+        return standalone_ipc_trainer().trainer_init(info, client=client, source=source)
+    return WeightTransferTrainerFactory.trainer_init(SharedMemoryTrainerInitInfo(rank=0, buffer_bytes=size),
+                                                    client=client, source=source)
+
+
+def standalone_ipc_trainer() -> type:
+    """vLLM's IPC trainer engine without its collectives on the default process group (see the
+    module docstring). Two of its hooks change, as vLLM 0.32 defines them
+    (``vllm/distributed/weight_transfer/ipc_engine.py``): the handles stay this rank's own (each
+    rank's engine reads only its own GPU), after the copies into the buffer are done
+    (``torch.cuda.synchronize``, which the all-gather did); after a chunk only the IPC
+    collection remains, since each ``update_weights`` returns once the engine has loaded the chunk,
+    so the buffer is free to reuse without a barrier."""
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerWeightTransferEngine
+
+    class StandaloneIPCTrainer(IPCTrainerWeightTransferEngine):
+        def _all_gather_and_merge_handles(self, handles: list[dict[str, tuple]]) -> list[dict[str, tuple]]:
+            torch.cuda.synchronize()
+            return handles
+
+        @staticmethod
+        def _post_send_sync() -> None:
+            torch.cuda.ipc_collect()
+
+    return StandaloneIPCTrainer

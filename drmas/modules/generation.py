@@ -13,7 +13,8 @@ from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 from drmas.tool_calls import fallback_messages, resolve_format
 
-__all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed", "run_engine"]
+__all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed", "release_cached_memory",
+           "run_engine"]
 
 
 class EngineRouting:
@@ -46,10 +47,15 @@ class EngineRouting:
         and that every rank's sync went through: a rank whose engine fails still takes part in
         every gather of the sharded weights that the others make, then every rank raises."""
         at("the weight sync")
+        release_cached_memory(self.device)
         if any(name not in self.engines for name in self.policies):
             failure = None
+            alone = self._engine_class.builds_alone(self.device)
             try:
                 for name in self.policies:
+                    if alone:  # the previous engine finished building before this one starts
+                        for engine in self.engines.values():
+                            engine.ready()
                     self._engine(name)
                 for engine in self.engines.values():
                     engine.ready()
@@ -60,7 +66,7 @@ class EngineRouting:
         for name, policy in self.policies.items():
             engine = self._engine(name)
             if self._synced[name] != policy.version or engine.asleep:
-                start_gathers(policy.model)
+                start_gathers(policy.model, engine.transfer_dtype)
                 try:
                     if failure is None:  # after a failure: the gathers only
                         engine.sync_weights(policy.model)
@@ -69,6 +75,12 @@ class EngineRouting:
                     failure = err
                 if self._sharded:
                     finish_gathers(policy.model)
+        if failure is None:
+            try:
+                for engine in self.engines.values():
+                    engine.wake()  # engines that kept their weights asleep and had nothing sent
+            except Exception as err:
+                failure = err
         self._agree(failure)
         if seed is not None:  # engines drawing from an RNG of their own: a stream per engine
             for k, engine in enumerate(self.engines.values()):
@@ -143,6 +155,19 @@ class PolicyGenerate:
 
     def tokenizer(self, agent: str) -> Any:
         return self._policy(agent).tokenizer
+
+
+def release_cached_memory(device: Any) -> None:
+    """Hand the trainer's cached accelerator memory back before any engine wakes: what the update freed
+    (activations, gradients, FSDP buffers, a transfer's buffer) stays reserved in torch's caching
+    allocator otherwise, and an engine waking its weights and KV cache could run out of memory."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def engine_seed(rollout_seed: int, k: int) -> int:

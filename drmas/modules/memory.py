@@ -8,8 +8,9 @@ the whole copy of the weights an engine keeps beside a sharded policy (``engine`
 ``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of
 the device (weights and KV cache) during the rollout; what each engine still holds asleep during
 the update (``Engine.asleep_bytes``: an engine process's device context and what its sleep
-does not release); the staging buffer of one weight transfer (``Engine.transfer_bytes``), in the
-rollout peak, since the sync runs with the engines' weights awake.
+does not release); one weight transfer's peak (``Engine.transfer_bytes``: its buffer, raised to
+the largest tensor, and one gathered tensor beside it, for the policy where that is largest), in
+the rollout peak, since the sync runs with the engines' weights awake.
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
 is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PolicyMemory", "memory_plan", "policy_memory"]
+__all__ = ["PolicyMemory", "largest_tensor", "memory_plan", "policy_memory"]
 
 GIB = 1024**3
 
@@ -54,6 +55,12 @@ def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> 
     return PolicyMemory(policy.name, params, policy.model.config.vocab_size, policy.chunk_tokens,
                         c.micro_batch_size * max_len, kl and trainable, trainable,
                         params * element if engine_copy else 0.0)
+
+
+def largest_tensor(model: torch.nn.Module) -> int:
+    """Elements of the model's largest tensor (a sharded one counts whole): what one weight transfer
+    gathers and buffers at once."""
+    return max((t.numel() for t in model.state_dict().values()), default=0)
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],

@@ -30,7 +30,7 @@ from drmas.engines import Engine, parse_settings, policy_settings, resolve_engin
 from drmas.hardware import machine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import EngineRouting
-from drmas.modules.memory import memory_plan, policy_memory
+from drmas.modules.memory import largest_tensor, memory_plan, policy_memory
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
@@ -202,11 +202,14 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         copy = self._engine_class.keeps_copy(self._sharded)
         entries = [policy_memory(p, self.loss.kl_coef > 0, self._plan_length(p.config), copy)
                    for p in self.policies.values()]
+        engine, settings = self._engine_class, self._engine_settings
+        transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model))
+                       for p in self.policies.values())
         plan, fits = memory_plan(entries, self.world_size,
                                  torch.cuda.get_device_properties(self.device).total_memory,
                                  engines, getattr(self.trainer.strategy, "cpu_offload", False),
                                  self._engine_class.asleep_bytes(self._team, self._engine_settings),
-                                 self._engine_class.transfer_bytes())
+                                 transfer)
         rank_zero_info(plan)
         if not fits:
             raise ValueError(plan)

@@ -493,3 +493,40 @@ def test_vllm_missing_names_the_install_command(monkeypatch):
 def test_vllm_reports_the_device_its_worker_took(vllm_engine):
     # asked of the worker itself (collective_rpc in the engine process), not what it was asked for
     assert vllm_engine.device == ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.integration
+def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refused(
+        tiny, prompts, vllm_engine, monkeypatch, capsys):
+    """A buffer below the largest tensor (the embedding) is raised to it and the weights still arrive
+    whole; a state dict without one layer's weight is refused, naming the layer (vLLM itself would
+    only warn, and serve that layer's old weights)."""
+    from drmas.engines.vllm import EngineProcessError
+
+    model, tok = tiny
+    before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    trained = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * p.std().clamp_min(0.02))
+    expected = [g[0].token_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
+    assert expected != before
+    monkeypatch.setattr(vllm_engine, "_transfer", None)  # a transfer of its own, with a 4 KiB buffer
+    monkeypatch.setattr(vllm_engine, "transfer_buffer", 4096)
+    vllm_engine.sync_weights(trained)
+    assert "buffer raised from 0 MiB to" in capsys.readouterr().out
+    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == expected
+
+    class Missing(torch.nn.Module):  # the trainer's names miss one of the engine's layers
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def state_dict(self, *args, **kwargs):
+            return {k: v for k, v in self.inner.state_dict().items() if "layers.0.mlp.down_proj" not in k}
+
+    with pytest.raises(EngineProcessError, match=r"left 1 layer\(s\) of the engine's model without a tensor: "
+                                                 r"model\.layers\.0\.mlp\.down_proj \(the trainer's state-dict"):
+        vllm_engine.sync_weights(Missing(model))
+    vllm_engine.sync_weights(model)  # and back: the other tests share this engine
+    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before

@@ -39,3 +39,28 @@ def test_sleep_mode_and_its_allocator_only_on_gpus_and_the_transfer_each_side_us
     assert (cpu["enable_lora"], cpu["max_loras"], cpu["max_lora_rank"]) == (True, 2, 8)
     assert cpu["logprobs_mode"] == "processed_logprobs"
     assert llm_kwargs("m", "float32", 512, 0, False, 0.4, 0.25, max_num_seqs=4)["max_num_seqs"] == 4
+
+
+def test_per_device_defaults_of_the_transfer_buffer_eager_mode_and_the_build_order():
+    from drmas.engines.vllm_settings import VLLMSettings, builds_alone, eager, transfer_buffer_bytes
+
+    assert transfer_buffer_bytes(None, on_gpu=True) == 2**30 and transfer_buffer_bytes(None, on_gpu=False) == 2**28
+    assert transfer_buffer_bytes(64, on_gpu=True) == 64 * 2**20
+    assert eager(None, on_gpu=False) is True and eager(None, on_gpu=True) is False  # CUDA graphs on GPUs
+    assert eager(True, on_gpu=True) is True and eager(False, on_gpu=False) is False
+    # vLLM sizes a GPU's KV cache from free-memory changes: one build at a time there
+    assert builds_alone(on_gpu=True) and not builds_alone(on_gpu=False)
+    with pytest.raises(ValueError, match=r"transfer_buffer_mib must be > 0 \(or unset\), got 0"):
+        VLLMSettings(transfer_buffer_mib=0)
+
+
+def test_a_gpu_transfer_peak_holds_the_largest_tensor_twice_over_the_buffer():
+    from drmas.engines import VLLMEngine
+    from drmas.engines.vllm_settings import VLLMSettings
+
+    qwen3_8b_embedding = 151936 * 4096  # 1.16 GiB in bf16: more than vLLM's 1 GiB default buffer
+    peak = VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), qwen3_8b_embedding)
+    assert peak == 2 * qwen3_8b_embedding * 2  # the buffer raised to it, and the gathered tensor beside it
+    small = 1024 * 1024  # 2 MiB in bf16: the 1 GiB buffer and the tensor
+    assert VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), small) == 2**30 + 2 * small
+    assert VLLMEngine.transfer_bytes(VLLMSettings(dtype="float32", transfer_buffer_mib=8), small) == 8 * 2**20 + 4 * small

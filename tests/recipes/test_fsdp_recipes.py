@@ -75,7 +75,7 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
                       "--trainer.precision", "32-true")
     # each rank built its own engines, once, each in a process of its own on the rank's device
     assert_engines_in_processes_of_their_own(proc, {(r, p) for r in (0, 1) for p in ("solver", "verifier")})
-    cores = {line.rsplit("cores ", 1)[1] for line in proc.stdout.splitlines()
+    cores = {line.rsplit("cores ", 1)[1].split(",")[0] for line in proc.stdout.splitlines()
              if " vLLM engine of policy " in line}
     assert cores == {"0", "1"}  # 2 ranks on 2 cores: each rank's engines on its own core
     s = scalars(run_dir(tmp_path))

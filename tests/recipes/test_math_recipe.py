@@ -60,14 +60,18 @@ def test_a_team_of_two_model_families_on_vllm_each_engine_a_process(tmp_path):
     """The solver is a Qwen3 (Qwen's tokenizer and chat template), the verifier a Llama with
     SmolLM2's tokenizer, both fully trained: two engines, each in a process of its own (on a GPU
     two sleep-mode engines cannot share one). After every sync the trainer and the engine agree on
-    the log-probs of what the engine drew: the weights crossed the process boundary intact."""
+    the log-probs of what the engine drew: the weights crossed the process boundary intact, in
+    chunks of a buffer smaller than the largest tensor (raised to it)."""
     sampling = "train_generation: {max_new_tokens: 8}"
     policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, "
                 f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}, "
                 f"verifier: {{model: tiny-random, lr: 1.0e-2, {sampling}}}}}")
     proc = run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0",
-               "--trainer.precision", "32-true")
+               "--trainer.precision", "32-true", "--model.engine_settings.transfer_buffer_mib", "1")
     assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "verifier")})
+    # 1 MiB is below each model's embedding: raised to it, once per engine, and said
+    raised = [line for line in proc.stdout.splitlines() if "buffer raised from 1 MiB to" in line]
+    assert len(raised) == 2 and all("embed_tokens.weight" in line for line in raised), raised
     s = scalars(run_dir(tmp_path))
     for a in SOLVER_VERIFIER:
         assert all(s[f"train/{a}/samples"][it] == s[f"rollout/{a}/samples"][it] > 0 for it in (1, 2))
