@@ -44,7 +44,8 @@ def test_sleep_mode_and_its_allocator_only_on_gpus_and_the_transfer_each_side_us
 def test_per_device_defaults_of_the_transfer_buffer_eager_mode_and_the_build_order():
     from drmas.engines.vllm_settings import VLLMSettings, builds_alone, eager, transfer_buffer_bytes
 
-    assert transfer_buffer_bytes(None, on_gpu=True) == 2**30 and transfer_buffer_bytes(None, on_gpu=False) == 2**28
+    assert transfer_buffer_bytes(None, on_gpu=True) == 2**30
+    assert transfer_buffer_bytes(None, on_gpu=False) == 2**28
     assert transfer_buffer_bytes(64, on_gpu=True) == 64 * 2**20
     assert eager(None, on_gpu=False) is True and eager(None, on_gpu=True) is False  # CUDA graphs on GPUs
     assert eager(True, on_gpu=True) is True and eager(False, on_gpu=False) is False
@@ -63,4 +64,5 @@ def test_a_gpu_transfer_peak_holds_the_largest_tensor_twice_over_the_buffer():
     assert peak == 2 * qwen3_8b_embedding * 2  # the buffer raised to it, and the gathered tensor beside it
     small = 1024 * 1024  # 2 MiB in bf16: the 1 GiB buffer and the tensor
     assert VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), small) == 2**30 + 2 * small
-    assert VLLMEngine.transfer_bytes(VLLMSettings(dtype="float32", transfer_buffer_mib=8), small) == 8 * 2**20 + 4 * small
+    fp32 = VLLMSettings(dtype="float32", transfer_buffer_mib=8)
+    assert VLLMEngine.transfer_bytes(fp32, small) == 8 * 2**20 + 4 * small
