@@ -297,7 +297,22 @@ class DrmasCLI(LightningCLI):
         config = {**config, "strategy": resolve_strategy(config.get("strategy", "auto"))}
         config["precision"] = resolve_precision(config.get("precision"),
                                                 str(config.get("accelerator") or "auto"))
+        config["plugins"] = cluster_plugins(config.get("plugins"))
         return super()._instantiate_trainer(config, callbacks)
+
+
+def cluster_plugins(plugins: Any) -> Any:
+    """Under SLURM, Lightning's SLURM environment without its requeue: its SIGUSR1 handler would save
+    a checkpoint inside a signal handler (the ranks at different points: a collective mismatch) and
+    write a non-atomic ``hpc_ckpt`` that Lightning then resumes from. drmas's own preemption path
+    takes SIGTERM (``#SBATCH --signal=TERM@90``): every rank stops at the same point, resume with
+    ``--ckpt_path last``. A SLURM environment the user gave is kept as given."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    given = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if SLURMEnvironment.detect() and not any(isinstance(p, SLURMEnvironment) for p in given):
+        given.append(SLURMEnvironment(auto_requeue=False))
+    return given or plugins
 
 
 def resolve_precision(precision: Any, accelerator: str) -> Any:

@@ -9,9 +9,18 @@ Three mechanisms, from the cheapest:
   where nothing can be agreed) posts one line in the rendezvous store and waits a moment for the
   others to read it; every rank's watch thread looks at the board each second and stops its rank
   with that line, whatever the rank is blocked in.
+* **The heartbeat**: every rank's watch thread counts in the store each second, and a rank whose
+  count stops for ``$DRMAS_HEARTBEAT_S`` (30 s) is named by the others, who end: a rank killed
+  without a word (out of memory, SIGKILL, a segfault) under a launcher that does not stop the
+  others (srun, a launch of your own).
 * **The timeout** (:func:`collective_timeout_s`): the process group's timeout, so a rank that
   never answers (frozen, hung) is given up on; the ranks that waited then name it through a
   monitored barrier on a side group.
+
+Everything a run keeps in the rendezvous store, the default process group's keys included
+(:func:`init_process_group`), lies under a prefix of its attempt (torchrun's
+``TORCHELASTIC_RESTART_COUNT``): the store of torchrun's agent outlives an attempt, and a restarted
+attempt that read the last one's keys dialled its dead ranks or ended on its failure line.
 
 Every rank ends with one line naming the failing rank and its error (:func:`stop_line`), not the
 backend's transport error. Imports nothing of drmas.
@@ -28,12 +37,58 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["TIMEOUT_ENV", "Watch", "agree", "at", "collective_timeout_s", "portable", "raise_first",
+__all__ = ["HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "Watch", "agree", "at", "attempt",
+           "collective_timeout_s", "flight_recorder", "init_process_group", "portable", "raise_first",
            "silent_ranks", "stop_line", "watch", "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
-_FAILED, _READ = "drmas/failed", "drmas/read"
+HEARTBEAT_ENV = "DRMAS_HEARTBEAT_S"
 _POLL_S, _ACK_S = 1.0, 10.0
+
+
+def attempt() -> int:
+    """Which attempt of the job this is: torchrun's restart count (0 without torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _prefix() -> str:
+    return f"drmas/attempt{attempt()}"
+
+
+def init_process_group(backend: str, rank: int, world_size: int, timeout: datetime.timedelta,
+                       **kwargs: Any) -> None:
+    """torch's default process group, rendezvoused as ``env://`` does (``MASTER_ADDR``/``MASTER_PORT``;
+    torchrun's agent store where it hosts one), its keys under this attempt's prefix."""
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                            store=dist.PrefixStore(f"{_prefix()}/default_pg", store), **kwargs)
+
+
+TRACES_ENV = "DRMAS_NCCL_TRACES"
+
+
+def flight_recorder(backend: str) -> str | None:
+    """On NCCL, before the process group exists (torch reads these then): its flight recorder keeps
+    each rank's last collectives and dumps them when one times out, into ``$DRMAS_NCCL_TRACES``
+    (default ``./nccl_traces``) ``/attempt<n>/rank_<r>``; the timeout's line names the folder.
+    Values already in the environment are kept. Returns the folder (None off NCCL)."""
+    if "nccl" not in backend:
+        return None
+    where = os.path.join(os.path.abspath(os.environ.get(TRACES_ENV) or "nccl_traces"), f"attempt{attempt()}")
+    os.makedirs(where, exist_ok=True)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(where, "rank_"))
+    watch_state.traces = where
+    return where
+
+
+def _heartbeat_s() -> float:
+    value = os.environ.get(HEARTBEAT_ENV, "").strip()
+    return float(value) if value else 30.0
 
 
 def collective_timeout_s(on_gpu: bool | None = None) -> float:
@@ -88,6 +143,7 @@ def raise_first(failures: Sequence[BaseException | None], rank: int, own: BaseEx
 class _Where:
     what = "start-up"
     iteration = 0
+    traces: str | None = None  # where NCCL's flight recorder dumps (flight_recorder)
 
 
 watch_state = _Where()
@@ -121,7 +177,8 @@ def _text(err: BaseException) -> str:
 def stop_line(err: BaseException, rank: int, board: str | None, silent: list[int] | None) -> tuple[str, bool]:
     """The line rank ``rank`` ends with after ``err``, and whether ``err`` is this rank's own
     failure (whose traceback it shows). ``board``: a failure another rank posted; ``silent``: the
-    ranks that did not answer a monitored barrier (None: not asked)."""
+    ranks that did not answer a monitored barrier after a timeout, or whose heartbeat had stopped
+    after a transport error (None: not asked)."""
     at = _at()
     failed = getattr(err, "failed_rank", None)
     if failed is not None and failed != rank:  # agreed: the same exception raised on every rank
@@ -130,11 +187,18 @@ def stop_line(err: BaseException, rank: int, board: str | None, silent: list[int
     if any(t in message for t in _TRANSPORT) or any(t in message for t in _TIMEOUT):
         if board:
             return f"{board}; rank {rank} stopped in {watch_state.what}", False
+        if silent and not any(t in message for t in _TIMEOUT):  # the heartbeats tell who died
+            who = f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
+            return (f"drmas: {who} died {at} without a word (no heartbeat: killed, out of memory or "
+                    f"crashed; its log or the system's has the cause); rank {rank} stopped in "
+                    f"{watch_state.what}"), False
         if any(t in message for t in _TIMEOUT):
             who = (f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} did not answer "
                    "(frozen, hung or lost)" if silent else "no rank could be named")
+            dumped = (f"; NCCL's flight recorder dumped each rank's last collectives into "
+                      f"{watch_state.traces}" if watch_state.traces else "")
             return (f"drmas: rank {rank} waited {collective_timeout_s():.0f} s in {watch_state.what} {at} "
-                    f"and gave up (--collective_timeout_s); {who}"), False
+                    f"and gave up (--collective_timeout_s); {who}{dumped}"), False
         return (f"drmas: rank {rank} lost another rank in {watch_state.what} {at} (its process ended "
                 "without saying why; its log has the cause)"), False
     return f"drmas: rank {rank} failed {at} in {watch_state.what}: {_text(err)}", True
@@ -170,13 +234,24 @@ class Watch:
         self.side: Any = None
         self._stop = threading.Event()
         self._ending = threading.Lock()
+        self._failed = self._read = self._beat = ""
+        self._last_words: list[Callable[[], None]] = []
+
+    def at_end(self, say: Callable[[], None]) -> None:
+        """Run ``say`` (bounded work: a line, a flush) when the watch thread ends this rank for
+        another rank's failure; the rank's own failures go through Lightning's exception hooks."""
+        self._last_words.append(say)
 
     def start(self, rank: int, world: int) -> None:
+        """Watch from now on (every rank, once its process group exists, before anything that can
+        fail alone, model loading included)."""
         import torch.distributed as dist
 
         if world <= 1 or self.store is not None:
             return
         self.rank, self.world = rank, world
+        prefix = _prefix()
+        self._failed, self._read, self._beat = f"{prefix}/failed", f"{prefix}/read", f"{prefix}/beat"
         self.side = dist.new_group(backend="gloo")  # for the monitored barrier, whatever the backend
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         try:  # a client of its own: the process group's store object is not shared across threads
@@ -190,13 +265,24 @@ class Watch:
         threading.Thread(target=self._run, name="drmas-rank-watch", daemon=True).start()
 
     def stop(self) -> None:
+        """Stop watching: this rank is leaving or ending (its heartbeat stops, so it says so first)."""
+        if self.store is not None and not self._stop.is_set():
+            try:
+                self.store.set(f"{self._beat}/{self.rank}/left", "1")
+            except Exception:
+                pass
         self._stop.set()
 
     def _run(self) -> None:
+        limit = _heartbeat_s()
+        seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when it last changed, here)
         while not self._stop.wait(_POLL_S):
             try:
-                posted = self.store.check([_FAILED])
-                line = self.store.get(_FAILED).decode() if posted else None
+                self.store.add(f"{self._beat}/{self.rank}", 1)
+                posted = self.store.check([self._failed])
+                line = self.store.get(self._failed).decode() if posted else None
+                if line is None:
+                    line = self._silent(seen, limit)
             except Exception:
                 if self._stop.is_set() or self.rank == 0:
                     return
@@ -205,29 +291,93 @@ class Watch:
                 continue
             if self._ending.acquire(blocking=False):
                 self._acknowledge()
+                for say in self._last_words:
+                    try:
+                        say()
+                    except Exception:
+                        pass
                 _exit(f"{line}; rank {self.rank} stopped in {watch_state.what}")
+
+    def _silent(self, seen: dict[int, tuple[int, float]], limit: float) -> str | None:
+        """The line for the first rank whose heartbeat stopped ``limit`` seconds ago (else None)."""
+        now = time.monotonic()
+        for other in range(self.world):
+            if other == self.rank:
+                continue
+            if self.store.check([f"{self._beat}/{other}/left"]):
+                continue
+            count = int(self.store.add(f"{self._beat}/{other}", 0))
+            last = seen.get(other)
+            if last is None or count != last[0]:
+                seen[other] = (count, now)
+            elif count > 0 and now - last[1] > limit:
+                line = (f"drmas: rank {other} stopped answering {_at()} (no heartbeat for {limit:.0f} s: "
+                        "killed, out of memory, crashed or stopped; its log or the system's has the cause)")
+                try:  # the first line posted stays; the others read this one
+                    self.store.compare_set(self._failed, "", line)
+                    line = self.store.get(self._failed).decode()
+                except Exception:
+                    pass
+                return line
+        return None
+
+    def _not_beating(self, wait_s: float) -> list[int]:
+        """The other ranks whose heartbeat does not move for ``wait_s`` seconds (a live rank's moves
+        every second) and that did not leave on purpose."""
+        try:
+            def counts() -> dict[int, int]:
+                return {r: int(self.store.add(f"{self._beat}/{r}", 0)) for r in range(self.world)
+                        if r != self.rank and not self.store.check([f"{self._beat}/{r}/left"])}
+            before = counts()
+            time.sleep(wait_s)
+            after = counts()
+        except Exception:
+            return []
+        return [r for r in sorted(before) if after.get(r) == before[r]]
 
     def _acknowledge(self) -> None:
         try:
-            self.store.add(_READ, 1)
+            self.store.add(self._read, 1)
         except Exception:
             pass
+
+    def post(self, err: BaseException) -> None:
+        """Post ``err``'s line now, when it is this rank's own failure, without ending the rank: called
+        as soon as the failure is known (before Lightning's teardown, whose collectives or engine
+        closing could hold this rank), so the others end within a second. :meth:`end` follows."""
+        if self.store is None:
+            return
+        line, own = stop_line(err, self.rank, None, None)
+        if own:
+            try:
+                self.store.compare_set(self._failed, "", line)
+            except Exception:
+                pass
 
     def end(self, err: BaseException) -> None:
         """End this rank after ``err`` with its one line: post it when it is this rank's own
         failure (and wait up to 10 s for the others to read it), acknowledge another's."""
         if not self._ending.acquire(blocking=False):  # the watch thread is ending the process
             time.sleep(60)
-        self._stop.set()
+        self.stop()  # said first: a rank ending with a line of its own is not a silent one
+        if self.store is None:  # not watching (yet): this rank as the process group knows it
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self.rank = dist.get_rank()
         board = None
         try:
-            if self.store is not None and self.store.check([_FAILED]):
-                board = self.store.get(_FAILED).decode()
+            if self.store is not None and self.store.check([self._failed]):
+                board = self.store.get(self._failed).decode()
+                if board.startswith(f"drmas: rank {self.rank} "):  # this rank's own, posted early
+                    board = None
         except Exception:
             pass
         silent = None
         if board is None and any(t in str(err) for t in _TIMEOUT) and self.side is not None:
             silent = silent_ranks(self.side, self.rank, min(10.0, collective_timeout_s()))
+        elif board is None and any(t in str(err) for t in _TRANSPORT) and self.store is not None:
+            silent = self._not_beating(5.0) or None
         line, own = stop_line(err, self.rank, board, silent)
         if own:
             import traceback
@@ -236,10 +386,10 @@ class Watch:
         if self.store is not None:
             try:
                 if own or silent:
-                    self.store.compare_set(_FAILED, "", line)  # the first failure posted stays
+                    self.store.compare_set(self._failed, "", line)  # the first failure posted stays
                     readers = self.world - 1 - len(silent or [])  # a frozen rank reads nothing
                     deadline = time.monotonic() + _ACK_S
-                    while int(self.store.add(_READ, 0)) < readers and time.monotonic() < deadline:
+                    while int(self.store.add(self._read, 0)) < readers and time.monotonic() < deadline:
                         time.sleep(0.2)
                 else:
                     self._acknowledge()

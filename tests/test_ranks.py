@@ -56,3 +56,90 @@ def test_the_line_names_the_failing_rank_and_its_error_not_the_transport(monkeyp
     assert ranks.stop_line(late, 0, None, [1, 3]) == (
         "drmas: rank 0 waited 20 s in the optimiser step during iteration 3 and gave up "
         "(--collective_timeout_s); ranks 1, 3 did not answer (frozen, hung or lost)", False)
+
+
+def _watch_on_a_real_store(monkeypatch, rank: int, world: int, attempt: str = "0"):
+    """A Watch of ``rank`` with a client of a real TCPStore (no process group: its thread not run)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=10))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+    monkeypatch.setattr(ranks.watch_state, "iteration", 0)
+    monkeypatch.setattr(ranks.watch_state, "what", "start-up")
+    w = ranks.Watch()
+    w.rank, w.world, w.store = rank, world, host
+    prefix = f"drmas/attempt{attempt}"
+    w._failed, w._read, w._beat = f"{prefix}/failed", f"{prefix}/read", f"{prefix}/beat"
+    return w, host
+
+
+def test_a_rank_whose_heartbeat_stops_is_named_and_one_that_left_is_not(monkeypatch):
+    w, store = _watch_on_a_real_store(monkeypatch, rank=0, world=3)
+    seen, limit = {}, 0.3
+    for r in (1, 2):
+        store.add(f"drmas/attempt0/beat/{r}", 1)
+    assert w._silent(seen, limit) is None  # first look: counts noted
+    store.set("drmas/attempt0/beat/2/left", "1")  # rank 2 finished and said so
+    store.add("drmas/attempt0/beat/1", 1)
+    assert w._silent(seen, limit) is None  # rank 1 beat again
+    import time
+
+    time.sleep(0.4)  # neither beats now: rank 1 is silent, rank 2 left
+    line = w._silent(seen, limit)
+    assert line.startswith("drmas: rank 1 stopped answering during iteration 0 (no heartbeat for 0 s")
+    assert store.get("drmas/attempt0/failed").decode() == line  # posted for the others
+    assert w._not_beating(0.2) == [1]  # after a transport error, the same reading names it at once
+
+
+def test_the_board_of_one_attempt_is_not_read_by_the_next(monkeypatch):
+    w, store = _watch_on_a_real_store(monkeypatch, rank=0, world=2, attempt="1")
+    store.set("drmas/attempt0/failed", "drmas: rank 1 failed during iteration 2: OSError: old")
+    assert not store.check([w._failed])  # the restarted attempt starts with a clean board
+    w.post(RuntimeError("CUDA out of memory"))
+    assert store.get("drmas/attempt1/failed").decode().startswith(
+        "drmas: rank 0 failed during iteration 0 in start-up: RuntimeError: CUDA out of memory")
+    w.post(ValueError("later"))  # the first line posted stays
+    assert "CUDA out of memory" in store.get("drmas/attempt1/failed").decode()
+
+
+def test_nccl_gets_a_flight_recorder_dumping_where_the_timeout_line_says(tmp_path, monkeypatch):
+    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(ranks.TRACES_ENV, str(tmp_path / "traces"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    monkeypatch.setattr(ranks.watch_state, "traces", None)
+    assert ranks.flight_recorder("gloo") is None and "TORCH_FR_DUMP_TEMP_FILE" not in ranks.os.environ
+    where = ranks.flight_recorder("cuda:nccl,cpu:gloo")
+    assert where == str(tmp_path / "traces" / "attempt2") and (tmp_path / "traces" / "attempt2").is_dir()
+    env = ranks.os.environ
+    assert (env["TORCH_NCCL_DUMP_ON_TIMEOUT"], env["TORCH_FR_BUFFER_SIZE"]) == ("1", "2000")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{where}/rank_"
+    monkeypatch.setattr(ranks.watch_state, "what", "the rollout's gather")
+    line, own = ranks.stop_line(RuntimeError("Watchdog caught collective operation timeout"), 0, None, [1])
+    assert not own and line.endswith(f"rank 1 did not answer (frozen, hung or lost); NCCL's flight recorder "
+                                     f"dumped each rank's last collectives into {where}")
+
+
+def test_under_slurm_lightnings_requeue_is_off(monkeypatch):
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from drmas.cli import cluster_plugins
+
+    for var in ("SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert cluster_plugins(None) is None  # not under SLURM: Lightning's own choice
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    monkeypatch.setenv("SLURM_JOB_NAME", "drmas")
+    monkeypatch.setattr(SLURMEnvironment, "_validate_srun_used", staticmethod(lambda: None))
+    (env,) = cluster_plugins(None)
+    assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
+    mine = SLURMEnvironment(auto_requeue=True)
+    assert cluster_plugins([mine]) == [mine]  # the user's own choice kept

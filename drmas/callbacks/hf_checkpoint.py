@@ -115,13 +115,35 @@ class HFCheckpoint(Callback):
         # frozen: as loaded
         policies = {n: p for n, p in pl_module.policies.items() if getattr(p, "trainable", True)}
         at("the HF export")
-        full = {pname: _full_state_dict(policy.model) for pname, policy in policies.items()}
-        failure = None
+        failure: BaseException | None = None
+        tmp = None
         if trainer.is_global_zero:
             try:
-                self._write(policies, full, root, name, target)
-            except Exception as err:  # a full disk: every rank hears of it, none waits in a barrier
+                os.makedirs(root, exist_ok=True)
+                tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
+            except Exception as err:
                 failure = err
+        try:
+            for pname, policy in policies.items():
+                # one policy's full weights at a time (a collective on every rank): rank 0's host
+                # memory holds one model, not the team's
+                full = _full_state_dict(policy.model)
+                if tmp is not None and failure is None:
+                    try:
+                        self._write_policy(policy, full, os.path.join(tmp, pname))
+                    except Exception as err:  # a full disk: the other policies' gathers still made
+                        failure = err
+                del full
+            if tmp is not None and failure is None:
+                try:
+                    replace_dir(tmp, target)
+                    write_text(os.path.join(root, LATEST_FILE), name + "\n")
+                    rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")
+                except Exception as err:
+                    failure = err
+        finally:  # the temporary directory never outlives the export, however it ends
+            if tmp is not None and os.path.exists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
         # rank 0's outcome, on every rank: nobody reads `latest` or moves on before rank 0 has finished
         agreed = trainer.strategy.broadcast(portable(failure, 0))
         if agreed is not None:
@@ -130,26 +152,12 @@ class HFCheckpoint(Callback):
         self.last_saved_path = target
         return target
 
-    def _write(self, policies: dict[str, Any], full: dict[str, Any], root: str, name: str,
-               target: str) -> None:
-        """Rank 0: every policy into a temporary directory, renamed to ``target``; then ``latest``."""
-        os.makedirs(root, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
-        try:
-            for pname, policy in policies.items():
-                out = os.path.join(tmp, pname)
-                kwargs: dict[str, Any] = {}
-                if full[pname] is not None:
-                    kwargs["state_dict"] = full[pname]
-                if getattr(policy, "adapter", None) is not None:
-                    save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
-                else:
-                    policy.model.save_pretrained(out, **kwargs)
-                if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
-                    policy.tokenizer.save_pretrained(out)
-            replace_dir(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        write_text(os.path.join(root, LATEST_FILE), name + "\n")
-        rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")
+    def _write_policy(self, policy: Any, full: dict[str, torch.Tensor] | None, out: str) -> None:
+        """Rank 0: one policy into ``out`` (inside the export's temporary directory)."""
+        kwargs: dict[str, Any] = {} if full is None else {"state_dict": full}
+        if getattr(policy, "adapter", None) is not None:
+            save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
+        else:
+            policy.model.save_pretrained(out, **kwargs)
+        if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
+            policy.tokenizer.save_pretrained(out)

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.atomic import COMPLETE, publish_dir, recover_dir
-from drmas.ranks import at, portable
+from drmas.ranks import at, portable, watch
 
 __all__ = ["IterationCheckpoint", "partial_path", "recover_checkpoint"]
 
@@ -100,11 +100,18 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
-        if not trainer.is_global_zero:
-            return
-        iteration = getattr(pl_module, "iteration", trainer.current_epoch)
-        why = ("preempted (SIGTERM)" if isinstance(exception, SIGTERMException)
-               else f"stopped by {type(exception).__name__}")
+        if trainer.is_global_zero:
+            self.say_resume(pl_module, "preempted (SIGTERM)" if isinstance(exception, SIGTERMException)
+                            else f"stopped by {type(exception).__name__}")
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero:  # ended by another rank's failure: no exception reaches the hook above
+            watch.at_end(lambda: self.say_resume(pl_module, "stopped by another rank's failure"))
+
+    def say_resume(self, pl_module: pl.LightningModule, why: str) -> None:
+        """The line that says where the run stopped and how to resume it."""
+        iteration = getattr(pl_module, "iteration", 0)
         path = self.last_model_path
         if path and os.path.exists(path):
             saved = self._saved_iteration

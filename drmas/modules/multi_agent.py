@@ -189,7 +189,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             for policy in self.policies.values():
                 print(policy.describe(self.engine_name), flush=True)
         self.stop_signal.install(self.trainer)
-        watch.start(self.global_rank, self.world_size)  # another rank's failure stops this one too
         failure = None
         try:  # every rank its own placement, agreed before any rank builds an engine
             self._engine_class.check_placement(self._placement())
@@ -419,6 +418,13 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
 
     def _precision(self) -> str | None:
         return str(self._trainer.precision) if self._trainer is not None else None
+
+    def setup(self, stage: str) -> None:
+        # before the policies are loaded (configure_model): a failure there ends every rank too
+        watch.start(self.global_rank, self.world_size)  # another rank's failure stops this one too
+        if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
+            watch.at_end(lambda: [lg.experiment.flush() for lg in self.trainer.loggers
+                                  if hasattr(lg.experiment, "flush")])
 
     def teardown(self, stage: str) -> None:
         self.close_engines()

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.distributed.constants import default_pg_timeout
 
-from drmas.ranks import collective_timeout_s
+from drmas.ranks import collective_timeout_s, flight_recorder, init_process_group, watch
 
 __all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded",
            "resolve_strategy", "shard_model", "shard_policies"]
@@ -48,6 +49,30 @@ class FSDP(ModelParallelStrategy):
         if self._data_parallel_size == "auto":  # Lightning's default would be one rank per node
             self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def _setup_distributed(self) -> None:
+        """The default process group made here, with its store keys under this attempt's prefix
+        (:func:`drmas.ranks.init_process_group`: a torchrun restart then starts clean); Lightning's
+        own set-up finds it made and keeps it."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() and self.cluster_environment is not None:
+            self.set_world_ranks()
+            env = self.cluster_environment
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = env.main_address, str(env.main_port)
+            device, backend = self.root_device, self._get_process_group_backend()
+            flight_recorder(backend)
+            init_process_group(backend, env.global_rank(), env.world_size(), self._timeout,
+                               device_id=device if device.type != "cpu" else None)
+        super()._setup_distributed()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A rank's own failure is posted on the failure board at once, before Lightning's teardown
+        (which may wait in a collective or close engines for seconds): the others end within a
+        second. A preemption is no failure: every rank stops there by agreement."""
+        if not isinstance(exception, SIGTERMException):
+            watch.post(exception)
+        super().on_exception(exception)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -198,3 +198,24 @@ def test_lightning_calls_plain_callbacks_before_the_module_at_epoch_end(tmp_path
 def test_rejects_negative_cadence():
     with pytest.raises(ValueError):
         HFCheckpoint(every_n_iterations=-1)
+
+
+def test_the_export_gathers_and_writes_one_policy_at_a_time(tmp_path, tiny, monkeypatch):
+    """Rank 0 holds one policy's full weights at a time (a team of 8B policies gathered at once
+    would fill a node's host memory)."""
+    import drmas.callbacks.hf_checkpoint as hf
+
+    events = []
+    gather, write = hf._full_state_dict, hf.HFCheckpoint._write_policy
+    monkeypatch.setattr(hf, "_full_state_dict", lambda model: events.append("gather") or gather(model))
+    monkeypatch.setattr(hf.HFCheckpoint, "_write_policy",
+                        lambda self, policy, full, out: events.append(f"write {os.path.basename(out)}")
+                        or write(self, policy, full, out))
+    model, tok = tiny
+    ckpt = HFCheckpoint(dirpath=str(tmp_path / "hf"))
+    trainer = pl.Trainer(max_epochs=1, callbacks=[ckpt], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyLM(model, tok))
+    assert events == ["gather", "write solver", "gather", "write checker"]
+    assert sorted(os.listdir(tmp_path / "hf" / "iter_1")) == ["checker", "solver"]
+    assert [n for n in os.listdir(tmp_path / "hf") if n.startswith(".")] == []  # no temporary left

@@ -16,6 +16,7 @@ faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. F
   engine_error    the rollout engine raises at its first request of ITERATION
   hf_enospc       the HF export's weights file fails with ENOSPC (a full disk) at ITERATION
   step_error      the optimiser step raises (as an out-of-memory would) at ITERATION
+  load_error      reading the policy's weights (FSDP: each rank its shards) fails with EIO; ITERATION 0
   sync_error      the HF engine's weight sync raises after copying 3 gathered tensors of ITERATION's
                   first sync (a lost engine mid-transfer)
   record_enospc   writing validation.jsonl fails with ENOSPC at ITERATION's validation
@@ -23,6 +24,7 @@ faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. F
                   can be agreed there)
   freeze          SIGSTOP after the first micro-batch of ITERATION (a hung kernel, a stuck file system,
                   a paused VM); the pid is written to $FAULT_STAMP
+$FAULT_ATTEMPT limits the faults to one attempt of a torchrun job ($TORCHELASTIC_RESTART_COUNT).
 $FAULT_EXITS names a folder where each rank writes how and when it ended (rank<R>: exit code, time,
 and the line drmas ended it with).
 """
@@ -56,6 +58,9 @@ else:
         faults[name] = int(when or at)
     os.environ["FAULTY_SPEC"] = json.dumps({"faults": faults, "recipe": recipe})
 only_rank = os.environ.get("FAULT_RANK")
+if os.environ.get("FAULT_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != os.environ.get(
+        "TORCHELASTIC_RESTART_COUNT", "0"):
+    faults = {}  # another attempt's faults: this one runs clean
 state = {"iteration": 0, "trainer": None, "rank": int(os.environ.get("LOCAL_RANK", "0"))}
 
 
@@ -199,6 +204,19 @@ if "step_error" in faults:
         return adamw_step(self, *args, **kwargs)
 
     torch.optim.AdamW.step = failing_step
+
+if "load_error" in faults:
+    from drmas.modules.policy import Policy
+
+    load_weights = Policy.load_weights
+
+    def failing_load(self, *args, **kwargs):
+        if struck("load_error"):
+            raise OSError(errno.EIO, "Input/output error (injected)",
+                          f"{self.config.model}/model.safetensors")
+        return load_weights(self, *args, **kwargs)
+
+    Policy.load_weights = failing_load
 
 if "sync_error" in faults:
     from drmas.engines.base import full_state_items

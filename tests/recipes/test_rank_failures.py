@@ -32,10 +32,10 @@ def _resumes_to_the_end(tmp, folder) -> None:
     assert saved_iteration(_checkpoint(tmp)) == 3
 
 
-def _fails(tmp_path, fault: str, rank: str | None, *args: str):
+def _fails(tmp_path, fault: str, rank: str | None, *args: str, env: dict | None = None):
     (tmp_path / "exits").mkdir()
     env = {"FAULT_EXITS": str(tmp_path / "exits"), "FAULT_STAMP": str(tmp_path / "stamp"),
-           **({"FAULT_RANK": rank} if rank is not None else {})}
+           **({"FAULT_RANK": rank} if rank is not None else {}), **(env or {})}
     proc = run_faulty(fault, 2, tmp_path, *RUN, *args, env=env)
     folder = os.path.dirname(_checkpoint(tmp_path))
     return proc, folder
@@ -70,9 +70,12 @@ def test_rank_1s_failing_optimiser_step_stops_every_rank_naming_it(tmp_path):
 
 
 def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):
-    """Without the bound, rank 0 waits for the frozen rank 1 for the process group's 30 minutes."""
+    """Without the bound, rank 0 waits for the frozen rank 1 for the process group's 30 minutes.
+    (A stopped process also stops its heartbeat; the heartbeat is set past the timeout here, so the
+    timeout's own naming is what this shows.)"""
     timeout = 45
-    proc, folder = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout))
+    proc, folder = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout),
+                          env={"DRMAS_HEARTBEAT_S": "600"})
     assert proc.returncode == 1, proc.stderr[-4000:]
     line = exit_lines(tmp_path / "exits", ranks=1)[0]
     waits = "the [a-z' ]+"  # rank 1 froze after its update's first micro-batch
@@ -112,3 +115,23 @@ def test_a_failure_inside_the_update_reaches_the_other_rank_through_the_board(tm
     _every_rank_names(tmp_path, proc, 1, "the update's forward and backward", error)
     ended = exits(tmp_path / "exits")
     assert abs(ended[0][1] - ended[1][1]) < 30  # well within the 300 s timeout
+    # rank 0, ended by its watch thread (no exception reached its hooks), still says how to resume
+    # and has written its events
+    assert (f"drmas: stopped by another rank's failure during iteration 2; the last checkpoint is "
+            f"{_checkpoint(tmp_path)} (iteration 1)") in proc.stderr, proc.stderr[-3000:]
+    assert 1 in scalars(run_dir(tmp_path))["train/shared/loss"]
+
+
+def test_rank_1_failing_to_load_its_model_stops_every_rank_naming_it(tmp_path):
+    """Before the first iteration, in the sharded loading: the watch runs from the module's set-up,
+    so the other rank ends at once too, and the line names rank 1 (the rank the process group
+    gave it), not rank 0."""
+    proc, _ = _fails(tmp_path, "load_error@0", "1")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    ended = exits(tmp_path / "exits")
+    assert sorted(ended) == [0, 1] and {code for code, _ in ended.values()} == {1}, ended
+    assert abs(ended[0][1] - ended[1][1]) < 60
+    lines = exit_lines(tmp_path / "exits")
+    error = r"OSError: \[Errno 5\] Input/output error \(injected\)"
+    assert re.match(rf"drmas: rank 1 failed during iteration 0 in start-up: {error}", lines[1]), lines
+    assert re.match(rf"drmas: rank 1 failed during iteration 0( in start-up)?: {error}", lines[0]), lines
