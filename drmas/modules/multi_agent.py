@@ -423,8 +423,12 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         # before the policies are loaded (configure_model): a failure there ends every rank too
         watch.start(self.global_rank, self.world_size)  # another rank's failure stops this one too
         if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
-            watch.at_end(lambda: [lg.experiment.flush() for lg in self.trainer.loggers
-                                  if hasattr(lg.experiment, "flush")])
+            watch.at_end(self._flush_logs)
+
+    def _flush_logs(self) -> None:
+        for logger in self.trainer.loggers:
+            if hasattr(logger.experiment, "flush"):
+                logger.experiment.flush()
 
     def teardown(self, stage: str) -> None:
         self.close_engines()
