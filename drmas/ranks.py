@@ -38,8 +38,8 @@ import time
 from typing import Any, Callable, Sequence
 
 __all__ = ["HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "Watch", "agree", "at", "attempt",
-           "collective_timeout_s", "flight_recorder", "init_process_group", "portable", "raise_first",
-           "silent_ranks", "stop_line", "watch", "watch_state"]
+           "collective_timeout_s", "flight_recorder", "heartbeat_s", "init_process_group", "portable",
+           "raise_first", "silent_ranks", "stop_line", "watch", "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
 HEARTBEAT_ENV = "DRMAS_HEARTBEAT_S"
@@ -86,9 +86,16 @@ def flight_recorder(backend: str) -> str | None:
     return where
 
 
-def _heartbeat_s() -> float:
+def heartbeat_s() -> float:
+    """How long a rank's heartbeat may stop before the others name it: ``$DRMAS_HEARTBEAT_S``, else 30."""
     value = os.environ.get(HEARTBEAT_ENV, "").strip()
-    return float(value) if value else 30.0
+    try:
+        seconds = float(value) if value else 30.0
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"${HEARTBEAT_ENV} must be seconds > 0, got {value!r}")
+    return seconds
 
 
 def collective_timeout_s(on_gpu: bool | None = None) -> float:
@@ -235,6 +242,7 @@ class Watch:
         self._stop = threading.Event()
         self._ending = threading.Lock()
         self._failed = self._read = self._beat = ""
+        self._limit = 30.0
         self._last_words: list[Callable[[], None]] = []
 
     def at_end(self, say: Callable[[], None]) -> None:
@@ -250,6 +258,7 @@ class Watch:
         if world <= 1 or self.store is not None:
             return
         self.rank, self.world = rank, world
+        self._limit = heartbeat_s()  # a bad value refused here, in the rank's own thread
         prefix = _prefix()
         self._failed, self._read, self._beat = f"{prefix}/failed", f"{prefix}/read", f"{prefix}/beat"
         self.side = dist.new_group(backend="gloo")  # for the monitored barrier, whatever the backend
@@ -274,7 +283,7 @@ class Watch:
         self._stop.set()
 
     def _run(self) -> None:
-        limit = _heartbeat_s()
+        limit = self._limit
         seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when it last changed, here)
         while not self._stop.wait(_POLL_S):
             try:

@@ -143,3 +143,14 @@ def test_under_slurm_lightnings_requeue_is_off(monkeypatch):
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
     mine = SLURMEnvironment(auto_requeue=True)
     assert cluster_plugins([mine]) == [mine]  # the user's own choice kept
+
+
+def test_the_heartbeat_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(ranks.HEARTBEAT_ENV, raising=False)
+    assert ranks.heartbeat_s() == 30.0
+    monkeypatch.setenv(ranks.HEARTBEAT_ENV, "12")
+    assert ranks.heartbeat_s() == 12.0
+    for bad in ("0", "soon"):
+        monkeypatch.setenv(ranks.HEARTBEAT_ENV, bad)
+        with pytest.raises(ValueError, match=rf"DRMAS_HEARTBEAT_S must be seconds > 0, got '{bad}'"):
+            ranks.heartbeat_s()
