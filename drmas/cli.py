@@ -56,7 +56,7 @@ from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
-from drmas.ranks import TIMEOUT_ENV, watch
+from drmas.ranks import GATHER_ENV, TIMEOUT_ENV, watch
 
 __all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow",
            "run_recipe"]
@@ -79,7 +79,7 @@ def _message(err: BaseException) -> str:
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 PARSER_MODE = "drmas_yaml"
 _ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path",
-              "collective_timeout_s",
+              "collective_timeout_s", "gather_timeout_s",
               "recipes"}
 _active_recipe: list[str] = []  # the recipe whose section a config file contributes
 
@@ -200,9 +200,15 @@ class DrmasCLI(LightningCLI):
                              "checkpoint.every_n_epochs": 1})
         parser.add_argument(
             "--collective_timeout_s", type=Optional[float], default=None,
-            help=("Seconds any rank waits for the others (the process group's timeout) or for its engine "
-                  f"processes before it stops, naming the wait and the rank that did not answer; default "
-                  f"${TIMEOUT_ENV}, else 1800 on GPUs and 300 on CPU (docs/reliability.md)."))
+            help=("Seconds a rank waits for the others in a tensor collective (the process group's "
+                  "timeout) before it stops, naming the wait and the rank that did not answer; default "
+                  f"${TIMEOUT_ENV}, else 600 on GPUs and 300 on CPU (docs/reliability.md)."))
+        parser.add_argument(
+            "--gather_timeout_s", type=Optional[float], default=None,
+            help=("Seconds a rank waits where the slowest rank's rollout can keep it: the object "
+                  "gathers and agreements (a gloo group of their own) and each answer of its engine "
+                  f"processes; default ${GATHER_ENV}, else 3600 on GPUs and 900 on CPU, never below "
+                  "--collective_timeout_s."))
 
 
     def instantiate_classes(self) -> None:
@@ -210,11 +216,12 @@ class DrmasCLI(LightningCLI):
         # reads only its shards once they are sharded (drmas.modules.policy.deferred_weights)
         sharded = (self.subcommand == "fit"
                    and is_sharded(self._get(self.config, "trainer", {}).get("strategy")))
-        timeout = self._get(self.config, "collective_timeout_s")
-        if timeout is not None:  # read by the strategy and every wait (drmas.ranks.collective_timeout_s)
-            if not timeout > 0:
-                raise ConfigurationError(f"--collective_timeout_s must be > 0, got {timeout}")
-            os.environ[TIMEOUT_ENV] = repr(float(timeout))
+        for key, env in (("collective_timeout_s", TIMEOUT_ENV), ("gather_timeout_s", GATHER_ENV)):
+            timeout = self._get(self.config, key)
+            if timeout is not None:  # read by the strategy and every wait (drmas.ranks)
+                if not timeout > 0:
+                    raise ConfigurationError(f"--{key} must be > 0, got {timeout}")
+                os.environ[env] = repr(float(timeout))
         with deferred_weights(sharded):
             try:
                 super().instantiate_classes()

@@ -13,9 +13,11 @@ Three mechanisms, from the cheapest:
   count stops for ``$DRMAS_HEARTBEAT_S`` (30 s) is named by the others, who end: a rank killed
   without a word (out of memory, SIGKILL, a segfault) under a launcher that does not stop the
   others (srun, a launch of your own).
-* **The timeout** (:func:`collective_timeout_s`): the process group's timeout, so a rank that
-  never answers (frozen, hung) is given up on; the ranks that waited then name it through a
-  monitored barrier on a side group.
+* **The timeouts**: :func:`collective_timeout_s` for tensor collectives (the process group's),
+  :func:`gather_timeout_s` for the object gathers and agreements, which wait for the slowest
+  rank's rollout and run on a gloo group of their own (:attr:`Watch.objects`). A rank that never
+  answers (frozen, hung) is given up on; the ranks that waited then name it through a monitored
+  barrier on a side group.
 
 Everything a run keeps in the rendezvous store, the default process group's keys included
 (:func:`init_process_group`), lies under a prefix of its attempt (torchrun's
@@ -37,11 +39,12 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "Watch", "agree", "at", "attempt",
-           "collective_timeout_s", "flight_recorder", "heartbeat_s", "init_process_group", "portable",
-           "raise_first", "silent_ranks", "stop_line", "watch", "watch_state"]
+__all__ = ["GATHER_ENV", "HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "Watch", "agree", "at", "attempt",
+           "collective_timeout_s", "flight_recorder", "gather_timeout_s", "heartbeat_s", "init_process_group",
+           "portable", "raise_first", "silent_ranks", "stop_line", "watch", "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
+GATHER_ENV = "DRMAS_GATHER_TIMEOUT_S"
 HEARTBEAT_ENV = "DRMAS_HEARTBEAT_S"
 _POLL_S, _ACK_S = 1.0, 10.0
 
@@ -86,35 +89,48 @@ def flight_recorder(backend: str) -> str | None:
     return where
 
 
-def heartbeat_s() -> float:
-    """How long a rank's heartbeat may stop before the others name it: ``$DRMAS_HEARTBEAT_S``, else 30."""
-    value = os.environ.get(HEARTBEAT_ENV, "").strip()
+def _seconds(env: str, flag: str, default: float) -> float:
+    """Seconds > 0 from ``$env`` (which ``flag`` sets), else ``default``; a bad value refused naming both."""
+    value = os.environ.get(env, "").strip()
+    if not value:
+        return default
     try:
-        seconds = float(value) if value else 30.0
+        seconds = float(value)
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise ValueError(f"${HEARTBEAT_ENV} must be seconds > 0, got {value!r}")
+        raise ValueError(f"${env}{f' ({flag})' if flag else ''} must be seconds > 0, got {value!r}")
     return seconds
 
 
-def collective_timeout_s(on_gpu: bool | None = None) -> float:
-    """The bound on every wait between ranks, in seconds: ``$DRMAS_COLLECTIVE_TIMEOUT_S`` (which
-    ``--collective_timeout_s`` sets), else 1800 on GPUs and 300 on CPU."""
-    value = os.environ.get(TIMEOUT_ENV, "").strip()
-    if value:
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        if not seconds > 0:
-            raise ValueError(f"${TIMEOUT_ENV} (--collective_timeout_s) must be seconds > 0, got {value!r}")
-        return seconds
+def _on_gpu(on_gpu: bool | None) -> bool:
     if on_gpu is None:
         import torch
 
         on_gpu = torch.cuda.is_available()
-    return 1800.0 if on_gpu else 300.0
+    return on_gpu
+
+
+def heartbeat_s() -> float:
+    """How long a rank's heartbeat may stop before the others name it: ``$DRMAS_HEARTBEAT_S``, else 30."""
+    return _seconds(HEARTBEAT_ENV, "", 30.0)
+
+
+def collective_timeout_s(on_gpu: bool | None = None) -> float:
+    """The bound on a tensor collective (the process group's timeout), in seconds:
+    ``$DRMAS_COLLECTIVE_TIMEOUT_S`` (which ``--collective_timeout_s`` sets), else 600 on GPUs and
+    300 on CPU. Tensor collectives wait for no rollout, so a hang surfaces within minutes."""
+    return _seconds(TIMEOUT_ENV, "--collective_timeout_s", 600.0 if _on_gpu(on_gpu) else 300.0)
+
+
+def gather_timeout_s(on_gpu: bool | None = None) -> float:
+    """The bound on a wait that may absorb rollout skew, in seconds: the object gathers and
+    agreements (on a gloo group of their own: every rank's rollout, validation, the step's outcome)
+    and each answer of a vLLM engine process. ``$DRMAS_GATHER_TIMEOUT_S`` (which
+    ``--gather_timeout_s`` sets), else 3600 on GPUs and 900 on CPU, and never below the
+    collective timeout."""
+    default = max(3600.0 if _on_gpu(on_gpu) else 900.0, collective_timeout_s(on_gpu))
+    return _seconds(GATHER_ENV, "--gather_timeout_s", default)
 
 
 def portable(err: BaseException | None, rank: int) -> BaseException | None:
@@ -202,10 +218,14 @@ def stop_line(err: BaseException, rank: int, board: str | None, silent: list[int
         if any(t in message for t in _TIMEOUT):
             who = (f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} did not answer "
                    "(frozen, hung or lost)" if silent else "no rank could be named")
+            waited, flag = collective_timeout_s(), "--collective_timeout_s"
+            said = re.search(r"(\d+)\s*ms", message)  # the bound of the group that timed out (gloo says it)
+            if said and int(said.group(1)) / 1000 == gather_timeout_s() != waited:
+                waited, flag = gather_timeout_s(), "--gather_timeout_s"
             dumped = (f"; NCCL's flight recorder dumped each rank's last collectives into "
                       f"{watch_state.traces}" if watch_state.traces else "")
-            return (f"drmas: rank {rank} waited {collective_timeout_s():.0f} s in {watch_state.what} {at} "
-                    f"and gave up (--collective_timeout_s); {who}{dumped}"), False
+            return (f"drmas: rank {rank} waited {waited:.0f} s in {watch_state.what} {at} "
+                    f"and gave up ({flag}); {who}{dumped}"), False
         return (f"drmas: rank {rank} lost another rank in {watch_state.what} {at} (its process ended "
                 "without saying why; its log has the cause)"), False
     return f"drmas: rank {rank} failed {at} in {watch_state.what}: {_text(err)}", True
@@ -239,6 +259,7 @@ class Watch:
         self.store: Any = None
         self.rank, self.world = 0, 1
         self.side: Any = None
+        self.objects: Any = None  # the gloo group of the object gathers and agreements
         self._stop = threading.Event()
         self._ending = threading.Lock()
         self._failed = self._read = self._beat = ""
@@ -262,6 +283,9 @@ class Watch:
         prefix = _prefix()
         self._failed, self._read, self._beat = f"{prefix}/failed", f"{prefix}/read", f"{prefix}/beat"
         self.side = dist.new_group(backend="gloo")  # for the monitored barrier, whatever the backend
+        # object gathers wait for the slowest rank's rollout: a long bound of their own, on gloo
+        # (an NCCL object gather pickles through the GPU and shares the tensor collectives' bound)
+        self.objects = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=gather_timeout_s()))
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         try:  # a client of its own: the process group's store object is not shared across threads
             self.store = dist.TCPStore(host, int(port), world, is_master=False,

@@ -8,8 +8,16 @@ from drmas import ranks
 
 def test_the_timeout_comes_from_the_environment_else_the_device(monkeypatch):
     monkeypatch.delenv(ranks.TIMEOUT_ENV, raising=False)
-    assert ranks.collective_timeout_s(on_gpu=True) == 1800.0
+    monkeypatch.delenv(ranks.GATHER_ENV, raising=False)
+    assert ranks.collective_timeout_s(on_gpu=True) == 600.0
     assert ranks.collective_timeout_s(on_gpu=False) == 300.0
+    # the waits a rollout can stretch: longer, and never below the collectives' bound
+    assert ranks.gather_timeout_s(on_gpu=True) == 3600.0 and ranks.gather_timeout_s(on_gpu=False) == 900.0
+    monkeypatch.setenv(ranks.TIMEOUT_ENV, "5000")
+    assert ranks.gather_timeout_s(on_gpu=False) == 5000.0
+    monkeypatch.setenv(ranks.GATHER_ENV, "120")
+    assert ranks.gather_timeout_s(on_gpu=False) == 120.0
+    monkeypatch.delenv(ranks.GATHER_ENV)
     monkeypatch.setenv(ranks.TIMEOUT_ENV, "42.5")
     assert ranks.collective_timeout_s(on_gpu=True) == 42.5
     for bad in ("0", "-3", "soon"):
@@ -56,6 +64,13 @@ def test_the_line_names_the_failing_rank_and_its_error_not_the_transport(monkeyp
     assert ranks.stop_line(late, 0, None, [1, 3]) == (
         "drmas: rank 0 waited 20 s in the optimiser step during iteration 3 and gave up "
         "(--collective_timeout_s); ranks 1, 3 did not answer (frozen, hung or lost)", False)
+    # an object gather (its own group, its own bound) says which bound it was
+    monkeypatch.setenv(ranks.GATHER_ENV, "70")
+    ranks.at("the rollout's gather")
+    slow = RuntimeError("[unbound_buffer.cc:78] Timed out waiting 70000ms for recv operation to complete")
+    assert ranks.stop_line(slow, 0, None, [1])[0] == (
+        "drmas: rank 0 waited 70 s in the rollout's gather during iteration 3 and gave up "
+        "(--gather_timeout_s); rank 1 did not answer (frozen, hung or lost)")
 
 
 def _watch_on_a_real_store(monkeypatch, rank: int, world: int, attempt: str = "0"):

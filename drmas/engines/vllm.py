@@ -57,7 +57,7 @@ from drmas.engines.vllm_settings import (VLLMSettings, builds_alone, check_gpu_f
                                          transfer_buffer_bytes)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
-from drmas.ranks import collective_timeout_s
+from drmas.ranks import gather_timeout_s
 
 __all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
 
@@ -264,7 +264,7 @@ class VLLMEngine(Engine):
         """The engine process's answer to ``method``."""
         if self.conn is None:
             raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
-        bound, start = collective_timeout_s(self.on_gpu), time.monotonic()
+        bound, start = gather_timeout_s(self.on_gpu), time.monotonic()
         try:
             while not self.conn.poll(1.0):
                 if not self.process.alive():
@@ -273,7 +273,7 @@ class VLLMEngine(Engine):
                     self.process.close(grace_s=0)
                     raise EngineProcessError(
                         f"the vLLM engine process of {self.name} (pid {self.process.pid}) did not answer "
-                        f"{method!r} within {bound:.0f} s (--collective_timeout_s); it was stopped")
+                        f"{method!r} within {bound:.0f} s (--gather_timeout_s); it was stopped")
             status, *reply = self.conn.recv()
         except (EOFError, OSError) as err:
             try:  # its end of the socket closes as it dies: reap it for the exit code

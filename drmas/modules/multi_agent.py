@@ -161,7 +161,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         if self.world_size == 1:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(out, obj)
+        torch.distributed.all_gather_object(out, obj, group=watch.objects)  # gloo, --gather_timeout_s
         return out
 
     # ---- training -------------------------------------------------------------------------

@@ -407,9 +407,9 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
             assert ppid == os.getpid()
         assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
         os.kill(other.pid, signal.SIGSTOP)  # frozen: without the bound, the trainer would wait forever
-        monkeypatch.setenv("DRMAS_COLLECTIVE_TIMEOUT_S", "3")
+        monkeypatch.setenv("DRMAS_GATHER_TIMEOUT_S", "3")
         frozen = (rf"vLLM engine process of solver \(pid {other.pid}\) did not answer 'generate' within 3 s "
-                  r"\(--collective_timeout_s\)")
+                  r"\(--gather_timeout_s\)")
         with pytest.raises(EngineProcessError, match=frozen):
             other.generate(prompts, 1, GREEDY)
         # stopped by then (SIGKILL reaches a stopped process): the next request names its end

@@ -73,15 +73,15 @@ def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):
     """Without the bound, rank 0 waits for the frozen rank 1 for the process group's 30 minutes.
     (A stopped process also stops its heartbeat; the heartbeat is set past the timeout here, so the
     timeout's own naming is what this shows.)"""
-    timeout = 45
+    timeout = 45  # both bounds: rank 0 waits in a tensor collective or in an object gather, by timing
     proc, folder = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout),
-                          env={"DRMAS_HEARTBEAT_S": "600"})
+                          "--gather_timeout_s", str(timeout), env={"DRMAS_HEARTBEAT_S": "600"})
     assert proc.returncode == 1, proc.stderr[-4000:]
     line = exit_lines(tmp_path / "exits", ranks=1)[0]
     waits = "the [a-z' ]+"  # rank 1 froze after its update's first micro-batch
+    bound = r"\(--(collective|gather)_timeout_s\)"
     assert re.fullmatch(rf"drmas: rank 0 waited {timeout} s in {waits} during iteration 2 and gave up "
-                        r"\(--collective_timeout_s\); rank 1 did not answer \(frozen, hung or lost\)",
-                        line), line
+                        rf"{bound}; rank 1 did not answer \(frozen, hung or lost\)", line), line
     # the frozen rank, woken, finds rank 0 gone and ends too
     frozen = int((tmp_path / "stamp").read_text())
     os.kill(frozen, signal.SIGCONT)
