@@ -58,7 +58,7 @@ if [ "$MODE" = "--dry-run" ]; then  # here: the packaging, the models, the tests
 elif [ "$MODE" = "check" ]; then
     step models 300 "$PY" scripts/device_models.py .devcarry/tokenizer "$MODELS"
     step gpu_tests 300 env DRMAS_DEVICE_MODELS="$MODELS" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu -s
-    grep -oE "(memory plan|fsdp|logprobs) .*" "$LOG" >> "$SUMMARY"
+    grep -oE "(memory plan|fsdp|logprobs|cuda ipc|release) .*" "$LOG" >> "$SUMMARY"
     for shape in s135 s1700; do  # the update's tokens/s and model FLOP/s against H200's bf16 dense peak
         step "bench_$shape" 240 "$PY" bench/bench_iteration.py --device cuda --model "$MODELS/$shape" \
             --modes parallel --iterations 2 --peak-tflops 989 --peak-name "H200 bf16 dense"

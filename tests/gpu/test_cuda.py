@@ -1,10 +1,13 @@
 """On a CUDA device (skipped elsewhere; ``scripts/device_check.sh`` runs them on the lent GPU):
 FSDP2 at world size 1 against the unsharded step, the chunked log-probs and packed shared
 prefixes under bf16 against the full-logits, unpacked path, and the memory plan against the
-measured peak for SmolLM2-135M- and 1.7B-shaped random models. Each prints one line the check's
-summary collects (``fsdp ...``, ``logprobs ...``, ``memory plan ...``)."""
+measured peak for SmolLM2-135M- and 1.7B-shaped random models, a tensor over 1 GiB to another
+process by CUDA IPC within the planned transfer peak, and the trainer's cache handed back. Each
+prints one line the check's summary collects (``fsdp ...``, ``logprobs ...``, ``memory plan ...``,
+``cuda ipc ...``, ``release ...``)."""
 
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -117,3 +120,59 @@ def test_the_memory_plan_is_a_floor_of_the_measured_update(shape):
           f"(activations not planned: {max(0.0, peak - planned_peak) / GIB:.2f} GiB)")
     assert abs(state - planned_state) <= 0.03 * planned_state
     assert peak >= 0.97 * planned_peak  # a floor
+
+
+CHILD = """
+import pickle, sys, torch
+func, args = pickle.load(sys.stdin.buffer)
+tensor = func(*args)  # the trainer's memory, mapped here by CUDA IPC: no copy
+print("CHECKSUM", float(tensor[::4099].double().sum()), tensor.dtype, tuple(tensor.shape), flush=True)
+"""
+
+
+def test_a_tensor_over_1_gib_reaches_another_process_by_cuda_ipc_within_the_planned_peak():
+    """What vLLM's IPC sender does with the trainer's buffer (``reduce_tensor`` here, its rebuild in
+    the engine process), for Qwen3-8B's embedding in bf16 (151936 x 4096 x 2 B = 1.16 GiB, above
+    vLLM's 1 GiB default buffer): the bytes arrive whole, and the trainer's peak (the tensor cast
+    before the gather, and the buffer raised to it) is what the memory plan counts
+    (``VLLMEngine.transfer_bytes``)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from drmas.engines.vllm import VLLMEngine
+    from drmas.engines.vllm_settings import VLLMSettings
+    from drmas.modules.memory import GIB
+
+    shape = (151936, 4096)
+    shard = torch.randn(shape, device="cuda")  # the trainer's fp32 weight (its own memory, not counted)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    tensor = shard.to(torch.bfloat16)  # cast first, then (on several ranks) gathered
+    planned = VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), tensor.numel())
+    buffer = torch.empty(max(2**30, tensor.numel() * 2), dtype=torch.uint8, device="cuda")
+    buffer[: tensor.numel() * 2].copy_(tensor.view(-1).view(torch.uint8))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    sent = buffer[: tensor.numel() * 2].view(torch.bfloat16).view(shape)
+    child = subprocess.run([sys.executable, "-c", CHILD], input=pickle.dumps(reduce_tensor(sent)),
+                           capture_output=True, timeout=120)
+    assert child.returncode == 0, child.stderr.decode()[-3000:]
+    said = next(line for line in child.stdout.decode().splitlines() if line.startswith("CHECKSUM")).split()
+    expected = float(tensor[::4099].double().sum())
+    print(f"cuda ipc: {tensor.numel() * 2 / GIB:.2f} GiB tensor to another process, checksum {said[1]} vs "
+          f"{expected}; transfer peak {peak / GIB:.2f} GiB measured vs {planned / GIB:.2f} planned")
+    assert float(said[1]) == expected and said[2] == "torch.bfloat16"
+    assert abs(peak - planned) <= 0.02 * planned
+
+
+def test_the_trainer_hands_its_cached_memory_back_before_engines_wake():
+    from drmas.modules.generation import release_cached_memory
+    from drmas.modules.memory import GIB
+
+    blocks = [torch.empty(2**30, dtype=torch.uint8, device="cuda") for _ in range(4)]  # what an update frees
+    del blocks
+    before = torch.cuda.memory_reserved()
+    release_cached_memory(torch.device("cuda", torch.cuda.current_device()))
+    after = torch.cuda.memory_reserved()
+    print(f"release: reserved {before / GIB:.2f} GiB -> {after / GIB:.2f} GiB")
+    assert before - after >= 4 * GIB - 2**20
