@@ -56,7 +56,8 @@ from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
-from drmas.ranks import GATHER_ENV, TIMEOUT_ENV, watch
+from drmas.ranks import GATHER_ENV, TIMEOUT_ENV
+from drmas.watch import watch
 
 __all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow",
            "run_recipe"]

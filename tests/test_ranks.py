@@ -88,7 +88,9 @@ def _watch_on_a_real_store(monkeypatch, rank: int, world: int, attempt: str = "0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
     monkeypatch.setattr(ranks.watch_state, "iteration", 0)
     monkeypatch.setattr(ranks.watch_state, "what", "start-up")
-    w = ranks.Watch()
+    from drmas.watch import Watch
+
+    w = Watch()
     w.rank, w.world, w.store = rank, world, host
     prefix = f"drmas/attempt{attempt}"
     w._failed, w._read, w._beat = f"{prefix}/failed", f"{prefix}/read", f"{prefix}/beat"

@@ -14,7 +14,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.atomic import COMPLETE, publish_dir, recover_dir
-from drmas.ranks import at, portable, watch
+from drmas.ranks import at, portable
+from drmas.watch import watch
 
 __all__ = ["IterationCheckpoint", "partial_path", "recover_checkpoint"]
 

@@ -35,8 +35,9 @@ from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
 from drmas.modules.sharding import check_precision
-from drmas.ranks import at, watch, watch_state
+from drmas.ranks import at, watch_state
 from drmas.records import BatchSpec, MicroBatch
+from drmas.watch import watch
 
 __all__ = ["MultiAgentRL", "check_precision"]
 

@@ -20,7 +20,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.distributed.constants import default_pg_timeout
 
-from drmas.ranks import collective_timeout_s, flight_recorder, init_process_group, watch
+from drmas.ranks import collective_timeout_s, flight_recorder, init_process_group
+from drmas.watch import watch
 
 __all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded",
            "resolve_strategy", "shard_model", "shard_policies"]
