@@ -37,8 +37,8 @@ def write_problems(path: str) -> None:
             f.write(json.dumps({"problem": t.problem, "answer": t.answer}) + "\n")
 
 
-def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
-    """drmas's seconds per step; ``args.kernels`` becomes the vLLM kernel build its engine loaded."""
+def drmas_steps(args: argparse.Namespace, data: str, out: str) -> tuple[list[float], str]:
+    """drmas's seconds per step, and the vLLM kernel build its engine loaded."""
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "math.py"), "fit",
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
            "--trainer.max_epochs", str(args.steps),
@@ -54,14 +54,14 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> list[float]:
     proc = subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.PIPE, text=True)
     engines = [line.rsplit("kernels ", 1)[1] for line in proc.stdout.splitlines()
                if " vLLM engine of policy " in line]
-    args.kernels = ", ".join(sorted(set(engines))) or "none (HF engine)"
+    kernels = ", ".join(sorted(set(engines))) or "none (HF engine)"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(glob.glob(os.path.join(out, "math", "version_*", "events.*"))[0],
                           size_guidance={"scalars": 0})
     ea.Reload()
     parts = [{e.step: e.value for e in ea.Scalars(f"time/{k}_s")} for k in ("sync", "rollout", "update")]
-    return [sum(p[it] for p in parts) for it in sorted(parts[0])]
+    return [sum(p[it] for p in parts) for it in sorted(parts[0])], kernels
 
 
 TRL_SCRIPT = r"""
@@ -129,14 +129,14 @@ def main() -> None:
         data = os.path.join(tmp, "w1.jsonl")
         write_problems(data)
         os.makedirs(os.path.join(tmp, "trl")), os.makedirs(os.path.join(tmp, "drmas"))
-        ours = drmas_steps(args, data, os.path.join(tmp, "drmas"))
+        ours, kernels = drmas_steps(args, data, os.path.join(tmp, "drmas"))
         theirs = trl_steps(args, data, os.path.join(tmp, "trl"))
     med = lambda xs: statistics.median(xs[1:] if len(xs) > 1 else xs)  # noqa: E731
     from drmas.hardware import machine
 
     print(f"machine: {machine()}")
     print(f"W1: SmolLM2-135M, 4 problems x 4 samples, <= 64 new tokens, {args.steps} steps; "
-          f"drmas engine {args.engine} (vLLM kernels loaded: {args.kernels}), "
+          f"drmas engine {args.engine} (vLLM kernels loaded: {kernels}), "
           f"precision {resolved_precision(args.precision)}")
     print(f"drmas  median {med(ours):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in ours)})")
     if theirs:

@@ -92,8 +92,8 @@ def bf16_is_native(device: str = "cpu") -> bool:
     """Whether ``device`` ("cpu" or "cuda") computes bf16 in hardware."""
     if device == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if is_x86():  # the flag vLLM's kernel choice reads (see the module docstring)
-        return bool(torch.cpu._is_avx512_bf16_supported())
+    if is_x86():  # the flags vLLM's kernel choice reads: native exactly where it loads its BF16 build
+        return vllm_cpu_kernels() == "_C"
     try:  # oneDNN's own test of the CPU's instructions (Arm BF16)
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

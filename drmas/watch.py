@@ -24,9 +24,10 @@ _POLL_S, _ACK_S = 1.0, 10.0
 
 
 class Watch:
-    """This rank's view of the failure board: a thread that stops the process (exit 1, with the
-    posted line) once another rank has posted a failure, or once rank 0, which hosts the store,
-    is gone. Started after the process group, on every rank; :meth:`stop` before ranks leave."""
+    """This rank's view of the failure board: a thread that beats this rank's heartbeat and stops
+    the process (exit 1, with the posted line) once another rank has posted a failure, another
+    rank's heartbeat stopped, or rank 0, which hosts the store, is gone. Started after the process
+    group, on every rank; :meth:`stop` before ranks leave."""
 
     def __init__(self) -> None:
         self.store: Any = None
@@ -63,9 +64,12 @@ class Watch:
         try:  # a client of its own: the process group's store object is not shared across threads
             self.store = dist.TCPStore(host, int(port), world, is_master=False,
                                        timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+            for other in range(world):  # every count exists from here: one multi_get reads them all
+                self.store.add(f"{self._beat}/{other}", 0)
         except Exception as err:  # e.g. no MASTER_ADDR: the agreements and the timeout still hold
             print(f"drmas: rank {rank}: no failure board ({type(err).__name__}: {err}); a rank that fails "
                   "inside a collective is noticed at the timeout", file=sys.stderr, flush=True)
+            self.store = None
             return
         self._stop.clear()
         threading.Thread(target=self._run, name="drmas-rank-watch", daemon=True).start()
@@ -104,19 +108,23 @@ class Watch:
                         pass
                 ranks._exit(f"{line}; rank {self.rank} stopped in {watch_state.what}")
 
+    def _counts(self) -> dict[int, int]:
+        """The other ranks' heartbeat counts, in one request to the store (a poll costs the store two
+        requests per rank, whatever the number of ranks)."""
+        others = [r for r in range(self.world) if r != self.rank]
+        return dict(zip(others, map(int, self.store.multi_get([f"{self._beat}/{r}" for r in others]))))
+
+    def _left(self, other: int) -> bool:
+        return self.store.check([f"{self._beat}/{other}/left"])
+
     def _silent(self, seen: dict[int, tuple[int, float]], limit: float) -> str | None:
         """The line for the first rank whose heartbeat stopped ``limit`` seconds ago (else None)."""
         now = time.monotonic()
-        for other in range(self.world):
-            if other == self.rank:
-                continue
-            if self.store.check([f"{self._beat}/{other}/left"]):
-                continue
-            count = int(self.store.add(f"{self._beat}/{other}", 0))
+        for other, count in self._counts().items():
             last = seen.get(other)
             if last is None or count != last[0]:
                 seen[other] = (count, now)
-            elif count > 0 and now - last[1] > limit:
+            elif count > 0 and now - last[1] > limit and not self._left(other):
                 line = (f"drmas: rank {other} stopped answering {_at()} (no heartbeat for {limit:.0f} s: "
                         "killed, out of memory, crashed or stopped; its log or the system's has the cause)")
                 try:  # the first line posted stays; the others read this one
@@ -131,15 +139,12 @@ class Watch:
         """The other ranks whose heartbeat does not move for ``wait_s`` seconds (a live rank's moves
         every second) and that did not leave on purpose."""
         try:
-            def counts() -> dict[int, int]:
-                return {r: int(self.store.add(f"{self._beat}/{r}", 0)) for r in range(self.world)
-                        if r != self.rank and not self.store.check([f"{self._beat}/{r}/left"])}
-            before = counts()
+            before = self._counts()
             time.sleep(wait_s)
-            after = counts()
+            after = self._counts()
+            return [r for r in sorted(before) if after[r] == before[r] and not self._left(r)]
         except Exception:
             return []
-        return [r for r in sorted(before) if after.get(r) == before[r]]
 
     def _acknowledge(self) -> None:
         try:

@@ -31,19 +31,26 @@ def test_the_buffer_is_raised_to_the_largest_tensor_in_the_engines_dtype(capsys)
                                        "--model.engine_settings.transfer_buffer_mib sets it\n")
 
 
-def test_floating_tensors_are_cast_before_they_are_gathered_and_the_catch_up_uses_that_dtype():
+def test_floating_tensors_are_cast_before_they_are_gathered_and_the_catch_up_uses_that_dtype(monkeypatch):
+    from drmas.engines import base
+
+    gathered = []  # the dtype of every tensor handed to the gather
+    full = base._full
+    monkeypatch.setattr(base, "_full", lambda tensor: gathered.append(tensor.dtype) or full(tensor))
     model = Tiny()
     items = dict(full_state_items(model, torch.bfloat16))
+    cast = [torch.bfloat16 if t.is_floating_point() else t.dtype for t in model.state_dict().values()]
+    assert gathered == cast and torch.int64 in cast  # each cast, then gathered; integers as they are
     assert items["embed.weight"].dtype == torch.bfloat16 and items["steps"].dtype == torch.int64
     assert torch.equal(items["embed.weight"], model.embed.weight.detach().to(torch.bfloat16))
     # a consumer that failed after one item: the catch-up makes the rest in the same dtype
-    from drmas.engines import base
-
+    gathered.clear()
     start_gathers(model, torch.bfloat16)
     next(iter(full_state_items(model, torch.bfloat16)))
     assert base._yielded[id(model)] == (1, torch.bfloat16)
     finish_gathers(model)
     assert id(model) not in base._yielded
+    assert gathered == cast  # one item consumed, the other three caught up, each in the engine's dtype
 
 
 def test_the_ipc_sender_makes_no_collective(monkeypatch):
