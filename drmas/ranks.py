@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["GATHER_ENV", "HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "agree", "at", "attempt",
            "collective_timeout_s", "flight_recorder", "gather_timeout_s", "heartbeat_s", "init_process_group",
-           "portable", "raise_first", "silent_ranks", "stop_line", "watch_state"]
+           "portable", "raise_first", "silent_ranks", "stop_line", "store_host", "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
 GATHER_ENV = "DRMAS_GATHER_TIMEOUT_S"
@@ -49,6 +49,14 @@ HEARTBEAT_ENV = "DRMAS_HEARTBEAT_S"
 def attempt() -> int:
     """Which attempt of the job this is: torchrun's restart count (0 without torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def store_host() -> str:
+    """Who hosts the rendezvous store: torchrun's agent where it hosts one (as torch's ``env://``
+    rendezvous reads it), else rank 0. When the store stops answering, that one is gone."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return "torchrun's agent"
+    return "rank 0"
 
 
 def _prefix() -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from drmas import ranks
 from drmas.ranks import (_TIMEOUT, _TRANSPORT, _at, _prefix, collective_timeout_s, gather_timeout_s,
-                         heartbeat_s, silent_ranks, stop_line, watch_state)
+                         heartbeat_s, silent_ranks, stop_line, store_host, watch_state)
 
 __all__ = ["Watch", "watch"]
 
@@ -26,8 +26,8 @@ _POLL_S, _ACK_S = 1.0, 10.0
 class Watch:
     """This rank's view of the failure board: a thread that beats this rank's heartbeat and stops
     the process (exit 1, with the posted line) once another rank has posted a failure, another
-    rank's heartbeat stopped, or rank 0, which hosts the store, is gone. Started after the process
-    group, on every rank; :meth:`stop` before ranks leave."""
+    rank's heartbeat stopped, or the store's host (rank 0, or torchrun's agent) is gone. Started
+    after the process group, on every rank; :meth:`stop` before ranks leave."""
 
     def __init__(self) -> None:
         self.store: Any = None
@@ -94,9 +94,10 @@ class Watch:
                 if line is None:
                     line = self._silent(seen, limit)
             except Exception:
-                if self._stop.is_set() or self.rank == 0:
+                host = store_host()
+                if self._stop.is_set() or (self.rank == 0 and host == "rank 0"):
                     return
-                line = f"drmas: rank 0 is gone (the store it hosts stopped answering) {_at()}"
+                line = f"drmas: {host} is gone (the rendezvous store it hosts stopped answering) {_at()}"
             if line is None or line.startswith(f"drmas: rank {self.rank} "):
                 continue
             if self._ending.acquire(blocking=False):

@@ -126,6 +126,45 @@ def test_the_board_of_one_attempt_is_not_read_by_the_next(monkeypatch):
     assert "CUDA out of memory" in store.get("drmas/attempt1/failed").decode()
 
 
+@pytest.mark.parametrize("agent_store, rank, line", [
+    (None, 1, "drmas: rank 0 is gone (the rendezvous store it hosts stopped answering) during iteration 0"),
+    ("True", 0, "drmas: torchrun's agent is gone (the rendezvous store it hosts stopped answering) during "
+                "iteration 0"),
+    ("True", 1, "drmas: torchrun's agent is gone"),
+    (None, 0, None),  # rank 0 hosts the store itself: it is ending, nothing to say
+])
+def test_a_store_that_stops_answering_names_its_host(monkeypatch, agent_store, rank, line):
+    """Under torchrun the agent hosts the store: when it stops answering, rank 0 is not the one gone."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    if agent_store is None:
+        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    else:
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent_store)
+    w, host = _watch_on_a_real_store(monkeypatch, rank=rank, world=2)
+    w.store = dist.TCPStore("127.0.0.1", host.port, 2, is_master=False, wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=2))
+    ended = []
+
+    def end(line: str) -> None:  # os._exit in a run: here, note the line and stop the thread
+        ended.append(line)
+        w._stop.set()
+
+    monkeypatch.setattr(ranks, "_exit", end)
+    del host  # the store's server ends with its host
+    thread = threading.Thread(target=w._run)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    if line is None:
+        assert ended == []
+    else:
+        assert len(ended) == 1 and ended[0].startswith(line), ended
+
+
 def test_nccl_gets_a_flight_recorder_dumping_where_the_timeout_line_says(tmp_path, monkeypatch):
     for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"):
         monkeypatch.delenv(var, raising=False)

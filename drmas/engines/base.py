@@ -130,6 +130,14 @@ class Engine(ABC):
         return []
 
     @classmethod
+    def asleep_host_bytes(cls, team: dict[str, Any], settings: Any, parameters: dict[str, int]) -> float:
+        """Host memory the engines keep while asleep (bytes; ``parameters``: each policy's count)."""
+        return 0.0
+
+    asleep_measured: tuple[float, str] | None = None
+    """What the engine holds on the device asleep, measured after its first sleep, and how it was read."""
+
+    @classmethod
     def transfer_bytes(cls, settings: Any, largest: int) -> float:
         """The device memory one weight sync takes on the trainer's side at its peak (bytes), for a
         policy whose largest tensor has ``largest`` elements."""

@@ -53,7 +53,7 @@ from drmas.engines.vllm_adapter import VLLMAdapter
 from drmas.engines.vllm_runtime import vllm_available
 from drmas.engines.vllm_settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
                                          eager, engine_fractions, engine_key, engine_process_env,
-                                         engine_sizes, llm_kwargs, local_ranks, rank_cores,
+                                         engine_sizes, host_copy_bytes, llm_kwargs, local_ranks, rank_cores,
                                          transfer_buffer_bytes)
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
@@ -231,6 +231,11 @@ class VLLMEngine(Engine):
         return [ASLEEP_BYTES] * len(engine_fractions(team, settings))
 
     @classmethod
+    def asleep_host_bytes(cls, team: dict[str, Any], settings: VLLMSettings,
+                          parameters: dict[str, int]) -> float:
+        return host_copy_bytes(team, settings, parameters)
+
+    @classmethod
     def transfer_bytes(cls, settings: VLLMSettings, largest: int) -> float:
         """A GPU transfer's peak on the trainer's side: its buffer (raised to the largest tensor, of
         ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype."""
@@ -398,6 +403,8 @@ class VLLMEngine(Engine):
         if self.on_gpu and not self._asleep:
             self._call("sleep", level=self.sleep_level)
             self._asleep = True
+            if self.asleep_measured is None:  # once: what this process really keeps (for the plan)
+                self.asleep_measured = self._call("device_bytes")
 
     def close(self) -> None:
         """End the engine process (it also ends with this process, however that ends)."""

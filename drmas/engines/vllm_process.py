@@ -18,6 +18,7 @@ with it, see drmas.children) ends the process.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -132,6 +133,11 @@ class EngineServer:
         """--- GPU path: not exercised by the CPU test suite (sleep mode does not exist on CPU). ---"""
         self.llm.sleep(level=level)
 
+    def device_bytes(self) -> tuple[float, str] | None:
+        """What this process holds on its GPU now (asked after its first sleep), and how it was read.
+        --- GPU path: not exercised by the CPU test suite. ---"""
+        return process_device_bytes(os.getpid()) if torch.cuda.is_available() else None
+
     def wake_up(self, tags: list[str] | None) -> bool:
         """Whether the engine is fully awake afterwards. --- GPU path: not exercised by the CPU test
         suite. ---"""
@@ -157,6 +163,35 @@ def _unloaded_layers(worker: Any) -> list[str]:
                 and next(layer.parameters(recurse=False), None) is not None):
             unloaded.append(name or type(layer).__name__)
     return unloaded
+
+
+def pid_usage(pid: int, processes: Sequence[Any]) -> float | None:
+    """Bytes NVML counts for ``pid`` (its CUDA context included) over ``processes``, the entries of
+    ``nvmlDeviceGetComputeRunningProcesses`` of every device; None when NVML does not list it (in a
+    container NVML sees the host's pids) or cannot say (``usedGpuMemory`` None)."""
+    used = [p.usedGpuMemory for p in processes if p.pid == pid and p.usedGpuMemory is not None]
+    return float(sum(used)) if used else None
+
+
+def process_device_bytes(pid: int) -> tuple[float, str]:
+    """This process's device memory: NVML's count for its pid (the one a device monitor shows, CUDA
+    context included; vLLM's own sleep log reads the whole device, the other engines' and the
+    trainer's changes with it), else torch's reserved memory (the context not counted)."""
+    try:
+        from vllm.third_party import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            processes = [p for i in range(pynvml.nvmlDeviceGetCount()) for p in
+                         pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))]
+        finally:
+            pynvml.nvmlShutdown()
+        used = pid_usage(pid, processes)
+        if used is not None:
+            return used, f"NVML, pid {pid}"
+    except Exception:  # no NVML library: torch's count below
+        pass
+    return float(torch.cuda.memory_reserved()), "torch's reserved memory; the CUDA context not counted"
 
 
 def loaded_kernels() -> str:

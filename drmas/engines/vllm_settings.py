@@ -8,11 +8,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import torch
+
 from drmas.engines.base import policy_settings
+from drmas.hardware import engine_dtype
 
 __all__ = ["VLLMSettings", "builds_alone", "check_gpu_fractions", "check_kv_caches", "eager",
-           "engine_fractions", "engine_key", "engine_process_env", "engine_sizes", "llm_kwargs",
-           "local_ranks", "rank_cores", "transfer_buffer_bytes"]
+           "engine_fractions", "engine_key", "engine_process_env", "engine_sizes", "host_copy_bytes",
+           "llm_kwargs", "local_ranks", "rank_cores", "transfer_buffer_bytes"]
 
 
 @dataclass
@@ -112,6 +115,18 @@ def check_kv_caches(sizes: dict[str, float], machine_bytes: int | None = None) -
                          f"{machine_bytes / 2**30:.1f} GiB, more than the {limit:.1f} GiB they may use: "
                          "lower --model.engine_settings.kv_cache_gib or the policies' own "
                          f"(engine_settings: {{kv_cache_gib: ...}})")
+
+
+def host_copy_bytes(team: dict[str, Any], vllm: VLLMSettings, parameters: dict[str, int]) -> float:
+    """The weights engines asleep at level 1 keep in host memory (bytes): a frozen policy's whole model
+    and a LoRA base, in the engine's dtype; level 2 keeps nothing."""
+    total = 0.0
+    for key, name in {engine_key(n, c): n for n, c in reversed(list(team.items()))}.items():
+        config = team[name]  # the first policy of each engine, as _per_engine counts it
+        if config.lora is not None or not config.trainable:
+            dtype = getattr(torch, engine_dtype(policy_settings(vllm, config).dtype))
+            total += parameters[name] * dtype.itemsize
+    return total
 
 
 def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:

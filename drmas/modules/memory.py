@@ -10,7 +10,10 @@ the device (weights and KV cache) during the rollout; what each engine still hol
 the update (``Engine.asleep_bytes``: an engine process's device context and what its sleep
 does not release); one weight transfer's peak (``Engine.transfer_bytes``: its buffer, raised to
 the largest tensor, and one gathered tensor beside it, for the policy where that is largest), in
-the rollout peak, since the sync runs with the engines' weights awake.
+the rollout peak, since the sync runs with the engines' weights awake. On the host: the weights
+engines asleep at level 1 keep there (``Engine.asleep_host_bytes``: frozen policies, LoRA bases).
+Once the engines have slept, what each one really holds is measured per process and compared with
+the plan (:func:`residue_report`).
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
 is therefore a floor, and the refusal only fires for configurations that cannot fit at all.
 """
@@ -18,12 +21,19 @@ is therefore a floor, and the refusal only fires for configurations that cannot 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["PolicyMemory", "largest_tensor", "memory_plan", "policy_memory"]
+from drmas.engines import policy_settings
+
+__all__ = ["PLAN_LENGTH", "PolicyMemory", "largest_tensor", "memory_plan", "plan_length", "plan_terms",
+           "policy_memory", "residue_report"]
 
 GIB = 1024**3
+
+PLAN_LENGTH = 4096
+"""The sequence length the memory plan counts for an engine that declares no limit of its own."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,30 @@ def largest_tensor(model: torch.nn.Module) -> int:
     return max((t.numel() for t in model.state_dict().values()), default=0)
 
 
+def plan_length(engine: Any, settings: Any, config: Any) -> int:
+    """The longest sequence the plan counts for a policy: its engine's limit, else ``PLAN_LENGTH``."""
+    return engine.context_limit(policy_settings(settings, config)) or PLAN_LENGTH
+
+
+def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[str, Any], ranks: int,
+               device_bytes: int, offload: bool, sharded: bool, kl: bool) -> dict[str, Any]:
+    """:func:`memory_plan`'s arguments for these policies and their engines (an ``Engine`` class and
+    its settings)."""
+    copy = engine.keeps_copy(sharded)
+    transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model))
+                   for p in policies.values())
+    parameters = {n: sum(t.numel() for t in p.model.parameters()) for n, p in policies.items()}
+    return dict(policies=[policy_memory(p, kl, plan_length(engine, settings, p.config), copy)
+                          for p in policies.values()],
+                ranks=ranks, device_bytes=device_bytes,
+                engine_fractions=engine.device_fractions(team, settings),
+                offload=offload, engine_asleep=engine.asleep_bytes(team, settings), transfer_bytes=transfer,
+                host_bytes=engine.asleep_host_bytes(team, settings, parameters))
+
+
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
-                offload: bool = False, engine_asleep: list[float] = (), transfer_bytes: float = 0.0
-                ) -> tuple[str, bool]:
+                offload: bool = False, engine_asleep: list[float] = (), transfer_bytes: float = 0.0,
+                host_bytes: float = 0.0) -> tuple[str, bool]:
     """The plan as a table (GiB per device) and whether it fits.
 
     Engines sleep during the update and the policies' gradients are freed after each step, so the
@@ -97,9 +128,29 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
                  f"rollout peak {rollout / GIB:.2f} GiB (engines {engines / GIB:.2f} GiB = "
                  f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'}; weight transfer "
                  f"{transfer_bytes / GIB:.2f})")
+    if host_bytes:
+        lines.append(f"host memory per rank: {host_bytes / GIB:.2f} GiB of weights kept by engines asleep "
+                     "at level 1 (frozen policies, LoRA bases), times the ranks of a node")
     fits = max(update, rollout) <= device_bytes
     if not fits:
         lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks "
                      "(--trainer.devices), offload (--trainer.strategy fsdp_offload), lower the engines' "
                      "share (--model.engine_settings) or logprob_chunk_tokens, or use a smaller model")
     return "\n".join(lines), fits
+
+
+def residue_report(measured: dict[str, tuple[float, str]], plan: dict) -> list[str]:
+    """Lines comparing what each engine holds asleep, ``measured`` per engine as (bytes, how it was
+    read), with what the plan counted (``plan``: :func:`memory_plan`'s keyword arguments); and the
+    plan again when, with the measured values, it no longer fits."""
+    if not measured:
+        return []
+    planned = list(plan.get("engine_asleep") or [0.0])
+    lines = [f"engine {name} asleep holds {got / GIB:.2f} GiB of the device ({how}; the plan counted "
+             f"{planned[0] / GIB:.2f})" for name, (got, how) in measured.items()]
+    if len(measured) == len(planned):
+        text, fits = memory_plan(**{**plan, "engine_asleep": [got for got, _ in measured.values()]})
+        if not fits:
+            lines.append("with the engines' measured residue the plan no longer fits (expect an "
+                         f"out-of-memory in the update):\n{text}")
+    return lines

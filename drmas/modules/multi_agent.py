@@ -26,14 +26,14 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
-from drmas.engines import Engine, parse_settings, policy_settings, resolve_engine
+from drmas.engines import Engine, parse_settings, resolve_engine
 from drmas.hardware import machine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import EngineRouting
-from drmas.modules.memory import largest_tensor, memory_plan, policy_memory
+from drmas.modules.memory import memory_plan, plan_terms, residue_report
 from drmas.modules.policy import Policy, PolicyConfig, make_policies
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng
+from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng, seed_rng
 from drmas.modules.sharding import check_precision
 from drmas.ranks import at, watch_state
 from drmas.records import BatchSpec, MicroBatch
@@ -42,10 +42,6 @@ from drmas.watch import watch
 __all__ = ["MultiAgentRL", "check_precision"]
 
 log = logging.getLogger(__name__)
-
-PLAN_LENGTH = 4096
-"""The sequence length the memory plan counts for an engine that declares no limit of its own."""
-
 
 class MultiAgentRL(EngineRouting, L.LightningModule):
     def __init__(
@@ -114,6 +110,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.stop_signal = StopSignal()
         self.weights_read: dict[str, str] = {}  # policy -> how its shards were read (sharded loading)
         self._sharded = False
+        self._plan: dict | None = None  # the memory plan's terms (GPU), until the engines first slept
         self.engines: dict[str, Engine] = {}
         self._engine_pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
         self._synced: dict[str, int] = {}
@@ -198,26 +195,14 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._agree(failure)
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
-        engines = self._engine_class.device_fractions(self._team, self._engine_settings)
-        copy = self._engine_class.keeps_copy(self._sharded)
-        entries = [policy_memory(p, self.loss.kl_coef > 0, self._plan_length(p.config), copy)
-                   for p in self.policies.values()]
-        engine, settings = self._engine_class, self._engine_settings
-        transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model))
-                       for p in self.policies.values())
-        plan, fits = memory_plan(entries, self.world_size,
-                                 torch.cuda.get_device_properties(self.device).total_memory,
-                                 engines, getattr(self.trainer.strategy, "cpu_offload", False),
-                                 self._engine_class.asleep_bytes(self._team, self._engine_settings),
-                                 transfer)
+        self._plan = plan_terms(self.policies, self._engine_class, self._engine_settings, self._team,
+                                self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
+                                getattr(self.trainer.strategy, "cpu_offload", False), self._sharded,
+                                self.loss.kl_coef > 0)
+        plan, fits = memory_plan(**self._plan)
         rank_zero_info(plan)
         if not fits:
             raise ValueError(plan)
-
-    def _plan_length(self, config: PolicyConfig) -> int:
-        """The longest sequence the memory plan counts for a policy: its engine's limit, else
-        ``PLAN_LENGTH``."""
-        return self._engine_class.context_limit(policy_settings(self._engine_settings, config)) or PLAN_LENGTH
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
@@ -362,6 +347,11 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         # can sleep; a no-op for the rest) until the next sync_weights wakes them
         for engine in self.engines.values():
             engine.sleep()
+        if self._plan is not None and self.trainer.is_global_zero:  # once: what sleep really left
+            for line in residue_report({n: e.asleep_measured for n, e in self.engines.items()
+                                        if e.asleep_measured is not None}, self._plan):
+                print(line, flush=True)
+            self._plan = None
         self._update_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
@@ -400,10 +390,11 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         if state is None:
             raise ValueError("this checkpoint was not written by drmas.MultiAgentRL")
         rng = state["rng"]
-        if len(rng) != self.world_size:
-            raise ValueError(f"this checkpoint was written by {len(rng)} rank(s) and this run has "
-                             f"{self.world_size}: resume with the same --trainer.devices x "
-                             f"--trainer.num_nodes ({len(rng)})")
+        if len(rng) != self.world_size:  # resharded by the strategy's load; the seeds follow the new ranks
+            rank_zero_info(f"drmas: this checkpoint was written by {len(rng)} rank(s) and resumes on "
+                           f"{self.world_size}: the sharded weights and optimiser states are resharded, each "
+                           "rank draws from its own seed (of the run's seed, its rank and the iteration), "
+                           "and the numbers differ from an uninterrupted run from here on")
         saved, now = state.get("precision"), self._precision()
         if saved is not None and now is not None and saved != now:
             raise ValueError(
@@ -415,7 +406,10 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.history = state["history"]
         for n, v in state["versions"].items():
             self.policies[n].version = v
-        restore_rng(rng[self.rank])
+        if len(rng) == self.world_size:
+            restore_rng(rng[self.rank])
+        else:
+            seed_rng(self.seed + self.iteration + 1_000_003 * self.rank)
 
     def _precision(self) -> str | None:
         return str(self._trainer.precision) if self._trainer is not None else None

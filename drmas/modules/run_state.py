@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "epoch_scalars", "restore_rng"]
+__all__ = ["capture_rng", "epoch_scalars", "restore_rng", "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -31,6 +31,13 @@ def restore_rng(state: dict[str, Any]) -> None:
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def seed_rng(seed: int) -> None:
+    """Seed this process's random states (torch, CUDA, Python, NumPy) from ``seed``."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float]]]]],

@@ -167,12 +167,12 @@ def check_precision(precision: str) -> None:
 
 def check_resume(ckpt_path: Any, strategy: Any) -> None:
     """Refuse, before anything loads, to resume a sharded checkpoint without sharding: its
-    directory would be read as a file. (Another rank count is refused when the state loads.)"""
+    directory would be read as a file. (With sharding, any rank count resumes it: the load reshards.)"""
     if not isinstance(ckpt_path, (str, os.PathLike)) or isinstance(strategy, ModelParallelStrategy):
         return
     meta = os.path.join(ckpt_path, "meta.pt")
     if os.path.isdir(ckpt_path) and os.path.isfile(meta):
         ranks = len(torch.load(meta, map_location="cpu", weights_only=True)["drmas"]["rng"])
         raise ValueError(f"{ckpt_path} is a sharded checkpoint written by {ranks} ranks: resume it with "
-                         f"--trainer.strategy fsdp and {ranks} ranks "
-                         "(--trainer.devices x --trainer.num_nodes)")
+                         "--trainer.strategy fsdp, on any number of ranks (--trainer.devices 1 included): "
+                         "the load reshards it")

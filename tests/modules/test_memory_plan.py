@@ -79,7 +79,50 @@ def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):
     ckpt.mkdir()
     torch.save({"drmas": {"rng": [{}, {}, {}, {}]}}, ckpt / "meta.pt")
     with pytest.raises(ValueError,
-                       match="written by 4 ranks: resume it with --trainer.strategy fsdp and 4 ranks"):
+                       match="written by 4 ranks: resume it with --trainer.strategy fsdp, on any number"):
         check_resume(str(ckpt), "auto")
-    check_resume(str(ckpt), FSDP())  # sharded: the rank count is checked when the state loads
+    check_resume(str(ckpt), FSDP())  # sharded: any rank count, the load reshards
     check_resume(None, "auto")
+
+
+def test_the_plan_counts_level_one_host_copies_and_rechecks_with_the_measured_residue():
+    from drmas.engines.vllm_settings import VLLMSettings, host_copy_bytes
+    from drmas.models.lora import LoraSettings
+    from drmas.modules.memory import residue_report
+    from drmas.modules.policy import PolicyConfig
+
+    team = {"trained": PolicyConfig(), "judge": PolicyConfig(trainable=False),
+            "a": PolicyConfig(model="base", lora=LoraSettings(), share_base=True),
+            "b": PolicyConfig(model="base", lora=LoraSettings(), share_base=True)}
+    params = {"trained": 7, "judge": 1000, "a": 300, "b": 300}
+    # bf16 engines: the frozen judge and the LoRA base (once for a and b) kept on the host, 2 B each;
+    # the trained whole model sleeps at level 2 and keeps nothing
+    assert host_copy_bytes(team, VLLMSettings(dtype="bfloat16"), params) == 2 * (1000 + 300)
+    assert host_copy_bytes(team, VLLMSettings(dtype="float32"), params) == 4 * (1000 + 300)
+    text, _ = memory_plan([ONE_B], ranks=8, device_bytes=80 * GIB, engine_fractions=[0.3], host_bytes=3 * GIB)
+    assert "host memory per rank: 3.00 GiB of weights kept by engines asleep at level 1" in text
+
+    plan = dict(policies=[ONE_B], ranks=8, device_bytes=80 * GIB, engine_fractions=[0.3, 0.3],
+                engine_asleep=[GIB, GIB])
+    # update peak 16 B x 1e9 / 8 + logits = 3.0 GiB + 2 x 1 GiB asleep: fits; measured 1.5 GiB each still fits
+    lines = residue_report({"p": (1.5 * GIB, "NVML, pid 7"), "q": (1.5 * GIB, "NVML, pid 8")}, plan)
+    assert lines == ["engine p asleep holds 1.50 GiB of the device (NVML, pid 7; the plan counted 1.00)",
+                     "engine q asleep holds 1.50 GiB of the device (NVML, pid 8; the plan counted 1.00)"]
+    # 40 GiB each (an engine whose sleep released nothing): the update no longer fits, said with the plan
+    lines = residue_report({"p": (40 * GIB, "NVML, pid 7"), "q": (40 * GIB, "NVML, pid 8")}, plan)
+    assert lines[-1].startswith("with the engines' measured residue the plan no longer fits (expect an "
+                                "out-of-memory in the update):\nmemory plan per device")
+    assert "engines asleep 80.00" in lines[-1]
+    assert residue_report({}, plan) == []
+
+
+def test_an_engine_process_finds_its_own_pid_in_nvmls_list():
+    from types import SimpleNamespace
+
+    from drmas.engines.vllm_process import pid_usage
+
+    rows = [SimpleNamespace(pid=7, usedGpuMemory=3 * GIB), SimpleNamespace(pid=9, usedGpuMemory=GIB),
+            SimpleNamespace(pid=7, usedGpuMemory=GIB), SimpleNamespace(pid=8, usedGpuMemory=None)]
+    assert pid_usage(7, rows) == 4 * GIB  # on two devices: both counted
+    assert pid_usage(8, rows) is None  # NVML cannot say (no privilege)
+    assert pid_usage(5, rows) is None  # not listed: another pid namespace

@@ -1,5 +1,6 @@
 """MultiAgentRL in-process: routing, the non-finite guard, agent -> policy mapping errors."""
 
+import logging
 import math
 
 import lightning as L
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from drmas.algorithms import LossConfig
+from drmas.modules.memory import plan_length
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import RolloutConfig, Rollouts
 from drmas.engines import GenerationParams
@@ -171,7 +173,8 @@ def test_engine_settings_are_the_engines_own_and_unknown_keys_are_refused_by_nam
                           engine_settings={"max_model_len": 512, "kv_cache_gib": 1})
     # int -> float
     assert (module._engine_settings.max_model_len, module._engine_settings.kv_cache_gib) == (512, 1.0)
-    assert module._plan_length(module.policies["a"].config) == 512  # the memory plan reads the engine's limit
+    # the memory plan reads the engine's limit
+    assert plan_length(module._engine_class, module._engine_settings, module.policies["a"].config) == 512
 
 
 def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
@@ -218,17 +221,21 @@ def test_engines_sleep_for_the_update_and_sync_wakes_them():
     assert engine.synced == 1 and not engine.asleep
 
 
-def test_a_checkpoint_of_another_rank_count_is_refused_before_anything_changes():
-    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
+def test_a_checkpoint_of_another_rank_count_resumes_with_the_seeds_of_the_new_ranks(caplog):
+    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf", seed=5)
     state = {}
     module.on_save_checkpoint(state)
     assert len(state["drmas"]["rng"]) == 1  # one random state per rank
     state["drmas"]["rng"] *= 2
     state["drmas"]["iteration"] = 7
-    with pytest.raises(ValueError, match=r"written by 2 rank\(s\) and this run has 1: resume with the same "
-                                         r"--trainer.devices x --trainer.num_nodes \(2\)"):
+    with caplog.at_level(logging.INFO):
         module.on_load_checkpoint(state)
-    assert module.iteration == 0
+    assert module.iteration == 7
+    assert "written by 2 rank(s) and resumes on 1: the sharded weights and optimiser states are resharded" \
+        in caplog.text
+    drawn = torch.rand(3)
+    torch.manual_seed(5 + 7)  # rank 0's seed at iteration 7: neither saved state, the new rank's own
+    assert torch.equal(drawn, torch.rand(3))
 
 
 def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from recipe_runs import (assert_engine_logprobs_match, assert_engines_in_processes_of_their_own, check_run,
                          run_dir, run_recipe, scalars)
 
@@ -41,7 +42,8 @@ def test_search_on_two_ranks_with_vllm_logs_every_rank_and_checkpoints_shards(tm
     proc = run_recipe("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "3",
                       "--ckpt_path", ckpt, check=False)
     assert proc.returncode != 0
-    assert "is a sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp" in proc.stderr
+    assert "sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp, on any number" \
+        in proc.stderr
 
 
 def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path):
@@ -66,6 +68,53 @@ def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path
              for d in (full, part)]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def full_state(ckpt: str, into: str) -> dict:
+    """A sharded checkpoint as one state dict (weights and optimiser state by parameter name)."""
+    dcp_to_torch_save(ckpt, into)
+    return torch.load(into, map_location="cpu", weights_only=False)
+
+
+def assert_one_adam_step_apart(before: dict, after: dict) -> None:
+    """``after`` is ``before`` plus one AdamW step: its moments and weights follow from the restored
+    ones and the step's gradient (recovered from the first moment). A fresh optimiser (step 1,
+    ``exp_avg_sq = (1 - b2) g^2``) or other weights would break both."""
+    group = after["optimizer_0"]["param_groups"][0]
+    (b1, b2), lr, eps, wd = group["betas"], group["lr"], group["eps"], group["weight_decay"]
+    state = after["optimizer_0"]["state"]
+    assert state.keys() == before["optimizer_0"]["state"].keys() and len(state) > 10
+    for name, new in state.items():
+        old = before["optimizer_0"]["state"][name]
+        t = int(new["step"])
+        assert t == int(old["step"]) + 1, name
+        grad = (new["exp_avg"] - b1 * old["exp_avg"]) / (1 - b1)
+        torch.testing.assert_close(new["exp_avg_sq"], b2 * old["exp_avg_sq"] + (1 - b2) * grad**2)
+        step = (new["exp_avg"] / (1 - b1**t)) / ((new["exp_avg_sq"] / (1 - b2**t)).sqrt() + eps)
+        w0, w1 = before["state_dict"][name], after["state_dict"][name]
+        torch.testing.assert_close(w1, w0 * (1 - lr * wd) - lr * step, rtol=0, atol=1e-7)
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back_resharded(tmp_path):
+    args = ("--trainer.strategy", "fsdp", "--model.engine", "hf", "--model.loss.entropy_coef", "0.01",
+            "--data.val_tasks", "0")
+    runs = [tmp_path / n for n in ("two", "one", "back")]
+    for d in runs:
+        d.mkdir()
+    run_recipe("search", runs[0], *args, "--trainer.devices", "2")
+    ckpts = [os.path.join(run_dir(runs[0]), "checkpoints", "last.ckpt")]
+    for d, devices, epochs in ((runs[1], "1", "3"), (runs[2], "2", "4")):
+        proc = run_recipe("search", d, *args, "--trainer.devices", devices, "--trainer.max_epochs", epochs,
+                          "--ckpt_path", ckpts[-1])
+        written = "2 rank(s) and resumes on 1" if devices == "1" else "1 rank(s) and resumes on 2"
+        assert f"drmas: this checkpoint was written by {written}: the sharded weights" in proc.stderr
+        # continued, not restarted
+        assert sorted(scalars(run_dir(d))["rollout/success_rate"]) == [int(epochs)]
+        ckpts.append(os.path.join(run_dir(d), "checkpoints", "last.ckpt"))
+    assert [len(meta(c)["rng"]) for c in ckpts] == [2, 1, 2]
+    states = [full_state(c, str(tmp_path / f"{k}.pt")) for k, c in enumerate(ckpts)]
+    assert_one_adam_step_apart(states[0], states[1])  # 2 ranks -> 1: weights and moments resharded exactly
+    assert_one_adam_step_apart(states[1], states[2])  # and 1 -> 2
 
 
 def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
