@@ -6,6 +6,15 @@ reference: ``("module", name, qualname)`` or ``("file", path, qualname)``, the w
 multiprocessing finds a target. This module imports nothing heavy (no torch, nothing of drmas but
 the child helper), so a worker starts in about the time ``import openai`` takes.
 
+The worker's environment points every client a program builds from it (``OPENAI_BASE_URL``,
+``OPENAI_API_BASE``, ``OPENAI_API_KEY``: the openai package, LangChain, LlamaIndex, LiteLLM and so
+DSPy and CrewAI; the openai module's own client through ``openai.base_url``/``api_key``) at the
+worker's own address, which reaches the episode it plays now: a client built once per process
+follows the worker from episode to episode. The client ``episode()`` is given has the episode's
+own URL. Threads an episode leaves running are reported after its answer (the trainer then
+replaces the worker), and DSPy's caches are off (they key on the prompt, not the endpoint, so they
+would replay answers without a call).
+
 Async episodes run on one event loop per worker that stays open until the worker ends: clients a
 program leaves behind (a framework's default client) are then closed on a live loop, not on a
 closed one (which prints "Event loop is closed" tracebacks).
@@ -22,6 +31,8 @@ import inspect
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -133,6 +144,37 @@ def _play(fn: Callable[..., Any], loop: asyncio.AbstractEventLoop, job: dict[str
         gc.collect()  # clients dropped by the program close now, while their loop runs
 
 
+def _point_clients_at(url: str, key: str) -> None:
+    """Every client a program builds from the environment reaches this worker's address."""
+    import openai
+
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        os.environ[name] = url
+    os.environ["OPENAI_API_KEY"] = key
+    openai.base_url, openai.api_key = url.rstrip("/") + "/", key  # the module client joins paths to it
+
+
+def _caches_off() -> None:
+    """DSPy's caches off, once the program has imported it."""
+    dspy = sys.modules.get("dspy")
+    if dspy is not None and hasattr(dspy, "configure_cache"):
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+
+def _lingering(before: set[threading.Thread], grace_s: float = 0.5) -> list[str]:
+    """Threads started during the episode that are still running ``grace_s`` later (the event loop's
+    default executor, kept for the next episode, is not one of them)."""
+    deadline = time.monotonic() + grace_s
+    left = []
+    for t in threading.enumerate():
+        if t in before or t is threading.current_thread() or t.name.startswith("asyncio_"):
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            left.append(t.name)
+    return left
+
+
 def serve(fd: str) -> None:
     """A worker's life (started by :class:`drmas.children.Child`): the hello, then episodes until
     the trainer closes the connection."""
@@ -142,8 +184,9 @@ def serve(fd: str) -> None:
     sys.path[:] = hello["sys_path"]
     os.chdir(hello["cwd"])
     try:
+        # first: a client the program builds when its module is imported reaches the worker too
+        _point_clients_at(hello["worker_url"], hello["worker_key"])  # imports openai, once per worker
         fn = load_episode(tuple(hello["episode"]))
-        import openai  # noqa: F401 - imported once per worker, before its first episode
     except BaseException:  # noqa: BLE001 - whatever the user's module raised, told to the trainer
         conn.send({"load_error": traceback.format_exc()})
         return
@@ -155,17 +198,18 @@ def serve(fd: str) -> None:
             job = conn.recv()
         except (EOFError, OSError):
             break
-        # a program that builds OpenAI() with no arguments reaches its own episode
-        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = job["base_url"], job["key"]
+        _caches_off()
+        before = set(threading.enumerate())
         try:
             reply = {"value": _play(fn, loop, job)}
         except BaseException:  # noqa: BLE001 - the user's code may raise anything; it fails this episode
             reply = {"error": traceback.format_exc()}
         try:
-            conn.send(reply)
+            conn.send(reply)  # at once: the episode's session ends, a call its threads make now gets 410
         except Exception as err:  # noqa: BLE001 - a return value pickle cannot send
             conn.send({"error": "its return value cannot be sent to the trainer: "
                                 f"{type(err).__name__}: {err}"})
+        conn.send({"lingering": _lingering(before)})  # before the next episode: the trainer waits for it
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no interpreter teardown: nothing the program left behind runs on a closed loop

@@ -72,13 +72,36 @@ def three_rounds(task, client):
 
 
 def process_global(task, client):
-    """A program that keeps a process-global client built from the environment (as a framework's
-    default client or a cached model is): it still reaches its own episode."""
+    """A program that builds a client from the environment once per process and keeps it (as a
+    framework's default client or a cached model is), and one that uses the openai module's own
+    client: both reach the episode the worker plays now."""
     global CLIENT
-    CLIENT = openai.OpenAI(max_retries=0)
+    if CLIENT is None:
+        CLIENT = openai.OpenAI(max_retries=0)
     report(**{task["q"]: (os.getpid(), str(CLIENT.base_url), CLIENT.api_key, str(client.base_url))})
     text = ask(CLIENT, "writer", task["q"], stop="!")
-    return {"team": float(task["q"] in text)}
+    reply = openai.chat.completions.create(model="critic", messages=[{"role": "user", "content": text}])
+    return {"team": float(task["q"] in reply.choices[0].message.content)}
+
+
+CLIENT = None
+
+
+def leaves_threads(task, client):
+    """Returns with two threads still running: one calls its episode's URL after the return (410),
+    the other outlives the worker's grace (the worker is replaced before its next episode)."""
+    import threading
+
+    kept = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+
+    def late():
+        time.sleep(0.2)
+        report(**{task["q"]: (os.getpid(), status(lambda: ask(kept, "writer", "late")))})
+
+    threading.Thread(target=late).start()
+    threading.Thread(target=time.sleep, args=(3.0,), daemon=True).start()
+    ask(client, "writer", task["q"])
+    return 1.0
 
 
 def limits(task, client):
@@ -87,7 +110,7 @@ def limits(task, client):
     seen = {
         "unknown": status(lambda: ask(client, "judge", "x")),
         "n": status(lambda: ask(client, "writer", "x", n=2)),
-        "long": status(lambda: ask(client, "writer", "x", max_tokens=100)),
+        "long": status(lambda: ask(client, "writer", "long", max_tokens=100)),
         "tools": status(lambda: ask(client, "writer", "x",
                                     tools=[{"type": "function", "function": {"name": "f"}}])),
         "context": status(lambda: ask(client, "writer", "y" * 190)),
@@ -103,6 +126,13 @@ def limits(task, client):
     seen["models"] = [m.id for m in client.models.list()]
     seen["content"] = ask(client, "writer", "ok", stop=["!"], max_tokens=5, temperature=0.2)
     report(**seen)
+    return 1.0
+
+
+def capped(task, client):
+    """A reply cut at the program's own cap, then one cut at the policy's limit (4096 asked)."""
+    ask(client, "writer", "short", max_tokens=3)
+    ask(client, "writer", "long", max_tokens=4096)
     return 1.0
 
 
@@ -131,10 +161,14 @@ def crashing(task, client):
 
 
 def from_file(task, client):
-    """Fails on the tasks named in ``fail.json`` of the report folder (read per episode)."""
+    """Raises on the tasks ``fail.json`` of the report folder lists under "raise" (read per episode),
+    loses its process on those under "exit"."""
     ask(client, "writer", task["q"])
-    if task["q"] in json.loads((Path(os.environ[OUT]) / "fail.json").read_text()):
-        raise ValueError(f"broken on {task['q']}")
+    fail = json.loads((Path(os.environ[OUT]) / "fail.json").read_text())
+    if task["q"] in fail.get("raise", []):
+        raise ValueError("the reply did not parse")
+    if task["q"] in fail.get("exit", []):
+        os._exit(3)
     return 1.0
 
 

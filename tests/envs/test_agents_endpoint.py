@@ -84,7 +84,9 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
     assert wf.scalars(result.counts) == {"endpoint/requests": 48.0, "endpoint/generation_overrides": 0.0,
                                          "endpoint/template_errors": 0.0, "endpoint/batch_size_mean": 16.0,
                                          "endpoint/tool_calls": 0.0, "endpoint/tool_call_errors": 0.0,
-                                         "endpoint/workers_started": 16.0}
+                                         "endpoint/workers_started": 16.0, "endpoint/workers_recycled": 0.0,
+                                         "endpoint/late_calls": 0.0, "endpoint/program_failures": 0.0,
+                                         "endpoint/unknown_agents": 0.0}
 
 
 def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
@@ -96,8 +98,9 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
         wf.close()
     seen = programs.reports(out)
     assert seen["unknown"][0] == 404 and "writer, critic" in seen["unknown"][1]
+    assert wf.scalars(result.counts)["endpoint/unknown_agents"] == 1
     assert seen["n"][0] == 400 and "n must be 1" in seen["n"][1]
-    assert seen["long"][0] == 400 and "limit is 12 tokens" in seen["long"][1]
+    assert seen["long"] == (200, "writer<long>!", None)  # 100 asked: clamped to the policy's 12
     assert seen["tools"][::2] == (400, "tools_unavailable") and "parses no tool calls" in seen["tools"][1]
     assert seen["legacy"][0] == 400 and "legacy completions API" in seen["legacy"][1]
     assert seen["logprobs"][::2] == (400, "logprobs_unavailable")  # this engine has no tokenizer
@@ -108,8 +111,29 @@ def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
     # the good call carried its stop and length to the engine; the policy's temperature answered it
     prompt = [p for agent, ps, _ in script.calls for p in ps if p.messages[-1][1] == "ok"][0]
     assert prompt.stop == ("!",) and prompt.max_new_tokens == 5
+    assert [p.max_new_tokens for _, ps, _ in script.calls for p in ps if p.messages[-1][1] == "long"] == [12]
     assert wf.scalars(result.counts)["endpoint/generation_overrides"] == 1.0
-    assert len([s for s in result.samples if s.task_uid == "0"]) == 1  # refused calls leave no sample
+    # refused calls leave no sample: the long call and the good one
+    assert [s.text for s in result.samples if s.task_uid == "0"] == ["writer<long>!", "writer<ok>!"]
+
+
+class Cut(Limited):
+    """Every completion ends by length."""
+
+    def __call__(self, agent, prompts, n):
+        return [[c.__class__(c.prompt_ids, c.response_ids, c.logprobs, c.text, "length") for c in cs]
+                for cs in super().__call__(agent, prompts, n)]
+
+
+def test_only_the_policys_own_limit_costs_the_format_penalty(tasks_file):
+    wf = make(programs.capped, tasks_file, format_penalty=0.25)
+    try:
+        result = wf.rollout(wf.tasks("train")[:1], Cut(echo), n=1)
+    finally:
+        wf.close()
+    # team 1.0: the reply cut at the program's max_tokens=3 is valid; the one cut at the policy's 12 is not
+    assert [(s.text, s.valid, s.reward) for s in result.samples] == [
+        ("writer<short>!", True, 1.0), ("writer<long>!", False, 0.75)]
 
 
 def test_failed_episodes_leave_no_samples_and_a_timed_out_episodes_process_is_ended(tasks_file, out):
@@ -119,10 +143,12 @@ def test_failed_episodes_leave_no_samples_and_a_timed_out_episodes_process_is_en
         result = wf.rollout(wf.tasks("train"), Script(echo), n=1)
         assert time.monotonic() - t0 < 30  # the sleeper was not waited for
         why = {e.task_uid: e.info.get("failure", "") for e in result.episodes}
-        assert "raised:" in why["0"] and "Traceback" in why["0"]
-        assert "RuntimeError: the program broke" in why["0"]
+        raised = result.episodes[0].info["program_failure"]  # the program's own: trained, not dropped
+        assert raised.startswith("Traceback") and raised.endswith("RuntimeError: the program broke")
         assert "'stranger'" in why["1"] and "timeout of 1.5 s" in why["2"] and why["3"] == ""
-        assert {s.task_uid for s in result.samples} == {"3"}
+        assert [(s.task_uid, s.reward, s.team_reward) for s in result.samples] == [("0", -1.0, 0.0),
+                                                                                  ("3", 1.0, 1.0)]
+        assert wf.scalars(result.counts)["endpoint/program_failures"] == 1
         assert [e.success for e in result.episodes] == [False, False, False, True]
         pid, url, key = programs.reports(out)["late"]
         assert f"pid {pid}" in why["2"] and gone_within(pid, 10)  # its process was ended
@@ -159,19 +185,41 @@ def test_a_crash_in_user_code_fails_that_episode_only(tasks_file):
         wf.close()
 
 
-def test_a_process_global_client_reaches_its_own_episode(tasks_file, out):
-    wf = make(programs.process_global, tasks_file, workers=2)
+def test_clients_built_once_per_process_reach_the_episode_the_worker_plays(tasks_file, out):
+    wf = make(programs.process_global, tasks_file, workers=1)  # one worker plays the four in turn
     try:
         result = wf.rollout(wf.tasks("train"), Script(echo), n=1)
     finally:
         wf.close()
     assert all(e.success for e in result.episodes), [e.info for e in result.episodes]
     seen = programs.reports(out)
-    urls = {q: (env_url, given) for q, (_, env_url, _, given) in seen.items()}
-    assert all(env_url == given for env_url, given in urls.values())  # OPENAI_BASE_URL is the episode's
-    assert len({u for u, _ in urls.values()}) == 4 and len({k for _, _, k, _ in seen.values()}) == 4
-    assert len({pid for pid, *_ in seen.values()}) == 2  # four episodes, one at a time in each of two workers
-    assert all(f"task{s.task_uid}" in s.text for s in result.samples)
+    assert len({pid for pid, *_ in seen.values()}) == 1
+    kept = {(url, key) for _, url, key, _ in seen.values()}
+    assert len(kept) == 1 and "/workers/" in next(iter(kept))[0]  # the worker's address, built once
+    assert len({given for *_, given in seen.values()}) == 4  # each episode's own client: its own URL
+    # the kept client's call and the module client's call of each episode are in that episode
+    for e in result.episodes:
+        mine = [s for s in result.samples if s.traj_uid == e.traj_uid]
+        assert [s.agent for s in mine] == ["writer", "critic"] and all(f"task{e.task_uid}" in s.text for s in mine)
+    assert wf.scalars(result.counts)["endpoint/late_calls"] == 0
+
+
+def test_a_call_after_its_episode_ended_is_answered_410_and_lingering_threads_recycle_the_worker(
+        tasks_file, out):
+    wf = make(programs.leaves_threads, tasks_file, workers=1)
+    try:
+        result = wf.rollout(wf.tasks("train")[:2], Script(echo), n=1)
+        time.sleep(0.5)  # the last episode's late call
+    finally:
+        wf.close()
+    assert all(e.success for e in result.episodes) and len(result.samples) == 2  # the late calls: none
+    seen = programs.reports(out)
+    assert all(answer[0] == 410 and answer[2] == "episode_gone" for _, answer in seen.values()), seen
+    assert len({pid for pid, _ in seen.values()}) == 2
+    counts = wf.scalars(result.counts)
+    # replaced before task1; the second worker is replaced when the next rollout begins
+    assert counts["endpoint/workers_recycled"] == 1 and counts["endpoint/workers_started"] == 2
+    assert counts["endpoint/late_calls"] == 1  # task0's late call came during the rollout
 
 
 TRAINER = """
@@ -319,21 +367,29 @@ class Backend:
         return BatchSpec(pad_id=0, micro_batch_size=4, ppo_epochs=1)
 
 
-def test_failed_episodes_are_counted_and_too_many_stop_the_run_with_the_first_traceback(tasks_file, out):
+def test_program_failures_are_trained_lost_episodes_are_an_outage_and_one_error_everywhere_stops(
+        tasks_file, out):
     from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
+    from drmas.envs.agents.workflow import ProgramError
 
     fail = out / "fail.json"
-    wf = make(programs.from_file, tasks_file)
+    wf = make(programs.from_file, tasks_file, same_failure_limit=2, failure_reward=-0.5)
     try:
         rollouts = Rollouts(wf, RolloutConfig(estimator="grpo", group_size=2, tasks_per_iteration=4,
                                               val_tasks=0, max_failed_share=0.5))
-        fail.write_text(json.dumps(["task1"]))
+        fail.write_text(json.dumps({"raise": ["task1", "task2"]}))
         plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
-        assert plan.scalars["rollout/failed_episodes"] == 2.0 and plan.scalars["endpoint/requests"] == 8.0
-        assert {s.task_uid for s in plan.samples} == {"0", "2", "3"}
-        fail.write_text(json.dumps(["task0", "task1", "task2"]))
-        with pytest.raises(OutageError, match=r"6 of 8 episodes failed(.|\n)*ValueError: broken on task"):
-            rollouts.prepare(Backend(Script(echo)), iteration=2)
+        assert plan.scalars["rollout/failed_episodes"] == 0.0 and plan.scalars["endpoint/program_failures"] == 4
+        rewards = {s.task_uid: s.reward for s in plan.samples}
+        assert rewards == {"0": 1.0, "1": -0.5, "2": -0.5, "3": 1.0}  # every task's calls trained
+        fail.write_text(json.dumps({"raise": ["task0", "task1", "task2", "task3"]}))
+        rollouts.prepare(Backend(Script(echo)), iteration=2)  # all raise the same error: once is learnable
+        with pytest.raises(ProgramError, match=r"the last 2 rollouts raised the same error(.|\n)*"
+                                               r"ValueError: the reply did not parse"):
+            rollouts.prepare(Backend(Script(echo)), iteration=3)
+        fail.write_text(json.dumps({"exit": ["task0", "task1", "task2"]}))  # lost workers: the infrastructure
+        with pytest.raises(OutageError, match=r"6 of 8 episodes failed(.|\n)*exited with code 3"):
+            rollouts.prepare(Backend(Script(echo)), iteration=4)
     finally:
         wf.close()
 

@@ -90,6 +90,7 @@ class Dispatcher:
         """Whether the call's episode still takes answers (else it is answered 410 now)."""
         if call.session.open:
             return True
+        self.counts["endpoint/late_calls"] += 1  # its episode ended while it waited
         call.answer(ApiError(410, f"episode {call.session.id!r} has ended", "episode_gone"))
         return False
 

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["EpisodeFailure", "EpisodeRun", "Outcome", "failure_of", "read_outcome"]
+__all__ = ["EpisodeFailure", "EpisodeRun", "Outcome", "failure_of", "last_line", "program_error",
+           "read_outcome"]
 
 
 class EpisodeFailure(ValueError):
@@ -86,6 +87,21 @@ class EpisodeRun:
     @property
     def done(self) -> bool:
         return self.state == "ended" or self.timed_out
+
+
+def program_error(run: EpisodeRun) -> str | None:
+    """The program's own failure, its traceback, when it raised (what the policy wrote can make a
+    program raise: a reply that does not parse, a tool argument that fails validation); None for
+    an episode that returned, timed out or lost its process (those are the infrastructure's)."""
+    if run.timed_out or run.error is None or not run.error.startswith("raised:"):
+        return None
+    return run.error[len("raised:"):].strip()
+
+
+def last_line(traceback: str) -> str:
+    """A traceback's last line: the exception's type and message."""
+    lines = [line for line in traceback.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def failure_of(run: EpisodeRun, agents: Sequence[str], timeout_s: float) -> tuple[Outcome | None, str | None]:

@@ -6,6 +6,13 @@ program's process-global client (the Agents SDK's default client, a cached LangC
 then cannot carry one episode's calls into another's, a timed-out episode can be ended (its
 process is killed), and a crash in user code (a segfault, ``os._exit``) fails that episode only.
 
+Each worker also has an address of its own on the endpoint (in its environment, ``OPENAI_BASE_URL``
+and the like), which reaches the episode it plays now: a client a program builds once per process
+follows the worker from episode to episode. An episode's session ends when the episode does, so a
+call from a thread it left running is answered 410; and since the worker's address would hand
+such a call to the worker's next episode, a worker whose threads outlive its episode is ended and
+replaced before it plays again (counted: ``endpoint/workers_recycled``).
+
 The dispatcher drives the pool from the rollout's thread: :meth:`WorkerPool.schedule` ends the
 episodes past their deadline, replaces dead workers and hands queued episodes to idle ones. A
 thread per worker waits for its answers and wakes the dispatcher through the endpoint's inbox.
@@ -15,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -26,6 +32,7 @@ from typing import Sequence
 
 from drmas.children import Child
 from drmas.envs.agents.episodes import EpisodeRun
+from drmas.envs.agents.server import Endpoint
 from drmas.episode_worker import EpisodeRef
 
 __all__ = ["WorkerPool"]
@@ -49,7 +56,7 @@ def _how_it_ended(code: int | None) -> str:
 class Worker:
     """One worker process and the thread that reads its answers."""
 
-    def __init__(self, ref: EpisodeRef, inbox: queue.Queue) -> None:
+    def __init__(self, ref: EpisodeRef, endpoint: Endpoint, wid: str) -> None:
         ours, theirs = socket.socketpair()
         try:
             self.child = Child("drmas.episode_worker:serve", [str(theirs.fileno())],
@@ -58,23 +65,32 @@ class Worker:
             theirs.close()
         # only the reader closes it (at EOF, once the process is gone): never under a blocked recv
         self.conn = Connection(ours.detach())
-        self.conn.send({"episode": ref, "sys_path": list(sys.path), "cwd": os.getcwd()})
+        self.wid, self.endpoint = wid, endpoint
+        url, key = endpoint.add_worker(wid)
+        self.conn.send({"episode": ref, "sys_path": list(sys.path), "cwd": os.getcwd(),
+                        "worker_url": url, "worker_key": key})
         self.run: EpisodeRun | None = None
+        self.lingering: list[str] = []
+        """Threads its last episode left running: the worker is replaced before it plays again."""
+        self.checked = True
+        """Whether the worker has said which threads its last episode left (it says so after the answer)."""
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.dead = False
-        self._inbox = inbox
+        self._inbox = endpoint.inbox
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, daemon=True, name=f"drmas-worker-{self.child.pid}")
         self._thread.start()
 
     @property
     def idle(self) -> bool:
-        return not self.dead and (self.run is None or self.run.state == "ended")
+        return (not self.dead and self.checked and not self.lingering
+                and (self.run is None or self.run.state == "ended"))
 
     def play(self, run: EpisodeRun, deadline: float) -> None:
         run.state, run.deadline, run.worker_pid = "playing", deadline, self.child.pid
-        self.run = run
+        self.run, self.checked = run, False
+        self.endpoint.assign(self.wid, run.session)
         try:
             self.conn.send(run.job())
         except OSError:  # the process died meanwhile (its reader may have ended already)
@@ -88,6 +104,9 @@ class Worker:
             self.ready.set()
             while True:
                 answer = self.conn.recv()
+                if "lingering" in answer:
+                    self.lingering, self.checked = answer["lingering"], True
+                    continue
                 self.run.value = answer.get("value")
                 error = answer.get("error")
                 self._end(self.run, None if error is None else f"raised:\n{error}")
@@ -107,12 +126,14 @@ class Worker:
             self._end(self.run, why)
 
     def _end(self, run: EpisodeRun, error: str | None) -> None:
-        """Once per episode, from whichever thread sees its end first."""
+        """Once per episode, from whichever thread sees its end first: its session ends with it."""
         with self._lock:
             if run.state == "ended":
                 return
             run.error = error
             run.state = "ended"
+        self.endpoint.assign(self.wid, None)
+        self.endpoint.end_session(run.session)
         self._inbox.put(run)
 
     def kill(self) -> None:
@@ -130,12 +151,12 @@ class WorkerPool:
     """Up to ``size`` worker processes for the episodes of ``ref``; started on demand, kept across
     rollouts, closed with the workflow (or, at the latest, with the trainer)."""
 
-    def __init__(self, ref: EpisodeRef, size: int, inbox: queue.Queue) -> None:
+    def __init__(self, ref: EpisodeRef, size: int, endpoint: Endpoint) -> None:
         if size < 1:
             raise ValueError(f"workers must be >= 1, got {size}")
-        self.ref, self.size, self.inbox = ref, size, inbox
+        self.ref, self.size, self.endpoint = ref, size, endpoint
         self.workers: list[Worker] = []
-        self.started = 0
+        self.started = self.recycled = 0
 
     def ensure(self, wanted: int) -> None:
         """Start workers up to ``min(wanted, size)`` and wait until each has imported the program;
@@ -154,7 +175,7 @@ class WorkerPool:
         log.info("agents workflow: %d episode worker(s) started in %.1f s", len(new), time.monotonic() - t0)
 
     def _start(self) -> Worker:
-        w = Worker(self.ref, self.inbox)
+        w = Worker(self.ref, self.endpoint, f"w{self.started}")
         self.workers.append(w)
         self.started += 1
         return w
@@ -167,8 +188,15 @@ class WorkerPool:
             run = w.run
             if run is not None and run.running and now > run.deadline:
                 run.timed_out = True
-                run.session.close()
+                self.endpoint.assign(w.wid, None)
+                self.endpoint.end_session(run.session)
                 w.kill()
+        for w in self.workers:  # threads its episode left running would call into the next one
+            if w.lingering and not w.dead:
+                log.info("agents workflow: worker pid %d replaced: its episode left threads running (%s)",
+                         w.child.pid, ", ".join(w.lingering))
+                w.kill()
+                self.recycled += 1
         # a dead worker stays listed until its reader has ended its episode
         self.workers = [w for w in self.workers
                         if not w.dead or (w.run is not None and w.run.state == "playing")]

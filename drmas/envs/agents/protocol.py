@@ -70,6 +70,8 @@ class ChatRequest:
     """Streaming: a last chunk with the token counts (``stream_options.include_usage``)."""
     logprobs: bool = False
     """Answer with each sampled token's log-prob (``logprobs: true``)."""
+    own_cap: bool = False
+    """The program capped the length below the policy's limit: a reply ended there is no format fault."""
 
 
 @dataclass
@@ -265,14 +267,13 @@ def parse_chat_request(body: Any, agents: Sequence[str],
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     length = _positive_int(body, key)
     policy = (settings or {}).get(model)
-    if length is not None and policy is not None and length > policy.max_new_tokens:
-        raise ApiError(400, f"{key} is {length}, more than agent {model!r} may generate: its policy's "
-                       f"limit is {policy.max_new_tokens} tokens (max_new_tokens of its generation "
-                       "settings)", "invalid_value", key)
+    own_cap = length is not None and (policy is None or length < policy.max_new_tokens)
+    if length is not None and policy is not None:  # programs send 4096 and more: the policy's limit holds
+        length = min(length, policy.max_new_tokens)
     prompt = ChatPrompt(messages, "", _stops(body.get("stop")), length,
                         tuple(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools), fields)
     return ChatRequest(model, prompt, n, _overrides(body, policy), tools, bool(body.get("stream")),
-                       bool((options or {}).get("include_usage")), bool(body.get("logprobs")))
+                       bool((options or {}).get("include_usage")), bool(body.get("logprobs")), own_cap)
 
 
 def message_content(completion: Completion, stops: Sequence[str]) -> str:

@@ -1,5 +1,6 @@
 """The HTTP side of the endpoint: an OpenAI-compatible API on the loopback interface, served by
-uvicorn (FastAPI) in a thread of its own, one base URL and one API key per episode.
+uvicorn (FastAPI) in a thread of its own, one base URL and one API key per episode, and one per
+worker process that follows the episode the worker plays now (for clients a program builds once).
 
 The server never generates: a checked request becomes a :class:`Call` in the inbox, and the
 thread that plays the rollout answers it (:mod:`drmas.envs.agents.dispatch`), because generation
@@ -23,18 +24,20 @@ from drmas.envs.agents.protocol import (ApiError, ChatRequest, Reply, chat_chunk
 from drmas.envs.agents.responses import chat_body, response_events, response_object
 from drmas.records import Completion, GenerationSettings
 
-__all__ = ["Call", "Endpoint", "Session"]
+__all__ = ["Call", "Endpoint", "Session", "WorkerSlot"]
 
 
 @dataclass
 class Record:
     """One delivered completion: the agent, its turn (the agent's k-th call), the completion,
-    and whether it began a tool call the parser did not take (then the sample is invalid)."""
+    whether it began a tool call the parser did not take (then the sample is invalid), and whether
+    its length was capped by the program below the policy's limit (reaching it is no fault)."""
 
     agent: str
     turn: int
     completion: Completion
     malformed: bool = False
+    own_cap: bool = False
 
 
 @dataclass
@@ -57,20 +60,29 @@ class Session:
     _turns: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, agent: str, replies: Sequence[Reply]) -> bool:
+    def record(self, req: ChatRequest, replies: Sequence[Reply]) -> bool:
         """Keep delivered completions as samples (False: the session closed meanwhile)."""
+        agent = req.agent
         with self._lock:
             if not self.open:
                 return False
             for r in replies:
                 turn = self._turns.get(agent, 0)
                 self._turns[agent] = turn + 1
-                self.records.append(Record(agent, turn, r.completion, r.malformed > 0))
+                self.records.append(Record(agent, turn, r.completion, r.malformed > 0, req.own_cap))
             return True
 
     def close(self) -> None:
         with self._lock:
             self.open = False
+
+
+@dataclass
+class WorkerSlot:
+    """A worker process's own address: its key, and the episode it plays now (None between two)."""
+
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    session: Session | None = None
 
 
 @dataclass
@@ -99,6 +111,11 @@ class Endpoint:
         self.sessions: dict[str, Session] = {}
         self.gone: dict[str, str] = {}
         """Ended episodes' ids and keys: their URLs answer 410."""
+        self.workers: dict[str, WorkerSlot] = {}
+        self.late_calls = 0
+        """Requests that came after their episode ended (answered 410), since the start."""
+        self.unknown_agents = 0
+        """Requests whose ``model`` is not an agent (answered 404), since the start."""
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -146,16 +163,32 @@ class Endpoint:
     def base_url(self, session: Session) -> str:
         return f"http://{self.host}:{self.port}/episodes/{session.id}/v1"
 
+    def add_worker(self, wid: str) -> tuple[str, str]:
+        """A worker's own base URL and key: requests there reach the episode it plays now."""
+        slot = self.workers.setdefault(wid, WorkerSlot())
+        return f"http://{self.host}:{self.port}/workers/{wid}/v1", slot.key
+
+    def assign(self, wid: str, session: Session | None) -> None:
+        """The episode worker ``wid`` plays from now on (None: none, until its next one)."""
+        if wid in self.workers:
+            self.workers[wid].session = session
+
+    def _late(self, message: str) -> ApiError:
+        self.late_calls += 1
+        return ApiError(410, message, "episode_gone")
+
     # ---- the app ----------------------------------------------------------------------------
 
     def _session(self, sid: "str | None", authorization: "str | None") -> "Session | None":
-        """The URL's episode, if the key is its own (``sid`` None: any open episode's key will do)."""
+        """The URL's episode, if the key is its own (``sid`` None: any open episode's or worker's key
+        will do)."""
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip().encode() if scheme.lower() == "bearer" else b""
         session = None if sid is None else self.sessions.get(sid)
         known = session is not None or sid in self.gone
         keys = ([session.key if session is not None else self.gone[sid]] if known
-                else [s.key for s in list(self.sessions.values())])
+                else [s.key for s in list(self.sessions.values())]
+                + [w.key for w in list(self.workers.values())])
         if not token or not any(secrets.compare_digest(token, k.encode()) for k in keys):
             raise ApiError(401, "missing or wrong API key: use the api_key the episode was given (each "
                            "episode has its own, for its own URL)", "invalid_api_key")
@@ -164,9 +197,24 @@ class Endpoint:
         if not known:
             raise ApiError(404, f"no episode {sid!r} on this endpoint", "episode_not_found")
         if session is None or not session.open:
-            raise ApiError(410, f"episode {sid!r} has ended (finished, failed or timed out); its URL takes "
-                           "no more requests (a client kept from an earlier episode? build clients inside "
-                           "episode(), or use the one it is given)", "episode_gone")
+            raise self._late(f"episode {sid!r} has ended (finished, failed or timed out); its URL takes no "
+                             "more requests (a client kept from an earlier episode, or a thread the program "
+                             "left running? use the client episode() is given, or one built from the "
+                             "environment, which follows the worker's episode)")
+        return session
+
+    def _worker_session(self, wid: str, authorization: "str | None") -> Session:
+        """The episode worker ``wid`` plays now, if the key is the worker's own."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip().encode() if scheme.lower() == "bearer" else b""
+        slot = self.workers.get(wid)
+        if slot is None or not token or not secrets.compare_digest(token, slot.key.encode()):
+            raise ApiError(401, "missing or wrong API key: use the api_key of the worker's environment "
+                           "(OPENAI_API_KEY)", "invalid_api_key")
+        session = slot.session
+        if session is None or not session.open:
+            raise self._late(f"no episode plays on worker {wid!r} now: this request came after its "
+                             "episode ended (a thread the program left running?)")
         return session
 
     @staticmethod
@@ -177,13 +225,13 @@ class Endpoint:
         if body is None:
             for chunk in chat_chunks(req.agent, replies, req.include_usage):
                 yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-            session.record(req.agent, replies)
+            session.record(req, replies)
             yield "data: [DONE]\n\n"
             return
         *events, last = response_events(req.agent, replies[0], body)
         for event in events:
             yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-        session.record(req.agent, replies)
+        session.record(req, replies)
         yield f"event: {last['type']}\ndata: {json.dumps(last, ensure_ascii=False)}\n\n"
 
     def _app(self) -> Any:
@@ -210,14 +258,22 @@ class Endpoint:
             self._session(sid, request.headers.get("authorization"))
             return models()
 
-        async def answer(sid: str, request: Request, responses: bool) -> Any:
-            session = self._session(sid, request.headers.get("authorization"))
+        @app.get("/workers/{wid}/v1/models")
+        async def worker_models(wid: str, request: Request) -> dict[str, Any]:
+            self._worker_session(wid, request.headers.get("authorization"))
+            return models()
+
+        async def answer(session: Session, request: Request, responses: bool) -> Any:
             try:
                 body = await request.json()
             except ValueError:
                 raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
             chat = chat_body(body) if responses else body
-            req = parse_chat_request(chat, self.agents, session.settings, session.training)
+            try:
+                req = parse_chat_request(chat, self.agents, session.settings, session.training)
+            except ApiError as err:
+                self.unknown_agents += err.code == "model_not_found"
+                raise
             loop = asyncio.get_running_loop()
             future = loop.create_future()
             with session._lock:
@@ -233,7 +289,7 @@ class Endpoint:
             if req.stream:
                 events = self._events(session, req, result, body if responses else None)
                 return StreamingResponse(events, media_type="text/event-stream")
-            if not session.record(req.agent, result):
+            if not session.record(req, result):
                 return Response(status_code=499)
             if responses:
                 return response_object(req.agent, result[0], body)
@@ -241,11 +297,21 @@ class Endpoint:
 
         @app.post("/episodes/{sid}/v1/chat/completions")
         async def chat(sid: str, request: Request) -> Any:
-            return await answer(sid, request, responses=False)
+            return await answer(self._session(sid, request.headers.get("authorization")), request, False)
 
         @app.post("/episodes/{sid}/v1/responses")
         async def responses(sid: str, request: Request) -> Any:
-            return await answer(sid, request, responses=True)
+            return await answer(self._session(sid, request.headers.get("authorization")), request, True)
+
+        @app.post("/workers/{wid}/v1/chat/completions")
+        async def worker_chat(wid: str, request: Request) -> Any:
+            session = self._worker_session(wid, request.headers.get("authorization"))
+            return await answer(session, request, False)
+
+        @app.post("/workers/{wid}/v1/responses")
+        async def worker_responses(wid: str, request: Request) -> Any:
+            session = self._worker_session(wid, request.headers.get("authorization"))
+            return await answer(session, request, True)
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
         async def other(path: str, request: Request) -> Any:

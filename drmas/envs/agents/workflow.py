@@ -7,19 +7,23 @@ own on the endpoint; the request's ``model`` names the agent, whose policy answe
 delivered completion is a sample (the agent's k-th call is its turn k); once the episode returns,
 each sample's reward is ``alpha * team + local`` with the agent's local reward from the
 episode's return value and the format penalty for a call that ended by length, as in every domain.
+An episode whose program raised is trained too: each of its calls gets ``failure_reward`` (what the
+policy wrote can break a program, and dropping those episodes would never teach it otherwise);
+episodes the infrastructure failed (a timeout, a lost worker) are dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from drmas.algorithms import sample_reward
 from drmas.envs.agents.dispatch import Dispatcher
-from drmas.envs.agents.episodes import EpisodeRun, failure_of
+from drmas.envs.agents.episodes import EpisodeRun, failure_of, last_line, program_error
 from drmas.envs.agents.pool import WorkerPool
 from drmas.envs.agents.server import Endpoint
 from drmas.envs.base import WORKFLOWS, Workflow
@@ -27,9 +31,20 @@ from drmas.envs.files import read_records
 from drmas.episode_worker import episode_ref, load_episode
 from drmas.records import EpisodeResult, Sample, GenerateFn, RolloutResult
 
-__all__ = ["EXAMPLE", "AgentsWorkflow", "RowTask", "example_team", "read_tasks"]
+__all__ = ["EXAMPLE", "AgentsWorkflow", "ProgramError", "RowTask", "example_team", "read_tasks"]
 
 log = logging.getLogger(__name__)
+
+
+class ProgramError(RuntimeError):
+    """Every episode raised the same error for ``same_failure_limit`` rollouts in a row: a bug in
+    the program, not something the policy can learn away."""
+
+
+def _valid(rec: Any) -> bool:
+    """A malformed call, or one cut at the policy's limit, is a format fault (one cut at the
+    program's own ``max_tokens`` is not)."""
+    return not rec.malformed and (rec.completion.finish_reason == "stop" or rec.own_cap)
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +104,8 @@ class AgentsWorkflow(Workflow):
         window_ms: float = 500.0,
         episode_timeout_s: float = 600.0,
         workers: int = 16,
+        failure_reward: float = -1.0,
+        same_failure_limit: int = 3,
     ) -> None:
         """
         Args:
@@ -116,6 +133,11 @@ class AgentsWorkflow(Workflow):
             workers: episode worker processes, each playing one episode at a time (the most episodes
                 in flight, so the largest batch the engine sees; each costs a Python process, about
                 ``import openai`` and the program's own imports to start, once per run).
+            failure_reward: the reward of every call of an episode whose program raised (no team
+                term, no format penalty): below any reward a finished episode earns, so the policy
+                learns away what broke the program.
+            same_failure_limit: rollouts in a row in which every episode raised the same error
+                before the run stops with it (:class:`ProgramError`): a bug in the program.
         """
         if episode is None and train_file is None:
             episode, agents = example_team(agents)
@@ -133,6 +155,8 @@ class AgentsWorkflow(Workflow):
         if not 0.0 <= val_share < 1.0 or window_ms < 0 or episode_timeout_s <= 0 or workers < 1:
             raise ValueError("need 0 <= val_share < 1, window_ms >= 0, episode_timeout_s > 0 and "
                              f"workers >= 1; got {val_share}, {window_ms}, {episode_timeout_s}, {workers}")
+        if same_failure_limit < 1:
+            raise ValueError(f"same_failure_limit must be >= 1, got {same_failure_limit}")
         self.agents = tuple(agents)
         self.episode = episode_ref(episode)
         if isinstance(episode, str):
@@ -140,6 +164,8 @@ class AgentsWorkflow(Workflow):
         self.workers = workers
         self.alpha, self.format_penalty = alpha, format_penalty
         self.window_s, self.timeout_s = window_ms / 1000.0, episode_timeout_s
+        self.failure_reward, self.same_failure_limit = float(failure_reward), same_failure_limit
+        self._same_failure: tuple[str, int] = ("", 0)  # the error every episode raised, rollouts in a row
         self._splits = self._read_splits(train_file, val_file, test_file, val_share)
         self._endpoint: Endpoint | None = None
         self._pool: WorkerPool | None = None
@@ -189,8 +215,9 @@ class AgentsWorkflow(Workflow):
             runs.append(EpisodeRun(task, f"{task.uid}#{j}", session, endpoint.base_url(session),
                                    self.timeout_s))
         if self._pool is None:
-            self._pool = WorkerPool(self.episode, self.workers, endpoint.inbox)
-        pool, started = self._pool, self._pool.started
+            self._pool = WorkerPool(self.episode, self.workers, endpoint)
+        pool, started, recycled = self._pool, self._pool.started, self._pool.recycled
+        late, unknown = endpoint.late_calls, endpoint.unknown_agents
         dispatcher = Dispatcher(endpoint.inbox, generate, self.window_s)
         try:
             pool.ensure(len(runs))
@@ -201,9 +228,14 @@ class AgentsWorkflow(Workflow):
                 endpoint.end_session(run.session)
             pool.abandon()  # a rollout that stopped early: its episodes still playing are void
         result = self._results(runs)
+        self._program_failures(result, runs)
         result.counts.update(dispatcher.counts)
+        result.counts["endpoint/unknown_agents"] = float(endpoint.unknown_agents - unknown)
         result.counts["endpoint/generation_overrides"] = float(sum(r.session.overrides for r in runs))
         result.counts["endpoint/workers_started"] = float(pool.started - started)
+        result.counts["endpoint/workers_recycled"] = float(pool.recycled - recycled)
+        result.counts["endpoint/late_calls"] = (result.counts.get("endpoint/late_calls", 0.0)
+                                                + float(endpoint.late_calls - late))
         return result
 
     def _ended_well(self, run: EpisodeRun) -> bool:
@@ -215,23 +247,54 @@ class AgentsWorkflow(Workflow):
         for run in runs:
             outcome, why = failure_of(run, self.agents, self.timeout_s)
             records = run.session.records
-            if why is not None:  # none of a failed episode's samples is trained
+            program = program_error(run)
+            if program is not None:  # the program raised: every call it made gets failure_reward
+                samples += [self._sample(run, rec, 0.0, self.failure_reward, self.failure_reward)
+                            for rec in records]
+                episodes.append(EpisodeResult(run.task.uid, run.traj_uid, False, len(records), 0.0,
+                                              {"program_failure": program}))
+                continue
+            if why is not None:  # the infrastructure's failure: none of its samples is trained
                 episodes.append(EpisodeResult(run.task.uid, run.traj_uid, False, len(records), 0.0,
                                               {"failure": why}))
                 continue
             for rec in records:
-                c = rec.completion
-                valid = c.finish_reason == "stop" and not rec.malformed  # a malformed call: the penalty
-                local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), valid,
+                local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), _valid(rec),
                                               self.alpha, self.format_penalty)
-                samples.append(Sample(
-                    task_uid=run.task.uid, traj_uid=run.traj_uid, agent=rec.agent, turn=rec.turn,
-                    policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids,
-                    engine_logprobs=c.logprobs, text=c.text, valid=valid, team_reward=outcome.team,
-                    local_reward=local, reward=reward))
+                samples.append(self._sample(run, rec, outcome.team, local, reward))
             episodes.append(EpisodeResult(run.task.uid, run.traj_uid, outcome.success, len(records),
                                           outcome.team))
         return RolloutResult(samples, episodes)
+
+    @staticmethod
+    def _sample(run: EpisodeRun, rec: Any, team: float, local: float, reward: float) -> Sample:
+        c = rec.completion
+        return Sample(task_uid=run.task.uid, traj_uid=run.traj_uid, agent=rec.agent, turn=rec.turn, policy="",
+                      prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
+                      text=c.text, valid=_valid(rec), team_reward=team, local_reward=local, reward=reward)
+
+    def _program_failures(self, result: RolloutResult, runs: Sequence[EpisodeRun]) -> None:
+        """Count the episodes whose program raised and say the most common error in one line; stop
+        the run when every episode raised the same error ``same_failure_limit`` rollouts in a row."""
+        raised = [e.info["program_failure"] for e in result.episodes if "program_failure" in e.info]
+        result.counts["endpoint/program_failures"] = float(len(raised))
+        if not raised:
+            self._same_failure = ("", 0)
+            return
+        errors = Counter(last_line(t) for t in raised)
+        common, times = errors.most_common(1)[0]
+        log.warning("agents workflow: %d of %d episodes raised (trained with failure_reward %g); "
+                    "most common, %d times: %s", len(raised), len(runs), self.failure_reward, times, common)
+        if len(raised) < len(runs) or len(errors) > 1:
+            self._same_failure = ("", 0)
+            return
+        before, streak = self._same_failure
+        self._same_failure = (common, streak + 1 if before == common else 1)
+        if self._same_failure[1] >= self.same_failure_limit:
+            raise ProgramError(
+                f"every episode of the last {self.same_failure_limit} rollouts raised the same error, a bug "
+                f"in the program rather than something to learn (same_failure_limit); one of them:\n"
+                f"{raised[0]}")
 
     def scalars(self, counts: dict[str, float]) -> dict[str, float]:
         """The endpoint's requests, its mean batch (samples per engine call), the requests that
@@ -239,7 +302,9 @@ class AgentsWorkflow(Workflow):
         worker processes started (the first rollout's, then one per lost worker)."""
         calls = counts.get("endpoint/engine_calls", 0.0)
         out = {k: counts.get(k, 0.0) for k in ("endpoint/requests", "endpoint/generation_overrides",
-                                               "endpoint/template_errors", "endpoint/workers_started")}
+                                               "endpoint/template_errors", "endpoint/workers_started",
+                                               "endpoint/workers_recycled", "endpoint/late_calls",
+                                               "endpoint/program_failures", "endpoint/unknown_agents")}
         if out["endpoint/requests"]:  # per request: how often the agents call tools, and get it wrong
             for k in ("endpoint/tool_calls", "endpoint/tool_call_errors"):
                 out[k] = counts.get(k, 0.0) / out["endpoint/requests"]
