@@ -200,7 +200,8 @@ def test_clients_built_once_per_process_reach_the_episode_the_worker_plays(tasks
     # the kept client's call and the module client's call of each episode are in that episode
     for e in result.episodes:
         mine = [s for s in result.samples if s.traj_uid == e.traj_uid]
-        assert [s.agent for s in mine] == ["writer", "critic"] and all(f"task{e.task_uid}" in s.text for s in mine)
+        assert [s.agent for s in mine] == ["writer", "critic"]
+        assert all(f"task{e.task_uid}" in s.text for s in mine)
     assert wf.scalars(result.counts)["endpoint/late_calls"] == 0
 
 
@@ -379,7 +380,8 @@ def test_program_failures_are_trained_lost_episodes_are_an_outage_and_one_error_
                                               val_tasks=0, max_failed_share=0.5))
         fail.write_text(json.dumps({"raise": ["task1", "task2"]}))
         plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
-        assert plan.scalars["rollout/failed_episodes"] == 0.0 and plan.scalars["endpoint/program_failures"] == 4
+        assert plan.scalars["rollout/failed_episodes"] == 0.0
+        assert plan.scalars["endpoint/program_failures"] == 4
         rewards = {s.task_uid: s.reward for s in plan.samples}
         assert rewards == {"0": 1.0, "1": -0.5, "2": -0.5, "3": 1.0}  # every task's calls trained
         fail.write_text(json.dumps({"raise": ["task0", "task1", "task2", "task3"]}))
