@@ -11,6 +11,10 @@ writes the tools into the system message and the calls and results as tagged tex
 Parsing: vLLM's maintained tool parsers (``vllm.tool_parsers``), on text alone, matched to the
 format by :data:`FORMATS`. Markup a parser did not take (an unclosed ``<tool_call>``, JSON that
 does not parse) is a malformed call: the text is returned as content and the call is counted.
+Llama 3.x and Mistral begin a call with a special token (``<|python_tag|>``, ``[TOOL_CALLS]``),
+which the engines' text leaves out, so the parse reads the response's tokens with that marker
+kept (:func:`call_text`, as vLLM's server keeps special tokens for its tool parsers); a Llama
+reply that is a bare JSON call (what Llama 3's prompt asks for) is taken too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["FORMATS", "ParsedCalls", "fallback_messages", "parse_tool_calls", "resolve_format",
+__all__ = ["FORMATS", "ParsedCalls", "call_text", "fallback_messages", "parse_tool_calls", "resolve_format",
            "template_format"]
 
 FORMATS: dict[str, tuple[str, str, str | None]] = {
@@ -84,6 +88,25 @@ def fallback_messages(messages: Sequence[dict[str, Any]],
     return out
 
 
+def call_text(tokenizer: Any, response_ids: Sequence[int], fmt: str) -> str | None:
+    """The response as text with the format's start marker kept where it is a special token (the
+    engines' text leaves special tokens out); None where the marker is plain text (the engine's
+    text already holds it). Each run between markers is decoded on its own, without special
+    tokens (an end-of-turn token is not part of a call)."""
+    start = FORMATS[fmt][1]
+    marker = tokenizer.get_vocab().get(start)
+    if marker is None or marker not in set(getattr(tokenizer, "all_special_ids", ())):
+        return None
+    pieces, run = [], []
+    for token in list(response_ids) + [marker]:
+        if token == marker:
+            pieces.append(tokenizer.decode(run, skip_special_tokens=True) if run else "")
+            run = []
+        else:
+            run.append(token)
+    return start.join(pieces)
+
+
 def _arguments(raw: Any) -> Any:
     if isinstance(raw, str):
         try:
@@ -111,11 +134,13 @@ def parse_tool_calls(text: str, fmt: str, tokenizer: Any, tools: Sequence[dict[s
 
     parser_name, start, end = FORMATS[fmt]
     begun = text.count(start)
+    if not begun and fmt == "llama3_json" and text.lstrip().startswith("{") and '"name"' in text:
+        begun = 1  # a bare JSON call, as Llama 3's tool prompt asks for
     if not begun:
         return ParsedCalls(text)
-    request = ChatCompletionRequest(model="drmas", messages=[], tools=list(tools) or None)
-    parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, request.tools)
     try:
+        request = ChatCompletionRequest(model="drmas", messages=[], tools=list(tools) or None)
+        parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, request.tools)
         info = parser.extract_tool_calls(text, request)
     except Exception:  # noqa: BLE001 - a parser that fails on odd text took no call
         info = None

@@ -267,6 +267,26 @@ def tools_round_trip(task, client):
     return 1.0
 
 
+def tool_loop(task, client):
+    """The tool loop every framework runs: a call, its result sent back, the answer; and a tool whose
+    definition is broken, refused alone."""
+    messages = [{"role": "user", "content": "2+3?"}]
+    first = client.chat.completions.create(model="writer", messages=messages, tools=[ADD]).choices[0]
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in first.message.tool_calls or []]
+    seen = {"first": (first.finish_reason, first.message.content, calls)}
+    if calls:
+        call = first.message.tool_calls[0]
+        messages += [first.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": str(sum(calls[0][1].values()))}]
+        final = client.chat.completions.create(model="writer", messages=messages, tools=[ADD]).choices[0]
+        seen["final"] = (final.finish_reason, final.message.content)
+    bad = {"type": "function", "function": {"name": "broken", "parameters": "a string, not a schema"}}
+    seen["bad"] = status(lambda: client.chat.completions.create(model="writer", messages=messages[:1],
+                                                                tools=[ADD, bad]))
+    report(**{task["q"]: seen})
+    return 1.0
+
+
 def streaming(task, client):
     if task["q"] == "broken":  # a client gone before the answer
         hasty = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0, timeout=0.2)

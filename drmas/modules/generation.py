@@ -178,21 +178,44 @@ def engine_seed(rollout_seed: int, k: int) -> int:
 def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None,
                   tool_format: str = "auto") -> list[int]:
     """Token ids of the chat prompt with the generation header and the assistant prefill; tools
-    and tool calls rendered by the template where it takes them, else in the hermes format."""
+    and tool calls rendered by the template where it takes them (earlier calls' arguments as
+    objects, as vLLM gives them: templates that apply ``tojson`` would show a string encoded
+    twice), else in the hermes format. A message's ``name`` is given to a template that reads it;
+    elsewhere it prefixes a user's, system's or tool's content and is left out of an assistant's
+    (whose content is what the policy itself wrote)."""
     messages = [{"role": r, "content": c} for r, c in prompt.messages]
+    template = tokenizer.chat_template or ""
+    takes_name = any(f"message{k}" in template for k in (".name", "['name']", '["name"]'))
     for m, extra in zip(messages, prompt.fields):
         m.update(json.loads(extra) if extra else {})
+        name = m.get("name") if not takes_name else None
+        if name is not None:
+            del m["name"]
+            if m["role"] != "assistant":
+                m["content"] = f"{name}: {m['content']}"
     kwargs = dict(template_kwargs or {})
-    if prompt.tools or any(prompt.fields):
+    if prompt.tools or any("tool_calls" in m or "tool_call_id" in m for m in messages):
         tools = [json.loads(t) for t in prompt.tools]
-        if resolve_format(tool_format, tokenizer.chat_template)[1]:
+        if resolve_format(tool_format, template)[1]:
             kwargs["tools"] = tools or None
+            for m in messages:
+                for c in m.get("tool_calls") or ():
+                    fn = c.get("function") or {}
+                    if isinstance(fn.get("arguments"), str):
+                        fn["arguments"] = _json_object(fn["arguments"])
         else:
             messages = fallback_messages(messages, tools)
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **kwargs
     ) + prompt.prefill
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # as the program sent it
 
 
 def run_engine(engine: Any, kind: str, policy: str, agent: str, ids: list[list[int]], n: int, params: Any,

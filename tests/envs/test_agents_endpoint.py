@@ -450,7 +450,7 @@ def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_
     assert seen["parts"][:2] == (200, "writer<two parts>!")
     assert seen["image"][0] == 400 and "'image_url' part" in seen["image"][1]
     assert "content[1]" in seen["image"][1]
-    assert seen["name"][:2] == (200, "writer<alice: hi>!")
+    assert seen["name"][:2] == (200, "writer<hi>!")  # the name is a field: encode_prompt renders it
     assert seen["unknown"][::2] == (400, "unsupported_parameter") and "'mirostat'" in seen["unknown"][1]
     # the sampled tokens' own log-probs, each token's text by the policy's tokenizer
     tokens = [(script.tok.decode([t]), -0.5) for t in (2, 3)]

@@ -9,6 +9,7 @@ the same calls. Identical prompts (every episode's first call of a task) go out 
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 from collections import defaultdict
@@ -19,7 +20,7 @@ from drmas.envs.agents.protocol import ApiError, Reply, message_content
 from drmas.envs.agents.server import Call
 from drmas.envs.base import sample_groups
 from drmas.records import Completion, GenerateFn
-from drmas.tool_calls import parse_tool_calls
+from drmas.tool_calls import call_text, parse_tool_calls
 
 __all__ = ["Dispatcher"]
 
@@ -150,7 +151,11 @@ class Dispatcher:
         if not call.request.tools:
             return Reply(completion, content, logprobs=logprobs)
         fmt, tokenizer = self._tool_formats[call.request.agent]
-        parsed = parse_tool_calls(content, fmt, tokenizer, call.request.tools)
+        raw = call_text(tokenizer, completion.response_ids, fmt)  # a special-token marker kept
+        text = content if raw is None else message_content(dataclasses.replace(completion, text=raw), stops)
+        parsed = parse_tool_calls(text, fmt, tokenizer, call.request.tools)
+        if not parsed.calls and not parsed.malformed:
+            parsed.content = content
         self.counts["endpoint/tool_calls"] += len(parsed.calls)
         self.counts["endpoint/tool_call_errors"] += parsed.malformed
         return Reply(completion, parsed.content, parsed.calls, parsed.malformed, logprobs)

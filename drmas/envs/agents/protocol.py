@@ -124,10 +124,11 @@ def _messages(raw: Any) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
             raise ApiError(400, f"{param}.content must be a string or a list of text parts, got "
                            f"{type(content).__name__}", "invalid_value", param)
         name = m.get("name")
-        if name is not None:
+        if name is not None:  # rendered by encode_prompt where the template takes it
             if not isinstance(name, str) or not name:
                 raise ApiError(400, f"{param}.name must be a non-empty string", "invalid_value", param)
-            content = f"{name}: {content}"  # templates here have no field for it: the policy reads it
+            extra = json.loads(fields[-1]) if fields[-1] else {}
+            fields[-1] = json.dumps({**extra, "name": name}, ensure_ascii=False)
         out.append((_ROLES[role], content))
     return tuple(out), (tuple(fields) if any(fields) else ())
 
@@ -168,6 +169,11 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ApiError(400, f"tools[{i}] must be {{type: function, function: {{name, description, "
                            "parameters}}}} (function tools only)", "invalid_value", "tools")
+        for key, kind, what in (("description", str, "a string"), ("strict", bool, "true or false"),
+                                ("parameters", dict, "a JSON Schema object")):
+            if fn.get(key) is not None and not isinstance(fn[key], kind):
+                raise ApiError(400, f"tools[{i}] ({fn['name']!r}): {key} must be {what}, got "
+                               f"{type(fn[key]).__name__}", "invalid_value", "tools")
     names = [t["function"]["name"] for t in tools]
     if choice in (None, "auto", "required"):
         return tuple(tools)
