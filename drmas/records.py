@@ -45,7 +45,11 @@ class ChatPrompt:
     policy's chat template where it takes tools, else in the hermes format (``drmas.tool_calls``)."""
     fields: tuple[str, ...] = ()
     """Per message, JSON text of its OpenAI fields beyond role and content (an assistant's
-    ``tool_calls``, a tool result's ``tool_call_id``), ``""`` for none; empty: no message has any."""
+    ``tool_calls``, a tool result's ``tool_call_id``, a ``name``), ``""`` for none; empty: no message
+    has any."""
+    template_kwargs: str = ""
+    """JSON text of the request's own chat-template variables (e.g. ``enable_thinking``), over the
+    policy's; "" for none."""
 
 
 @dataclass

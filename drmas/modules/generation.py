@@ -193,7 +193,8 @@ def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any]
             del m["name"]
             if m["role"] != "assistant":
                 m["content"] = f"{name}: {m['content']}"
-    kwargs = dict(template_kwargs or {})
+    kwargs = {**(template_kwargs or {}),  # the request's own variables over the policy's
+              **(json.loads(prompt.template_kwargs) if prompt.template_kwargs else {})}
     if prompt.tools or any("tool_calls" in m or "tool_call_id" in m for m in messages):
         tools = [json.loads(t) for t in prompt.tools]
         if resolve_format(tool_format, template)[1]:

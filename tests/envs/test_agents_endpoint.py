@@ -86,7 +86,8 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
                                          "endpoint/tool_calls": 0.0, "endpoint/tool_call_errors": 0.0,
                                          "endpoint/workers_started": 16.0, "endpoint/workers_recycled": 0.0,
                                          "endpoint/late_calls": 0.0, "endpoint/program_failures": 0.0,
-                                         "endpoint/unknown_agents": 0.0}
+                                         "endpoint/unknown_agents": 0.0, "endpoint/ignored_fields": 0.0,
+                                         "endpoint/structured_outputs": 0.0}
 
 
 def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
@@ -456,14 +457,27 @@ def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_
     tokens = [(script.tok.decode([t]), -0.5) for t in (2, 3)]
     assert seen["logprobs"] == (200, tokens, None) and seen["streamed_logprobs"] == tokens
     assert seen["top"][0] == 400 and "top_logprobs" in seen["top"][1]
-    assert seen["json"][0] == 400 and "json_object" in seen["json"][1] and "while training" in seen["json"][1]
+    # structured output is shown to the policy (its own tokens), never forced
+    assert seen["json"][:2] == seen["schema"][:2] == (200, "writer<x>!")
+    notes = [p.messages[0][1] for _, ps, _ in script.calls for p in ps if p.messages[0][0] == "system"]
+    assert notes == ["Answer with one JSON object and nothing else.",
+                     'Answer with one JSON object and nothing else, matching this JSON Schema:\n'
+                     '{"type": "object", "properties": {"x": {"type": "integer"}}}']
+    assert seen["bad_format"][::2] == (400, "invalid_value") and "json_schema" in seen["bad_format"][1]
+    # a template variable is applied through the template; fields vLLM-targeted programs send served
+    assert [p.template_kwargs for _, ps, _ in script.calls for p in ps if p.template_kwargs] == [
+        '{"enable_thinking": false}']
+    assert seen["kwargs"][0] == seen["vllm_style"][0] == 200
+    assert seen["bad_choice"][::2] == (400, "invalid_value") and "tool_choice" in seen["bad_choice"][1]
+    assert seen["many"][0] == 400 and "at most 16" in seen["many"][1] and seen["big"] == 413
     assert seen["harmless"][0] == 200 and seen["seed"][0] == 200
     assert seen["twice"][::2] == (400, "chat_template_error") and "must alternate" in seen["twice"][1]
     assert seen["late_system"][0] == 400 and "must come first" in seen["late_system"][1]
     assert seen["after"][0] == 200  # the run went on
     scalars = wf.scalars(result.counts)
     assert scalars["endpoint/template_errors"] == 2.0
-    assert scalars["endpoint/generation_overrides"] == 1.0  # the seed
-    # served calls of task 0: parts, name, seed, logprobs twice, harmless, after; its refused ones left
-    # no sample
-    assert len([s for s in result.samples if s.task_uid == "0"]) == 7
+    assert scalars["endpoint/generation_overrides"] == 2.0  # the seed, min_p
+    assert scalars["endpoint/ignored_fields"] == 1.0 and scalars["endpoint/structured_outputs"] == 2.0
+    # served calls of task 0: parts, name, seed, logprobs twice, json, schema, kwargs, vllm_style,
+    # harmless, after; its refused ones left no sample
+    assert len([s for s in result.samples if s.task_uid == "0"]) == 11

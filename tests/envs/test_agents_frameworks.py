@@ -1,10 +1,12 @@
 """Agent frameworks' own tool loops through the endpoint, with the examples under
 examples/agents/frameworks/: LangGraph (a tool-calling agent, two agents with a handoff), the
 OpenAI Agents SDK (a function tool and a handoff, on its Responses model, plain and streamed, and
-on its chat-completions model) and AutoGen AgentChat (an assistant with a tool). The engine is
-scripted to emit tool calls in the hermes format (parsed by vLLM's parser with tiny-random's
-tokenizer), so each framework's round trip runs for real: its request, the parsed call, its
-tool, the result sent back, the answer."""
+on its chat-completions model), AutoGen AgentChat (an assistant with a tool), LlamaIndex (a
+FunctionAgent on OpenAILike), pydantic-ai (an agent with a tool, on its chat and Responses models)
+and DSPy (ReAct). The engine is scripted to emit tool calls in the hermes format (parsed by vLLM's
+parser with tiny-random's tokenizer), so each framework's round trip runs for real: its request,
+the parsed call, its tool, the result sent back, the answer. DSPy's ReAct asks for its tool in its
+own text fields, not as OpenAI tool calls, so its script answers in those fields."""
 
 import json
 import re
@@ -44,14 +46,14 @@ def tasks_file(tmp_path):
     return str(path)
 
 
-def play(program, agents, tasks_file, capfd):
+def play(program, agents, tasks_file, capfd, oracle=oracle):
     engine = ToolEngine(oracle)
     wf = AgentsWorkflow(f"{EXAMPLES / program}", agents, tasks_file, val_share=0.0, workers=2)
     try:
         result = wf.rollout(wf.tasks("train"), engine, n=1)
     finally:
         wf.close()
-    assert not [e.info for e in result.episodes if "failure" in e.info]
+    assert not [e.info for e in result.episodes if "failure" in e.info or "program_failure" in e.info]
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Event loop is closed" not in err, err
     return result, wf.scalars(result.counts), engine
@@ -100,3 +102,86 @@ def test_an_autogen_assistant_with_a_tool(tasks_file, capfd):
     assert by_agent(result) == {"solver": 4}  # the call, then the reflection on its result
     assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
     assert scalars["endpoint/tool_calls"] == pytest.approx(0.5)
+
+
+def field(name, value):
+    return f"[[ ## {name} ## ]]\n{value}\n\n"
+
+
+def react_oracle(agent, prompt, i):
+    """DSPy's ReAct asks for its steps in its chat adapter's fields, with no OpenAI tools: the
+    calculator first, ``finish`` once its observation is in the trajectory, then the answer (the
+    extraction step asks for ``reasoning`` and ``answer``)."""
+    system, user = prompt.messages[0][1], prompt.messages[-1][1]
+    seen = re.search(r"\[\[ ## observation_0 ## \]\]\s*(-?\d+)", user)
+    if "`next_tool_name`" not in system:
+        return field("reasoning", "The tool added them.") + field("answer", seen[1] if seen else "?") + \
+            "[[ ## completed ## ]]"
+    tool, args = ("finish", {}) if seen else ("add", {"a": 2, "b": 3})
+    return field("next_thought", "Next step.") + field("next_tool_name", tool) + \
+        field("next_tool_args", json.dumps(args)) + "[[ ## completed ## ]]"
+
+
+def test_a_dspy_react_agent(tasks_file, capfd):
+    result, scalars, engine = play("dspy_react.py:episode", ["solver"], tasks_file, capfd, react_oracle)
+    # per episode: the add step, the finish step, the extraction of the answer
+    assert by_agent(result) == {"solver": 6}
+    assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
+    # ReAct's calls are fields of its text, not OpenAI tool calls: no tools offered, none parsed
+    assert scalars["endpoint/tool_calls"] == 0 and scalars["endpoint/tool_call_errors"] == 0
+    assert not any(p.tools for _, ps, _ in engine.calls for p in ps)
+    # the calculator's result reached the finish and the extraction steps, in the trajectory
+    seen = "[[ ## observation_0 ## ]]\n5\n"
+    assert sum(n for _, ps, n in engine.calls for p in ps if seen in p.messages[-1][1]) == 4
+    assert {s.text.split("[[ ## answer ## ]]\n")[-1] for s in result.samples if "answer" in s.text} == \
+        {"5\n\n[[ ## completed ## ]]"}
+
+
+def test_a_llamaindex_function_agent(tasks_file, capfd):
+    result, scalars, engine = play("llamaindex_agent.py:episode", ["solver"], tasks_file, capfd)
+    assert by_agent(result) == {"solver": 4}  # the call of add, then the answer with its result
+    assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
+    assert scalars["endpoint/tool_calls"] == pytest.approx(0.5) and scalars["endpoint/tool_call_errors"] == 0
+    assert {s.text for s in result.samples} == {"Let me add. " + call("add", {"a": 2, "b": 3}),
+                                               "The answer is 5."}
+    first = [p for a, ps, _ in engine.calls if a == "solver" for p in ps][0]
+    assert [json.loads(t)["function"]["name"] for t in first.tools] == ["add"]
+    assert first.messages[0] == ("system", "Use the add tool for sums.")
+
+
+@pytest.mark.parametrize("episode", ["episode", "episode_responses"])
+def test_a_pydantic_ai_agent_with_a_tool(tasks_file, capfd, episode):
+    result, scalars, engine = play(f"pydantic_ai_agent.py:{episode}", ["solver"], tasks_file, capfd)
+    assert by_agent(result) == {"solver": 4}  # the call of add, then the answer with its result
+    assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
+    assert scalars["endpoint/tool_calls"] == pytest.approx(0.5) and scalars["endpoint/tool_call_errors"] == 0
+    first = [p for a, ps, _ in engine.calls if a == "solver" for p in ps][0]
+    assert [json.loads(t)["function"]["name"] for t in first.tools] == ["add"]
+
+
+def sloppy_react_oracle(agent, prompt, i):
+    """The first ReAct step in plain prose (no fields), which DSPy asks again through its JSON
+    adapter; answered there as a JSON object, then as ``react_oracle``."""
+    system, user = prompt.messages[0][1], prompt.messages[-1][1]
+    if "Outputs will be a JSON object" in system:
+        return json.dumps({"next_thought": "Add them.", "next_tool_name": "add",
+                           "next_tool_args": {"a": 2, "b": 3}})
+    if "`next_tool_name`" in system and "observation_0" not in user:
+        return "I will add 2 and 3 with the add tool."
+    return react_oracle(agent, prompt, i)
+
+
+def test_a_dspy_react_agent_whose_step_falls_back_to_json(tasks_file, capfd):
+    result, scalars, engine = play("dspy_react.py:episode", ["solver"], tasks_file, capfd,
+                                   sloppy_react_oracle)
+    # per episode: the step in prose, its JSON retry, the finish step, the extraction of the answer
+    assert by_agent(result) == {"solver": 8}
+    assert all(e.team_reward == pytest.approx(1.1) for e in result.episodes)
+    assert scalars["endpoint/tool_calls"] == 0 and scalars["endpoint/tool_call_errors"] == 0
+    retries = [p for _, ps, _ in engine.calls for p in ps
+               if "Outputs will be a JSON object" in p.messages[0][1]]
+    assert len(retries) >= 1 and all("`next_tool_name`" in p.messages[0][1] for p in retries)
+    # its response_format json_object served by showing JSON to the policy, counted
+    assert all(p.messages[0][1].endswith("Answer with one JSON object and nothing else.") for p in retries)
+    # one retry per episode (their identical prompts reached the engine as one)
+    assert scalars["endpoint/structured_outputs"] == len(result.episodes) == 2

@@ -180,9 +180,9 @@ def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
         assert streamed.output_text == "Calling. " and streamed.status == "completed"
         (call,) = [i for i in streamed.output if i.type == "function_call"]
         assert call.name == "add" and json.loads(call.arguments) == {"a": 2, "b": 3}
-    assert seen["previous"][0] == seen["builtin"][0] == seen["reasoning"][0] == 400
+    assert seen["previous"][0] == seen["builtin"][0] == seen["text"][0] == 400
     assert "previous_response_id" in seen["previous"][1] and "whole conversation" in seen["previous"][1]
-    assert "'web_search' tool" in seen["builtin"][1] and "reasoning" in seen["reasoning"][1]
+    assert "'web_search' tool" in seen["builtin"][1] and "text must be an object" in seen["text"][1]
     # what reached the engine: instructions first, then the call and its output as chat turns
     prompts = [p for _, ps, _ in engine.calls for p in ps]
     assert prompts[0].messages == (("system", "Use the tools."), ("user", "sum"))
@@ -254,3 +254,26 @@ def test_llama3_and_mistral_tool_calls_round_trip(tmp_path, out, fmt, call):
         second = engine.calls[1][1][0]
         assert ('<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}<|eom_id|>'
                 in tok.decode(encode_prompt(tok, second)))
+
+
+def test_a_thinking_policys_thinking_is_reasoning_content(tmp_path, out):
+    from scripted import Script
+
+    class Thinking(Script):
+        tok = load_tokenizer("tiny-random-qwen3")  # its template thinks: vLLM's qwen3 reasoning parser
+
+        def tokenizer(self, agent):
+            return self.tok
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"q": "sum"}\n')
+    wf = AgentsWorkflow(programs.thinking, ["writer"], str(tasks), val_share=0.0, workers=1)
+    try:
+        answer = "<think>2 and 3 make 5.</think>\n\n5"
+        result = wf.rollout(wf.tasks("train"), Thinking(lambda a, p, i: answer), n=1)
+    finally:
+        wf.close()
+    seen = programs.reports(out)
+    assert seen["plain"] == seen["streamed"] == ("5", "2 and 3 make 5.")
+    assert seen["responses"] == "<think>2 and 3 make 5.</think>\n\n5"  # no reasoning item: kept in the text
+    assert {s.text for s in result.samples} == {"<think>2 and 3 make 5.</think>\n\n5"}  # trained whole

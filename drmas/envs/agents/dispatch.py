@@ -35,6 +35,7 @@ class Dispatcher:
         self.counts: dict[str, float] = defaultdict(float)
         self._tool_formats: dict[str, Any] = {}
         self._tokenizers: dict[str, Any] = {}
+        self._reasoners: dict[str, Any] = {}
 
     def run(self, runs: Sequence[EpisodeRun], schedule: Callable[[], None],
             on_end: Callable[[EpisodeRun], None] | None = None) -> None:
@@ -143,22 +144,52 @@ class Dispatcher:
         return why is None
 
     def _reply(self, call: Call, completion: Completion) -> Reply:
-        """What the client is shown of a completion: the content and the calls parsed out of it."""
-        settings = (call.session.settings or {}).get(call.request.agent)
+        """What the client is shown of a completion: the thinking, the content and the calls parsed
+        out of it."""
+        agent = call.request.agent
+        settings = (call.session.settings or {}).get(agent)
         stops = [*call.request.prompt.stop, *(settings.stop if settings else ())]
         content = message_content(completion, stops)
-        logprobs = self._token_logprobs(call.request.agent, completion) if call.request.logprobs else None
+        logprobs = self._token_logprobs(agent, completion) if call.request.logprobs else None
+        reasoning, answer = self._reasoning(agent, content)
+        shown = dict(logprobs=logprobs, reasoning=reasoning, full=content if reasoning is not None else None)
         if not call.request.tools:
-            return Reply(completion, content, logprobs=logprobs)
-        fmt, tokenizer = self._tool_formats[call.request.agent]
+            return Reply(completion, answer, **shown)
+        fmt, tokenizer = self._tool_formats[agent]
         raw = call_text(tokenizer, completion.response_ids, fmt)  # a special-token marker kept
-        text = content if raw is None else message_content(dataclasses.replace(completion, text=raw), stops)
+        text = answer if raw is None else message_content(dataclasses.replace(completion, text=raw), stops)
         parsed = parse_tool_calls(text, fmt, tokenizer, call.request.tools)
         if not parsed.calls and not parsed.malformed:
-            parsed.content = content
+            parsed.content = answer
         self.counts["endpoint/tool_calls"] += len(parsed.calls)
         self.counts["endpoint/tool_call_errors"] += parsed.malformed
-        return Reply(completion, parsed.content, parsed.calls, parsed.malformed, logprobs)
+        return Reply(completion, parsed.content, parsed.calls, parsed.malformed, **shown)
+
+    def _reasoning(self, agent: str, content: str) -> tuple[str | None, str]:
+        """``(thinking, answer)`` of a reply that closed a ``<think>`` block, by vLLM's ``qwen3``
+        reasoning parser, for a policy whose template thinks; ``(None, content)`` otherwise (a reply
+        without the closing tag keeps its text whole: with thinking off there is none)."""
+        if "</think>" not in content:
+            return None, content
+        if agent not in self._reasoners:
+            tokenizer = self._tokenizer(agent)
+            self._reasoners[agent] = None
+            if tokenizer is not None and "<think>" in (getattr(tokenizer, "chat_template", None) or ""):
+                try:
+                    from vllm.reasoning import ReasoningParserManager
+
+                    qwen3 = ReasoningParserManager.get_reasoning_parser("qwen3")
+                    self._reasoners[agent] = qwen3(tokenizer)
+                except ImportError:
+                    pass
+        parser = self._reasoners[agent]
+        if parser is None:
+            return None, content
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        request = ChatCompletionRequest(model="drmas", messages=[])
+        thinking, answer = parser.extract_reasoning(content, request)
+        return thinking, (answer or "").lstrip()
 
     def _tokenizer(self, agent: str) -> Any:
         if agent not in self._tokenizers:
@@ -186,6 +217,8 @@ class Dispatcher:
             outs = sample_groups(self._counted, agent, [c.request.prompt for c in group], n)
             self.counts["endpoint/requests"] += len(group)
             for call, completions in zip(group, outs):
+                self.counts["endpoint/ignored_fields"] += len(call.request.ignored)
+                self.counts["endpoint/structured_outputs"] += call.request.structured
                 call.answer([self._reply(call, c) for c in completions])
 
     def _counted(self, agent: str, prompts: Sequence[Any], n: int) -> Any:

@@ -17,40 +17,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from drmas.envs.agents.errors import ApiError
+from drmas.envs.agents.fields import PENALTIES, check_fields, format_note, template_kwargs, with_note
 from drmas.records import ChatPrompt, Completion, GenerationSettings
 
 __all__ = ["ApiError", "ChatRequest", "Reply", "chat_chunks", "chat_response", "message_content",
            "parse_chat_request"]
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-_PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
-_SERVED = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "n", "temperature", "top_p",
-           "top_k", "seed", "logit_bias", "stream", "stream_options", "tools", "tool_choice",
-           "response_format", "logprobs", "top_logprobs", "store", *_PENALTIES}
-_NO_EFFECT = {"user", "metadata", "service_tier", "parallel_tool_calls"}
-"""Fields that change nothing an endpoint answers (an end-user id, tags, a billing tier; the last
-is not enforced, see docs/agents.md)."""
-
-
-@dataclass
-class ApiError(Exception):
-    """An error answered to the client in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
-
-    status: int
-    message: str
-    code: str | None = None
-    param: str | None = None
-
-    @property
-    def type(self) -> str:
-        return {401: "authentication_error", 404: "invalid_request_error", 410: "invalid_request_error"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def __str__(self) -> str:
-        return f"{self.status}: {self.message}"
+_MAX_N = 16
+"""The most choices one request may ask for (validation; training takes one)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +48,10 @@ class ChatRequest:
     """Answer with each sampled token's log-prob (``logprobs: true``)."""
     own_cap: bool = False
     """The program capped the length below the policy's limit: a reply ended there is no format fault."""
+    ignored: tuple[str, ...] = ()
+    """Fields answered as if absent (``fields.IGNORED``), counted."""
+    structured: bool = False
+    """A ``response_format`` asked for JSON: shown to the policy in the prompt (``fields.format_note``)."""
 
 
 @dataclass
@@ -86,6 +66,11 @@ class Reply:
     """Calls begun that the parser did not take (the sample is invalid)."""
     logprobs: list[dict[str, Any]] | None = None
     """OpenAI's ``logprobs.content``: each generated token's text and log-prob, where asked."""
+    reasoning: str | None = None
+    """The thinking (Qwen3's ``<think>`` block) split off ``content`` by vLLM's reasoning parser:
+    the chat answer's ``reasoning_content``."""
+    full: str | None = None
+    """``content`` before the split (what the Responses API's output text shows)."""
 
 
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
@@ -179,7 +164,8 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         return tuple(tools)
     if choice == "none":
         return ()
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    named = fn.get("name") if isinstance(fn, dict) else None
     if named is None or choice.get("type") != "function":
         raise ApiError(400, "tool_choice must be auto, none, required or {type: function, function: {name}}, "
                        f"got {choice!r}", "invalid_value", "tool_choice")
@@ -202,27 +188,6 @@ def _text_parts(parts: list[Any], param: str) -> str:
     return "".join(texts)
 
 
-def _check_fields(body: dict[str, Any], training: bool) -> None:
-    """Refuse, by name, every field that is not served (see the module docstring)."""
-    unknown = sorted(k for k in body if k not in _SERVED and k not in _NO_EFFECT)
-    if unknown:
-        raise ApiError(400, f"unknown or unsupported parameter {unknown[0]!r} (the drmas endpoint serves "
-                       "the fields listed in docs/agents.md)", "unsupported_parameter", unknown[0])
-    if body.get("top_logprobs"):
-        raise ApiError(400, "top_logprobs > 0 is not served: the engines return the sampled token's "
-                       "log-prob only", "unsupported_parameter", "top_logprobs")
-    if body.get("store"):
-        raise ApiError(400, "store: true is not served: the drmas endpoint keeps no completions for "
-                       "later retrieval", "unsupported_parameter", "store")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        why = ("while training: guided decoding masks the logits, so the sampled tokens' log-probs would "
-               "not be the policy's" if training else "by the engines here (no guided decoding)")
-        raise ApiError(400, f"response_format {kind!r} is not served {why}; ask for JSON in the "
-                       "messages and parse the text", "unsupported_parameter", "response_format")
-
-
 def _stops(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
@@ -235,8 +200,9 @@ def _stops(raw: Any) -> tuple[str, ...]:
 
 def _overrides(body: dict[str, Any], policy: GenerationSettings | None) -> bool:
     """Whether the request asks for sampling other than the policy's."""
-    if (any(body.get(k) not in (None, 0, 0.0) for k in _PENALTIES) or body.get("logit_bias")
-            or body.get("seed") is not None):  # one seed per rollout: a request's cannot be honoured
+    # one seed per rollout: a request's cannot be honoured
+    if (any(body.get(k) not in (None, 0, 0.0) for k in (*PENALTIES, "min_p")) or body.get("logit_bias")
+            or body.get("seed") is not None):
         return True
     if policy is None:
         return any(body.get(k) is not None for k in ("temperature", "top_p", "top_k"))
@@ -259,14 +225,20 @@ def parse_chat_request(body: Any, agents: Sequence[str],
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise ApiError(400, f"stream_options takes include_usage only, got {options!r}", "invalid_value",
                        "stream_options")
-    _check_fields(body, training)
+    ignored = check_fields(body)
+    note = format_note(body.get("response_format"))
+    kwargs = template_kwargs(body.get("chat_template_kwargs"))
     tools = _tools(body)
     model = body.get("model")
     if model not in agents:
         raise ApiError(404, f"the model {model!r} is not an agent of this run; the agents are: "
                        f"{', '.join(agents)}", "model_not_found", "model")
     messages, fields = _messages(body.get("messages"))
+    if note is not None:
+        messages, fields = with_note(messages, fields, note)
     n = _positive_int(body, "n") or 1
+    if n > _MAX_N:
+        raise ApiError(400, f"n is {n}: at most {_MAX_N} choices per request", "invalid_value", "n")
     if training and n != 1:
         raise ApiError(400, f"n must be 1 while training (got {n}): each choice would be a sample given its "
                        "episode's reward, which the other choices did not earn", "invalid_value", "n")
@@ -277,9 +249,11 @@ def parse_chat_request(body: Any, agents: Sequence[str],
     if length is not None and policy is not None:  # programs send 4096 and more: the policy's limit holds
         length = min(length, policy.max_new_tokens)
     prompt = ChatPrompt(messages, "", _stops(body.get("stop")), length,
-                        tuple(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools), fields)
+                        tuple(json.dumps(t, ensure_ascii=False, sort_keys=True) for t in tools), fields,
+                        kwargs)
     return ChatRequest(model, prompt, n, _overrides(body, policy), tools, bool(body.get("stream")),
-                       bool((options or {}).get("include_usage")), bool(body.get("logprobs")), own_cap)
+                       bool((options or {}).get("include_usage")), bool(body.get("logprobs")), own_cap,
+                       tuple(ignored), note is not None)
 
 
 def message_content(completion: Completion, stops: Sequence[str]) -> str:
@@ -313,6 +287,8 @@ def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
     for i, r in enumerate(replies):
         content = (r.content or None) if r.tool_calls else r.content  # OpenAI: null beside calls
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if r.reasoning is not None:
+            message["reasoning_content"] = r.reasoning
         if r.tool_calls:
             message["tool_calls"] = r.tool_calls
         choices.append({"index": i, "message": message, "finish_reason": _finish(r),
@@ -336,6 +312,8 @@ def chat_chunks(agent: str, replies: Sequence[Reply], include_usage: bool) -> li
     out = []
     for i, r in enumerate(replies):
         out.append(chunk(i, {"role": "assistant", "content": ""}))
+        if r.reasoning is not None:
+            out.append(chunk(i, {"reasoning_content": r.reasoning}))
         if r.content or r.logprobs:
             out.append(chunk(i, {"content": r.content}, logprobs=_logprobs(r)))
         for k, call in enumerate(r.tool_calls):

@@ -5,10 +5,12 @@ them as any chat request), and the answer becomes output items. Pure functions.
 Served: ``input`` as a string or items (messages with text parts, ``function_call`` and
 ``function_call_output``), ``instructions`` (a system message first), function ``tools`` and
 ``tool_choice``, ``max_output_tokens``, ``store`` (nothing is kept either way), the sampling
-fields as on the chat path, ``text`` in plain text format, ``stream`` (the answer's events, after
-it was generated whole). Refused by name: ``previous_response_id`` (send the whole conversation,
-as ``store: false`` clients do), ``reasoning``, structured ``text`` formats, ``include``,
-built-in tools, other item types.
+fields as on the chat path, ``text`` (its ``format`` as the chat path's ``response_format``: JSON
+shown to the policy), ``chat_template_kwargs``, ``stream`` (the answer's events, after it was
+generated whole); ``reasoning`` and ``text.verbosity`` answered as if absent and counted, as the
+chat path's ``reasoning_effort`` and ``verbosity``. Refused by name: ``previous_response_id``
+(send the whole conversation, as ``store: false`` clients do), ``include``, built-in tools,
+other item types.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from drmas.envs.agents.protocol import ApiError, Reply
 
 __all__ = ["chat_body", "response_events", "response_object"]
 
-_SAME = ("model", "temperature", "top_p", "seed", "user", "metadata", "parallel_tool_calls", "service_tier")
-_NO_EFFECT = {"store", "truncation", "prompt_cache_key", "safety_identifier"}
+_SAME = ("model", "temperature", "top_p", "seed", "user", "metadata", "parallel_tool_calls", "service_tier",
+         "prompt_cache_key", "safety_identifier", "chat_template_kwargs")
+_NO_EFFECT = {"store", "truncation"}
 
 
 def _refuse(param: str, why: str) -> ApiError:
@@ -101,13 +104,12 @@ def chat_body(body: Any) -> dict[str, Any]:
     if body.get("previous_response_id"):
         raise _refuse("previous_response_id", "nothing is stored; send the whole conversation as input "
                       "(store: false)")
-    if body.get("reasoning"):
-        raise _refuse("reasoning", "the policies here have no reasoning settings")
     if body.get("include"):
         raise _refuse("include", "no extra output is produced")
-    fmt = (body.get("text") or {}).get("format")
-    if fmt is not None and fmt.get("type") != "text":
-        raise _refuse("text.format", "structured output would mask the logits while training")
+    text = body.get("text") or {}
+    if not isinstance(text, dict) or not isinstance(text.get("format") or {}, dict):
+        raise ApiError(400, "text must be an object ({format: {type: text, json_object or json_schema}})",
+                       "invalid_value", "text")
     known = {*_SAME, *_NO_EFFECT, "input", "instructions", "tools", "tool_choice", "max_output_tokens",
              "previous_response_id", "stream", "reasoning", "include", "text", "top_logprobs"}
     unknown = sorted(set(body) - known)
@@ -117,6 +119,14 @@ def chat_body(body: Any) -> dict[str, Any]:
     out = {k: body[k] for k in _SAME if body.get(k) is not None}
     if body.get("stream"):
         out["stream"] = True
+    fmt = text.get("format")
+    if fmt is not None:  # the Responses API flattens what chat nests under json_schema
+        out["response_format"] = (fmt if fmt.get("type") != "json_schema" else
+                                  {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items()
+                                                                         if k != "type"}})
+    for src, dst in ((body.get("reasoning"), "reasoning_effort"), (text.get("verbosity"), "verbosity")):
+        if src is not None:  # ignored and counted on the chat path
+            out[dst] = src
     out["messages"] = _messages(body.get("input"), body.get("instructions"))
     tools, choice = _tools(body.get("tools"), body.get("tool_choice"))
     if tools:
@@ -133,10 +143,11 @@ def response_object(agent: str, reply: Reply, body: dict[str, Any]) -> dict[str,
     """The ``response`` object of one answer: a message item with the text (if any), then a
     ``function_call`` item per parsed call."""
     output: list[dict[str, Any]] = []
-    if reply.content or not reply.tool_calls:
+    text = reply.full if reply.full is not None else reply.content  # thinking kept in the text here
+    if text or not reply.tool_calls:
         output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
                        "role": "assistant",
-                       "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
+                       "content": [{"type": "output_text", "text": text, "annotations": []}]})
     for call in reply.tool_calls:
         output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
                        "name": call["function"]["name"], "arguments": call["function"]["arguments"],

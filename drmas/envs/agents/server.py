@@ -24,7 +24,10 @@ from drmas.envs.agents.protocol import (ApiError, ChatRequest, Reply, chat_chunk
 from drmas.envs.agents.responses import chat_body, response_events, response_object
 from drmas.records import Completion, GenerationSettings
 
-__all__ = ["Call", "Endpoint", "Session", "WorkerSlot"]
+__all__ = ["MAX_BODY_BYTES", "Call", "Endpoint", "Session", "WorkerSlot"]
+
+MAX_BODY_BYTES = 16 * 2**20
+"""The largest request body taken (uvicorn sets none): a longer one is a 413, read no further."""
 
 
 @dataclass
@@ -94,6 +97,23 @@ class Call:
     seq: int
     answer: Callable[[Any], None]
     """Thread-safe: a list of :class:`Reply`, or an :class:`ApiError`."""
+
+
+async def _body(request: Any) -> Any:
+    """The request's JSON body, read up to :data:`MAX_BODY_BYTES` (413 beyond it, 400 when not JSON)."""
+    too_long = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", "body_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_long
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            raise too_long
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:
@@ -264,10 +284,7 @@ class Endpoint:
             return models()
 
         async def answer(session: Session, request: Request, responses: bool) -> Any:
-            try:
-                body = await request.json()
-            except ValueError:
-                raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+            body = await _body(request)
             chat = chat_body(body) if responses else body
             try:
                 req = parse_chat_request(chat, self.agents, session.settings, session.training)

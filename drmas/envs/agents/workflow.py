@@ -304,7 +304,8 @@ class AgentsWorkflow(Workflow):
         out = {k: counts.get(k, 0.0) for k in ("endpoint/requests", "endpoint/generation_overrides",
                                                "endpoint/template_errors", "endpoint/workers_started",
                                                "endpoint/workers_recycled", "endpoint/late_calls",
-                                               "endpoint/program_failures", "endpoint/unknown_agents")}
+                                               "endpoint/program_failures", "endpoint/unknown_agents",
+                                               "endpoint/ignored_fields", "endpoint/structured_outputs")}
         if out["endpoint/requests"]:  # per request: how often the agents call tools, and get it wrong
             for k in ("endpoint/tool_calls", "endpoint/tool_call_errors"):
                 out[k] = counts.get(k, 0.0) / out["endpoint/requests"]
