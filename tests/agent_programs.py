@@ -104,6 +104,14 @@ def leaves_threads(task, client):
     return 1.0
 
 
+def rewarded_calls(task, client):
+    """Rewards one call by its id; task1 rewards an id that is none of its answers."""
+    first = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "a"}])
+    second = client.responses.create(model="critic", input="b")
+    calls = {second.id: 0.5, first.id: -0.25} if task["q"] != "task1" else {"chatcmpl-stranger": 1.0}
+    return {"team": 1.0, "calls": calls}
+
+
 def limits(task, client):
     if task["q"] != "task0":
         return 0.0 if ask(client, "writer", "x") else 1.0

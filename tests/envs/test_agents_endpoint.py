@@ -90,6 +90,20 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
                                          "endpoint/structured_outputs": 0.0}
 
 
+def test_an_episode_rewards_single_calls_by_the_id_its_client_saw(tasks_file):
+    # every interface bound, guarded by the keys; the URLs name the host given
+    wf = make(programs.rewarded_calls, tasks_file, host="0.0.0.0", advertise_host="127.0.0.1")
+    try:
+        result = wf.rollout(wf.tasks("train")[:2], Script(echo), n=1)
+        assert wf._endpoint.bound == "0.0.0.0" and wf._endpoint.host == "127.0.0.1"
+    finally:
+        wf.close()
+    # team 1.0 for both calls, plus each call's own: the chat answer -0.25, the Responses answer 0.5
+    assert [(s.agent, s.reward) for s in result.samples if s.task_uid == "0"] == [("writer", 0.75),
+                                                                                  ("critic", 1.5)]
+    assert "'chatcmpl-stranger', which is no answer of this episode" in result.episodes[1].info["failure"]
+
+
 def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
     script = Limited(echo)
     wf = make(programs.limits, tasks_file)

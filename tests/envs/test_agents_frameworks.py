@@ -185,3 +185,22 @@ def test_a_dspy_react_agent_whose_step_falls_back_to_json(tasks_file, capfd):
     assert all(p.messages[0][1].endswith("Answer with one JSON object and nothing else.") for p in retries)
     # one retry per episode (their identical prompts reached the engine as one)
     assert scalars["endpoint/structured_outputs"] == len(result.episodes) == 2
+
+
+def test_a_pydantic_ai_agent_that_raises_on_bad_tool_arguments_is_trained_with_the_failure_reward(
+        tasks_file):
+    """The policy keeps calling add with a word for a number: pydantic-ai's argument validation
+    sends it back for a retry, then gives up and raises; every call of the episode gets
+    failure_reward, so the behaviour that broke the program gets a negative advantage."""
+    engine = ToolEngine(lambda agent, prompt, i: call("add", {"a": "two", "b": 3}))
+    wf = AgentsWorkflow(f"{EXAMPLES / 'pydantic_ai_agent.py'}:episode", ["solver"], tasks_file, val_share=0.0,
+                        workers=2, failure_reward=-2.0)
+    try:
+        result = wf.rollout(wf.tasks("train"), engine, n=1)
+    finally:
+        wf.close()
+    errors = [e.info["program_failure"] for e in result.episodes]
+    assert len(errors) == 2 and all("UnexpectedModelBehavior" in e and "retries" in e for e in errors)
+    calls = by_agent(result)["solver"]
+    assert calls >= 4 and all(s.reward == -2.0 and s.team_reward == 0.0 for s in result.samples)
+    assert wf.scalars(result.counts)["endpoint/program_failures"] == 2

@@ -3,7 +3,8 @@
 
 An episode is ``episode(task: dict, client: openai.OpenAI) -> float | dict[str, float]`` (or an
 ``async def`` taking an ``openai.AsyncOpenAI``): a number is the team reward; a dict holds each
-agent's local reward, optionally ``team`` (default 0) and ``success`` (default: team > 0).
+agent's local reward, optionally ``team`` (default 0), ``success`` (default: team > 0) and
+``calls``: rewards of single calls by the id the client saw (``{response.id: reward}``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Outcome:
     team: float
     local: dict[str, float] = field(default_factory=dict)
     success: bool = False
+    calls: dict[str, float] = field(default_factory=dict)
+    """Rewards of single calls, by response id: added to that call's local reward."""
 
 
 def _number(value: Any, what: str) -> float:
@@ -47,16 +50,20 @@ def read_outcome(value: Any, agents: Sequence[str]) -> Outcome:
     if not isinstance(value, dict):
         team = _number(value, "an episode's return value (the team reward, or a dict of rewards)")
         return Outcome(team, {}, team > 0)
-    unknown = [k for k in value if k not in agents and k not in ("team", "success")]
+    unknown = [k for k in value if k not in agents and k not in ("team", "success", "calls")]
     if unknown:
         raise EpisodeFailure(f"the episode returned rewards for {unknown}, which are not agents; the keys "
-                             f"may be the agents ({', '.join(agents)}), 'team' and 'success'")
+                             f"may be the agents ({', '.join(agents)}), 'team', 'success' and 'calls'")
+    calls = value.get("calls", {})
+    if not isinstance(calls, dict) or not all(isinstance(k, str) for k in calls):
+        raise EpisodeFailure("'calls' must map response ids (the id of what the client got back) to rewards")
+    calls = {k: _number(v, f"call {k!r}'s reward") for k, v in calls.items()}
     team = _number(value.get("team", 0.0), "'team'")
     local = {a: _number(v, f"agent {a!r}'s reward") for a, v in value.items() if a in agents}
     success = value.get("success", team > 0)
     if not isinstance(success, bool):
         raise EpisodeFailure(f"'success' must be True or False, got {success!r:.80}")
-    return Outcome(team, local, success)
+    return Outcome(team, local, success, calls)
 
 
 class EpisodeRun:
@@ -115,6 +122,9 @@ def failure_of(run: EpisodeRun, agents: Sequence[str], timeout_s: float) -> tupl
         return None, f"episode {run.traj_uid} made no call to the endpoint (or none was delivered)"
     try:
         outcome = read_outcome(run.value, agents)
+        stray = sorted(set(outcome.calls) - {r.response_id for r in run.session.records})
+        if stray:
+            raise EpisodeFailure(f"'calls' rewards {stray[0]!r}, which is no answer of this episode")
     except EpisodeFailure as err:
         return None, f"episode {run.traj_uid}: {err}"
     return outcome, None  # a NaN reward is the rollout's to drop and count, as in every domain

@@ -71,6 +71,9 @@ class Reply:
     the chat answer's ``reasoning_content``."""
     full: str | None = None
     """``content`` before the split (what the Responses API's output text shows)."""
+    id: str = ""
+    """The answer's id, as the client sees it (``chatcmpl-...``, ``resp_...``): an episode may reward
+    the call by it."""
 
 
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
@@ -293,7 +296,8 @@ def chat_response(agent: str, replies: Sequence[Reply]) -> dict[str, Any]:
             message["tool_calls"] = r.tool_calls
         choices.append({"index": i, "message": message, "finish_reason": _finish(r),
                         "logprobs": _logprobs(r)})
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+    return {"id": replies[0].id or f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()),
             "model": agent, "choices": choices, "usage": _usage(replies)}
 
 
@@ -301,7 +305,7 @@ def chat_chunks(agent: str, replies: Sequence[Reply], include_usage: bool) -> li
     """The same answer as ``chat.completion.chunk`` objects, OpenAI's streaming shape: per choice
     the role, the content, each tool call (whole, one delta each), the finish reason; then the
     usage where asked. The answer is generated whole, then streamed."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+    head = {"id": replies[0].id or f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": agent}
 
     def chunk(i: int, delta: dict[str, Any], finish: str | None = None,

@@ -155,7 +155,8 @@ def response_object(agent: str, reply: Reply, body: dict[str, Any]) -> dict[str,
     length = reply.completion.finish_reason == "length" and not reply.tool_calls
     prompt, generated = len(reply.completion.prompt_ids), len(reply.completion.response_ids)
     return {
-        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": float(int(time.time())),
+        "id": reply.id or f"resp_{uuid.uuid4().hex}", "object": "response",
+        "created_at": float(int(time.time())),
         "model": agent, "status": "incomplete" if length else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if length else None,
         "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),

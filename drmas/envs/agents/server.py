@@ -16,6 +16,7 @@ import queue
 import secrets
 import socket
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,8 @@ class Record:
     completion: Completion
     malformed: bool = False
     own_cap: bool = False
+    response_id: str = ""
+    """The id the client saw (an episode may reward this call by it)."""
 
 
 @dataclass
@@ -72,7 +75,7 @@ class Session:
             for r in replies:
                 turn = self._turns.get(agent, 0)
                 self._turns[agent] = turn + 1
-                self.records.append(Record(agent, turn, r.completion, r.malformed > 0, req.own_cap))
+                self.records.append(Record(agent, turn, r.completion, r.malformed > 0, req.own_cap, r.id))
             return True
 
     def close(self) -> None:
@@ -97,6 +100,17 @@ class Call:
     seq: int
     answer: Callable[[Any], None]
     """Thread-safe: a list of :class:`Reply`, or an :class:`ApiError`."""
+
+
+def _reachable(host: str) -> str:
+    """The address to hand programs for a server bound to ``host``: itself, or for every interface
+    (``0.0.0.0``, ``::``) this machine's name as it resolves (loopback where nothing else does)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 async def _body(request: Any) -> Any:
@@ -125,8 +139,11 @@ class Endpoint:
     """The server: start once, open a session per episode, close it when the episode ends (its
     URL answers 410 from then on)."""
 
-    def __init__(self, agents: Sequence[str], host: str = "127.0.0.1") -> None:
-        self.agents, self.host = tuple(agents), host
+    def __init__(self, agents: Sequence[str], host: str = "127.0.0.1",
+                 advertise_host: str | None = None) -> None:
+        self.agents, self.bind = tuple(agents), host
+        self.host = advertise_host or _reachable(host)
+        """The host in the URLs programs are given (the bound one, or this machine's address)."""
         self.inbox: queue.Queue = queue.Queue()
         self.sessions: dict[str, Session] = {}
         self.gone: dict[str, str] = {}
@@ -149,8 +166,9 @@ class Endpoint:
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
+        sock.bind((self.bind, 0))
         self.port = sock.getsockname()[1]
+        self.bound = sock.getsockname()[0]
         config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=60)
         self._server = uvicorn.Server(config)
@@ -301,6 +319,9 @@ class Endpoint:
             result = await future
             if isinstance(result, ApiError):
                 raise result
+            rid = f"resp_{uuid.uuid4().hex}" if responses else f"chatcmpl-{uuid.uuid4().hex}"
+            for reply in result:  # one id per answer, its choices' too
+                reply.id = rid
             if await request.is_disconnected():
                 return Response(status_code=499)  # nobody reads it; nothing was recorded
             if req.stream:

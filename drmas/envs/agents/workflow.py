@@ -106,6 +106,8 @@ class AgentsWorkflow(Workflow):
         workers: int = 16,
         failure_reward: float = -1.0,
         same_failure_limit: int = 3,
+        host: str = "127.0.0.1",
+        advertise_host: str | None = None,
     ) -> None:
         """
         Args:
@@ -138,6 +140,10 @@ class AgentsWorkflow(Workflow):
                 learns away what broke the program.
             same_failure_limit: rollouts in a row in which every episode raised the same error
                 before the run stops with it (:class:`ProgramError`): a bug in the program.
+            host: the interface the endpoint listens on: loopback, or ``0.0.0.0`` for programs on
+                other machines (every request still needs its episode's or worker's key).
+            advertise_host: the host in the URLs programs are given (default: ``host``, or this
+                machine's address when listening on every interface).
         """
         if episode is None and train_file is None:
             episode, agents = example_team(agents)
@@ -167,6 +173,7 @@ class AgentsWorkflow(Workflow):
         self.failure_reward, self.same_failure_limit = float(failure_reward), same_failure_limit
         self._same_failure: tuple[str, int] = ("", 0)  # the error every episode raised, rollouts in a row
         self._splits = self._read_splits(train_file, val_file, test_file, val_share)
+        self.host, self.advertise_host = host, advertise_host
         self._endpoint: Endpoint | None = None
         self._pool: WorkerPool | None = None
         self._rollouts = 0
@@ -202,7 +209,7 @@ class AgentsWorkflow(Workflow):
             raise ValueError("the agents workflow plays parallel sampling only: "
                              f"{self.why_not.get(sampling, sampling)}")
         if self._endpoint is None:
-            self._endpoint = Endpoint(self.agents)
+            self._endpoint = Endpoint(self.agents, self.host, self.advertise_host)
             self._endpoint.start()
         endpoint = self._endpoint
         training = generate.train
@@ -259,8 +266,8 @@ class AgentsWorkflow(Workflow):
                                               {"failure": why}))
                 continue
             for rec in records:
-                local, reward = sample_reward(outcome.team, outcome.local.get(rec.agent, 0.0), _valid(rec),
-                                              self.alpha, self.format_penalty)
+                own = outcome.local.get(rec.agent, 0.0) + outcome.calls.get(rec.response_id, 0.0)
+                local, reward = sample_reward(outcome.team, own, _valid(rec), self.alpha, self.format_penalty)
                 samples.append(self._sample(run, rec, outcome.team, local, reward))
             episodes.append(EpisodeResult(run.task.uid, run.traj_uid, outcome.success, len(records),
                                           outcome.team))
