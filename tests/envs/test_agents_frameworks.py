@@ -10,6 +10,7 @@ own text fields, not as OpenAI tool calls, so its script answers in those fields
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from scripted import HermesScript as ToolEngine
@@ -56,7 +57,11 @@ def play(program, agents, tasks_file, capfd, oracle=oracle):
     assert not [e.info for e in result.episodes if "failure" in e.info or "program_failure" in e.info]
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Event loop is closed" not in err, err
-    return result, wf.scalars(result.counts), engine
+    scalars = wf.scalars(result.counts)
+    # every answered call is a sample of the episode that made it: none late, none lost
+    assert scalars["endpoint/requests"] == len(result.samples) and scalars["endpoint/late_calls"] == 0
+    assert {s.traj_uid for s in result.samples} <= {e.traj_uid for e in result.episodes}
+    return result, scalars, engine
 
 
 def by_agent(result):
@@ -204,3 +209,29 @@ def test_a_pydantic_ai_agent_that_raises_on_bad_tool_arguments_is_trained_with_t
     calls = by_agent(result)["solver"]
     assert calls >= 4 and all(s.reward == -2.0 and s.team_reward == 0.0 for s in result.samples)
     assert wf.scalars(result.counts)["endpoint/program_failures"] == 2
+
+
+def test_clients_built_at_import_follow_the_workers_episodes(tasks_file, tmp_path, capfd):
+    """One worker plays every episode in turn with a LangChain model and a DSPy LM built once, when
+    the program was imported: each episode's calls are recorded into that episode."""
+    path = tmp_path / "four.jsonl"
+    path.write_text("".join(json.dumps({"q": f"task{i}"}) + "\n" for i in range(4)))
+
+    def answer(agent, prompt, i):
+        if agent == "writer":
+            return f"About {prompt.messages[-1][1]}."
+        return "[[ ## verdict ## ]]\ngood\n\n[[ ## completed ## ]]"
+
+    wf = AgentsWorkflow(f"{Path(__file__).parent / 'built_once.py'}:episode", ["writer", "critic"], str(path),
+                        val_share=0.0, workers=1)
+    try:
+        result = wf.rollout(wf.tasks("train"), ToolEngine(answer), n=1)
+    finally:
+        wf.close()
+    assert all(e.success for e in result.episodes), [e.info for e in result.episodes]
+    for e in result.episodes:  # the writer's answer and the critic's verdict on it, in that episode
+        mine = [s for s in result.samples if s.traj_uid == e.traj_uid]
+        assert [s.agent for s in mine] == ["writer", "critic"] and mine[0].text == f"About task{e.task_uid}."
+    scalars = wf.scalars(result.counts)
+    assert scalars["endpoint/requests"] == len(result.samples) == 8 and scalars["endpoint/late_calls"] == 0
+    assert "Traceback" not in capfd.readouterr().err

@@ -14,7 +14,9 @@ episodes the infrastructure failed (a timeout, a lost worker) are dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -39,6 +41,24 @@ log = logging.getLogger(__name__)
 class ProgramError(RuntimeError):
     """Every episode raised the same error for ``same_failure_limit`` rollouts in a row: a bug in
     the program, not something the policy can learn away."""
+
+
+@contextlib.contextmanager
+def _client_environment():
+    """An environment like a worker's while the program is imported here to check it (a program may
+    build its clients at import, which needs a base URL and a key): an address nothing answers."""
+    names = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_API_BASE="http://127.0.0.1:9/v1",
+                      OPENAI_API_KEY="drmas-import-check")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _valid(rec: Any) -> bool:
@@ -165,8 +185,9 @@ class AgentsWorkflow(Workflow):
             raise ValueError(f"same_failure_limit must be >= 1, got {same_failure_limit}")
         self.agents = tuple(agents)
         self.episode = episode_ref(episode)
-        if isinstance(episode, str):
-            load_episode(self.episode)  # its errors now, in this process, rather than in every worker
+        if isinstance(episode, str):  # its errors now, in this process, rather than in every worker
+            with _client_environment():
+                load_episode(self.episode)
         self.workers = workers
         self.alpha, self.format_penalty = alpha, format_penalty
         self.window_s, self.timeout_s = window_ms / 1000.0, episode_timeout_s
