@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["FORMATS", "ParsedCalls", "call_text", "fallback_messages", "parse_tool_calls", "resolve_format",
-           "template_format"]
+           "special_marker", "template_format"]
 
 FORMATS: dict[str, tuple[str, str, str | None]] = {
     # format: (vLLM parser, the markup a call starts with, the one it ends with)
@@ -88,15 +88,18 @@ def fallback_messages(messages: Sequence[dict[str, Any]],
     return out
 
 
-def call_text(tokenizer: Any, response_ids: Sequence[int], fmt: str) -> str | None:
-    """The response as text with the format's start marker kept where it is a special token (the
-    engines' text leaves special tokens out); None where the marker is plain text (the engine's
-    text already holds it). Each run between markers is decoded on its own, without special
-    tokens (an end-of-turn token is not part of a call)."""
+def special_marker(tokenizer: Any, fmt: str) -> int | None:
+    """The id of the format's start marker where it is a special token of ``tokenizer`` (which the
+    engines' text leaves out), else None (reading a vocabulary costs: ask once per tokenizer)."""
+    marker = tokenizer.get_vocab().get(FORMATS[fmt][1])
+    return marker if marker is not None and marker in set(getattr(tokenizer, "all_special_ids", ())) else None
+
+
+def call_text(tokenizer: Any, response_ids: Sequence[int], fmt: str, marker: int) -> str:
+    """The response as text with the format's start marker (``marker``, its special token's id)
+    kept. Each run between markers is decoded on its own, without special tokens (an end-of-turn
+    token is not part of a call)."""
     start = FORMATS[fmt][1]
-    marker = tokenizer.get_vocab().get(start)
-    if marker is None or marker not in set(getattr(tokenizer, "all_special_ids", ())):
-        return None
     pieces, run = [], []
     for token in list(response_ids) + [marker]:
         if token == marker:

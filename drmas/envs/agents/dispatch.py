@@ -20,7 +20,7 @@ from drmas.envs.agents.protocol import ApiError, Reply, message_content
 from drmas.envs.agents.server import Call
 from drmas.envs.base import sample_groups
 from drmas.records import Completion, GenerateFn
-from drmas.tool_calls import call_text, parse_tool_calls
+from drmas.tool_calls import call_text, parse_tool_calls, special_marker
 
 __all__ = ["Dispatcher"]
 
@@ -36,6 +36,7 @@ class Dispatcher:
         self._tool_formats: dict[str, Any] = {}
         self._tokenizers: dict[str, Any] = {}
         self._reasoners: dict[str, Any] = {}
+        self._markers: dict[str, int | None] = {}
 
     def run(self, runs: Sequence[EpisodeRun], schedule: Callable[[], None],
             on_end: Callable[[EpisodeRun], None] | None = None) -> None:
@@ -156,8 +157,12 @@ class Dispatcher:
         if not call.request.tools:
             return Reply(completion, answer, **shown)
         fmt, tokenizer = self._tool_formats[agent]
-        raw = call_text(tokenizer, completion.response_ids, fmt)  # a special-token marker kept
-        text = answer if raw is None else message_content(dataclasses.replace(completion, text=raw), stops)
+        if agent not in self._markers:
+            self._markers[agent] = special_marker(tokenizer, fmt)
+        text = answer
+        if self._markers[agent] is not None:  # the call's marker is a special token: read from the tokens
+            raw = call_text(tokenizer, completion.response_ids, fmt, self._markers[agent])
+            text = message_content(dataclasses.replace(completion, text=raw), stops)
         parsed = parse_tool_calls(text, fmt, tokenizer, call.request.tools)
         if not parsed.calls and not parsed.malformed:
             parsed.content = answer
