@@ -161,16 +161,24 @@ def _caches_off() -> None:
         dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 
 
+def _idle_pool_thread(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is a thread pool's worker waiting for work (the event loop's default
+    executor, LiteLLM's callback pool: kept for later use, running nothing of the episode)."""
+    frame = sys._current_frames().get(thread.ident)
+    return (frame is not None and frame.f_code.co_name == "_worker"
+            and frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "thread.py")))
+
+
 def _lingering(before: set[threading.Thread], grace_s: float = 0.5) -> list[str]:
-    """Threads started during the episode that are still running ``grace_s`` later (the event loop's
-    default executor, kept for the next episode, is not one of them)."""
+    """Threads started during the episode that are still running ``grace_s`` later (thread pools'
+    idle workers are not: they run nothing until asked)."""
     deadline = time.monotonic() + grace_s
     left = []
     for t in threading.enumerate():
-        if t in before or t is threading.current_thread() or t.name.startswith("asyncio_"):
+        if t in before or t is threading.current_thread():
             continue
         t.join(max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
+        if t.is_alive() and not _idle_pool_thread(t):
             left.append(t.name)
     return left
 

@@ -179,7 +179,7 @@ def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any]
                   tool_format: str = "auto") -> list[int]:
     """Token ids of the chat prompt with the generation header and the assistant prefill; tools
     and tool calls rendered by the template where it takes them (earlier calls' arguments as
-    objects, as vLLM gives them: templates that apply ``tojson`` would show a string encoded
+    objects, as serving engines pass them: templates that apply ``tojson`` would show a string encoded
     twice), else in the hermes format. A message's ``name`` is given to a template that reads it;
     elsewhere it prefixes a user's, system's or tool's content and is left out of an assistant's
     (whose content is what the policy itself wrote)."""

@@ -60,6 +60,8 @@ def play(program, agents, tasks_file, capfd, oracle=oracle):
     scalars = wf.scalars(result.counts)
     # every answered call is a sample of the episode that made it: none late, none lost
     assert scalars["endpoint/requests"] == len(result.samples) and scalars["endpoint/late_calls"] == 0
+    # thread pools a framework keeps (LiteLLM's, the event loop's) are idle: no worker replaced
+    assert scalars["endpoint/workers_recycled"] == 0
     assert {s.traj_uid for s in result.samples} <= {e.traj_uid for e in result.episodes}
     return result, scalars, engine
 
@@ -234,4 +236,5 @@ def test_clients_built_at_import_follow_the_workers_episodes(tasks_file, tmp_pat
         assert [s.agent for s in mine] == ["writer", "critic"] and mine[0].text == f"About task{e.task_uid}."
     scalars = wf.scalars(result.counts)
     assert scalars["endpoint/requests"] == len(result.samples) == 8 and scalars["endpoint/late_calls"] == 0
+    assert scalars["endpoint/workers_recycled"] == 0 and scalars["endpoint/workers_started"] == 1
     assert "Traceback" not in capfd.readouterr().err
