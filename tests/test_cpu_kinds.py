@@ -153,8 +153,8 @@ def emulable() -> list[str]:
 QUIET = """
 import torch
 from drmas import console
-from drmas.engines.vllm_process import loaded_kernels
-from drmas.engines.vllm_runtime import import_vllm
+from drmas.engines.vllm.process import loaded_kernels
+from drmas.engines.vllm.runtime import import_vllm
 from drmas.hardware import vllm_cpu_kernels
 console.quiet()
 import_vllm()

@@ -9,8 +9,7 @@ without it; :func:`vllm_available` says whether it is installed. Both register t
 from drmas.engines.base import (ENGINES, Engine, EngineError, Generation, GenerationParams, Placement,
                                 parse_settings, policy_settings, resolve_engine)
 from drmas.engines.hf import HFEngine
-from drmas.engines.vllm import VLLMEngine, vllm_available
-from drmas.engines.vllm_settings import VLLMSettings
+from drmas.engines.vllm import VLLMEngine, VLLMSettings, vllm_available
 
 __all__ = ["ENGINES", "Engine", "EngineError", "Generation", "GenerationParams", "HFEngine", "Placement",
            "VLLMEngine", "VLLMSettings", "parse_settings", "policy_settings", "resolve_engine",

@@ -6,7 +6,7 @@ runs here forced to the GPU's answer, timed by the engine processes' own clocks.
 import pytest
 
 from drmas.engines import vllm_available
-from drmas.engines.vllm import VLLMEngine
+from drmas.engines.vllm.engine import VLLMEngine
 from drmas.modules import MultiAgentRL, PolicyConfig
 
 pytestmark = [pytest.mark.integration,

@@ -388,7 +388,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
     import signal
 
     from drmas.engines import VLLMEngine
-    from drmas.engines.vllm import EngineProcessError
+    from drmas.engines.vllm.engine import EngineProcessError
 
     model, tok = tiny
     before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
@@ -402,7 +402,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
         assert len(pids) == 2 and os.getpid() not in pids
         for pid in pids:
             cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
-            assert "drmas.children" in cmdline and "drmas.engines.vllm_process:serve" in cmdline
+            assert "drmas.children" in cmdline and "drmas.engines.vllm.process:serve" in cmdline
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
             assert ppid == os.getpid()
         assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
@@ -428,7 +428,7 @@ def test_a_process_builds_one_vllm_engine_at_most(monkeypatch):
     allocator, and the second fails at construction on a GPU."""
     from types import SimpleNamespace
 
-    from drmas.engines import vllm_process
+    from drmas.engines.vllm import process as vllm_process
 
     built = []
     fake = SimpleNamespace(LLM=lambda **kwargs: built.append(kwargs) or kwargs)  # records constructions
@@ -501,7 +501,7 @@ def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refu
     """A buffer below the largest tensor (the embedding) is raised to it and the weights still arrive
     whole; a state dict without one layer's weight is refused, naming the layer (vLLM itself would
     only warn, and serve that layer's old weights)."""
-    from drmas.engines.vllm import EngineProcessError
+    from drmas.engines.vllm.engine import EngineProcessError
 
     model, tok = tiny
     before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]

@@ -5,7 +5,8 @@ and sleep mode (CuMem) only on GPUs, in a process that holds no other engine."""
 import pytest
 import torch
 
-from drmas.engines.vllm_settings import engine_process_env, llm_kwargs, rank_cores
+from drmas.engines.placement import rank_cores
+from drmas.engines.vllm.settings import engine_process_env, llm_kwargs
 
 
 def test_the_engine_process_sees_only_the_trainers_gpu():
@@ -42,7 +43,7 @@ def test_sleep_mode_and_its_allocator_only_on_gpus_and_the_transfer_each_side_us
 
 
 def test_per_device_defaults_of_the_transfer_buffer_eager_mode_and_the_build_order():
-    from drmas.engines.vllm_settings import VLLMSettings, builds_alone, eager, transfer_buffer_bytes
+    from drmas.engines.vllm.settings import VLLMSettings, builds_alone, eager, transfer_buffer_bytes
 
     assert transfer_buffer_bytes(None, on_gpu=True) == 2**30
     assert transfer_buffer_bytes(None, on_gpu=False) == 2**28
@@ -57,7 +58,7 @@ def test_per_device_defaults_of_the_transfer_buffer_eager_mode_and_the_build_ord
 
 def test_a_gpu_transfer_peak_holds_the_largest_tensor_twice_over_the_buffer():
     from drmas.engines import VLLMEngine
-    from drmas.engines.vllm_settings import VLLMSettings
+    from drmas.engines.vllm.settings import VLLMSettings
 
     qwen3_8b_embedding = 151936 * 4096  # 1.16 GiB in bf16: more than vLLM's 1 GiB default buffer
     peak = VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), qwen3_8b_embedding)

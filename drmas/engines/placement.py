@@ -1,0 +1,45 @@
+"""Where a child process of a rank runs, whatever engine it holds: its cores (the rank's share of
+the node's) and the device it sees."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+__all__ = ["device_env", "local_ranks", "rank_cores"]
+
+
+def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,
+               machine: int | None = None) -> list[int]:
+    """The cores an engine process of this rank runs on: the rank's even share of the cores this
+    process may use (``allowed``, default its affinity), or all of them where a launcher already bound
+    the rank to fewer than the ``machine``'s cores. Engines of one rank share its cores: the rank
+    generates with one engine at a time, and trains while they wait."""
+    cores = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    machine = os.cpu_count() or len(cores) if machine is None else machine
+    if len(cores) < machine or local_ranks <= 1:
+        return cores
+    if len(cores) < local_ranks:
+        return [cores[local_rank % len(cores)]]
+    share = len(cores) // local_ranks
+    return cores[local_rank * share:(local_rank + 1) * share]
+
+
+def local_ranks(world_size: int) -> int:
+    """Ranks on this node: what torchrun-style launchers say (``LOCAL_WORLD_SIZE``), else all of them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
+def device_env(device: Any, visible: str | None = None) -> dict[str, str]:
+    """The environment that shows a child process only the trainer's own GPU (it then takes
+    ``cuda:0`` of what it sees: the same physical GPU, whatever ``--trainer.devices`` says); none on
+    CPU. ``visible``: the trainer's ``CUDA_VISIBLE_DEVICES`` (default: read from the environment)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    index = device.index or 0
+    ids = [v.strip() for v in visible.split(",")] if visible else []
+    if ids and index >= len(ids):
+        raise ValueError(f"the trainer runs on {device} but CUDA_VISIBLE_DEVICES={visible!r} shows "
+                         f"{len(ids)} GPU(s)")
+    return {"CUDA_VISIBLE_DEVICES": ids[index] if ids else str(index)}
