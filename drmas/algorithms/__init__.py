@@ -13,13 +13,14 @@ from drmas.algorithms.advantages import (
     group_advantages,
     register_estimator,
 )
-from drmas.algorithms.losses import (AGGREGATIONS, LossConfig, aggregate, policy_loss,
-                                     truncated_importance_weights)
+from drmas.algorithms.losses import (AGGREGATIONS, LOSSES, LossConfig, aggregate, policy_loss,
+                                     register_aggregation, register_loss, truncated_importance_weights)
 from drmas.algorithms.rewards import format_term, mix_rewards, sample_reward
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
+    "LOSSES",
     "LossConfig",
     "SAMPLINGS",
     "aggregate",
@@ -30,7 +31,9 @@ __all__ = [
     "group_advantages",
     "mix_rewards",
     "policy_loss",
+    "register_aggregation",
     "register_estimator",
+    "register_loss",
     "sample_reward",
     "truncated_importance_weights",
 ]

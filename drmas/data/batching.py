@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from drmas.algorithms.losses import AGGREGATIONS
 from drmas.packing import group_by_prefix, pack_shared_prefixes, pad_samples, prefix_order
 from drmas.records import BatchSpec, MicroBatch, Sample
 
@@ -109,7 +110,8 @@ def make_micro_batches(
     ``by_agent``: micro-batches hold one agent's samples each (``MicroBatch.agent`` set), so the
     trainer can measure each agent's gradient contribution; the loss scales are unchanged.
     """
-    micro_batch_size, pad_id, agg = spec.micro_batch_size, spec.pad_id, spec.agg
+    micro_batch_size, pad_id = spec.micro_batch_size, spec.pad_id
+    by_tokens = AGGREGATIONS.get(spec.agg).weight == "tokens"
     prefix_sharing, by_agent, attention_window = spec.prefix_sharing, spec.by_agent, spec.attention_window
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -138,7 +140,7 @@ def make_micro_batches(
         for start in range(0, len(group), micro_batch_size):
             idx = group[start : start + micro_batch_size]
             chunk = [samples[i] for i in idx]
-            if agg == "token-mean":
+            if by_tokens:  # the aggregation's own rule: a share of the tokens, or of the samples
                 scale = sum(len(s.response_ids) for s in chunk) / total_tokens
             else:
                 scale = len(chunk) / len(real)

@@ -96,7 +96,7 @@ def test_dual_clip_bounds_the_loss_for_negative_advantages():
     assert m["dual_clip_frac"].item() == 0.5
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
         policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2), LossConfig(dual_clip=1.0))
-    with pytest.raises(ValueError, match=r"agg must be one of \('token-mean'"):
+    with pytest.raises(ValueError, match=r"agg must be one of \['seq-mean-token-mean'"):
         LossConfig(agg="mean")
     with pytest.raises(ValueError, match="clip bounds must be non-negative"):
         LossConfig(clip_low=-0.1)
@@ -174,3 +174,63 @@ def test_inf_or_nan_at_masked_positions_poison_neither_loss_nor_gradient(agg, po
     got, got_grad = run(dirty, torch.where(mask, old, torch.full_like(old, poison)), dirty.detach())
     assert torch.isfinite(got) and torch.isfinite(got_grad).all()
     assert torch.allclose(got, want) and torch.allclose(got_grad, want_grad)
+
+
+def test_gspo_clips_one_length_normalised_ratio_per_sequence():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    config = LossConfig(name="gspo", clip_low=0.1, clip_high=0.1)
+    # equal token ratios within each sequence: GSPO is PPO-clip, values and gradients
+    same = [[1.05, 1.05, 1.0], [2.0, 2.0, 2.0]]
+    losses, grads = [], []
+    for name in ("gspo", "ppo-clip"):
+        lp = _lp(same)
+        loss, _ = policy_loss(lp, torch.zeros(2, 3, dtype=torch.float64), ADV, mask,
+                              LossConfig(name=name, clip_low=0.1, clip_high=0.1))
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(lp.grad)
+    assert losses[0] == pytest.approx(losses[1]) and torch.allclose(grads[0], grads[1])
+    # sequence 1: token ratios 1.2 and 1/1.2 have a geometric mean of 1, inside the clip range, where
+    # PPO clips the first token; sequence 2: 1.5 and 1.5 and 1.5 (A < 0, above the range: kept)
+    lp = _lp([[1.2, 1 / 1.2, 1.0], [1.5, 1.5, 1.5]])
+    loss, m = policy_loss(lp, torch.zeros(2, 3, dtype=torch.float64), ADV, mask, config)
+    # per token, token-mean over 5: seq 1 -A s = -1 twice; seq 2 max(3 * 1.5, 3 * 1.1) = 4.5, thrice
+    assert loss.item() == pytest.approx((-1 - 1 + 3 * 4.5) / 5)
+    assert m["clip_frac"].item() == 0.0  # a sequence ratio above the range with A < 0 is not clipped
+    loss.backward()
+    # d/dlogp of -A * s * exp(logp - sg logp): -A s per token (s = 1 in seq 1, 1.5 in seq 2)
+    want = torch.tensor([[-1.0, -1.0, 0.0], [4.5, 4.5, 4.5]], dtype=torch.float64) / 5
+    assert torch.allclose(lp.grad, want)
+    with pytest.raises(ValueError, match="loss name must be one of"):
+        LossConfig(name="ppo")
+
+
+def test_a_registered_loss_and_aggregation_are_selected_by_name():
+    from drmas.algorithms import AGGREGATIONS, LOSSES, register_aggregation, register_loss
+    from drmas.data.batching import make_micro_batches
+    from drmas.records import BatchSpec, Sample
+
+    @register_loss("test-vanilla-pg")
+    def vanilla(log_ratio, adv, mask, config):
+        return -adv * log_ratio.exp(), {"seen": torch.tensor(1.0)}
+
+    @register_aggregation("test-token-sum", weight="tokens")
+    def token_sum(values, mask, norm_len):
+        return values.sum()
+
+    try:
+        lp = _lp([[3.0, 0.5, 1.0], [2.0, 1.0, 1.0]])  # far outside any clip range: nothing clipped
+        loss, m = policy_loss(lp, torch.zeros(2, 3, dtype=torch.float64), ADV, MASK,
+                              LossConfig(name="test-vanilla-pg", agg="test-token-sum"))
+        assert loss.item() == pytest.approx(-3.0 - 0.5 + 3 * 2.0) and m["seen"].item() == 1.0
+        # the aggregation says how micro-batches add up: by tokens here (2 + 4 of 6)
+        samples = [Sample("t", "t#0", "a", 0, "p", [1], [2, 3], [0.0, 0.0]),
+                   Sample("t", "t#1", "a", 0, "p", [1], [2, 3, 4, 5], [0.0] * 4)]
+        spec = BatchSpec(pad_id=0, micro_batch_size=1, agg="test-token-sum")
+        batches = make_micro_batches(samples, "p", spec)
+        assert sorted(b.loss_scale for b in batches) == pytest.approx([2 / 6, 4 / 6])
+        with pytest.raises(ValueError, match="weight must be 'tokens' or 'sequences'"):
+            register_aggregation("test-bad", weight="tokens-ish")
+    finally:
+        LOSSES.unregister("test-vanilla-pg")
+        AGGREGATIONS.unregister("test-token-sum")
