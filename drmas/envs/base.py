@@ -30,6 +30,7 @@ __all__ = [
     "Completion",
     "EpisodeResult",
     "GenerateFn",
+    "GraderError",
     "PromptTemplate",
     "RolloutResult",
     "Workflow",
@@ -37,6 +38,12 @@ __all__ = [
     "sample_groups",
     "split_tasks",
 ]
+
+
+class GraderError(RuntimeError):
+    """The reward function itself failed (a grader's bug or an API it calls that changed), not the
+    model's output: the episode's reward is unknown, so it is a failed episode, counted in
+    ``rollout/grader_errors``, never a silent zero reward."""
 
 
 @dataclass

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from drmas.algorithms import sample_reward
-from drmas.envs.base import SAMPLINGS, PromptTemplate, Workflow, pick_best, sample_groups
+from drmas.envs.base import SAMPLINGS, GraderError, PromptTemplate, Workflow, pick_best, sample_groups
 from drmas.records import ChatPrompt, Completion, EpisodeResult, Sample, GenerateFn, RolloutResult
 
 __all__ = ["Action", "EpisodeState", "TurnWorkflow"]
@@ -193,9 +193,16 @@ class TurnWorkflow(Workflow):
                     if ep.state.done and i not in reported:
                         reported.add(i)
                         progress(self.success(ep.state))
-        episodes = []
+        episodes, samples, grader_errors = [], [], 0
         for ep in eps:
-            team = self.team_reward(ep.state)
+            try:
+                team = self.team_reward(ep.state)
+            except GraderError as err:  # the reward is unknown: a failed episode, none of it trained
+                grader_errors += 1
+                why = f"episode {ep.traj_uid}: the grader failed: {err}"
+                episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, False, ep.state.turn + 1, 0.0,
+                                              {"failure": why}))
+                continue
             if not tree:
                 final = self.final_rewards(ep.state)
                 for s in ep.samples:
@@ -205,7 +212,8 @@ class TurnWorkflow(Workflow):
                                                              self.format_penalty)
             episodes.append(EpisodeResult(ep.state.task.uid, ep.traj_uid, self.success(ep.state),
                                           ep.state.turn + 1, team, self.episode_info(ep.state)))
-        return RolloutResult([s for ep in eps for s in ep.samples], episodes)
+            samples += ep.samples
+        return RolloutResult(samples, episodes, {"grader_errors": float(grader_errors)})
 
     def _step(self, agent: str, group: list[_Episode], generate: GenerateFn, k: int,
               rng: random.Random | None) -> None:

@@ -63,3 +63,36 @@ def test_tree_mode_and_bad_settings_are_refused(wf):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         SolverVerifierWorkflow(train_file="nope.jsonl", val_file="nope.jsonl", test_file="nope.jsonl")
 
+
+
+def test_a_grader_that_fails_is_a_counted_failed_episode_and_past_a_share_stops_the_run(wf, monkeypatch):
+    """A math-verify API change (a TypeError inside the grader) must not read as "every answer is
+    wrong": the episode fails, ``rollout/grader_errors`` counts it, and the outage rule stops a run
+    where too many do."""
+    from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
+    from drmas.envs.math import grading
+
+    tasks = wf.tasks("train")[:2]
+    script = Script(lambda a, p, i: "so \\boxed{7}" if a == "solver" else "approve</verify> ok")
+    real = grading.verify
+
+    def broken_for_the_first(gold, pred, **kw):
+        if str(tasks[0].answer) in str(gold):
+            raise TypeError("verify() got an unexpected keyword argument 'timeout_seconds'")
+        return real(gold, pred, **kw)
+
+    grading._clear_caches()
+    monkeypatch.setattr(grading, "verify", broken_for_the_first)
+    res = wf.rollout(tasks, script, n=2)
+    why = [e.info.get("failure", "") for e in res.episodes]
+    assert all("the grader failed: math-verify's verify failed: TypeError" in w for w in why[:2])
+    assert why[2:] == ["", ""] and res.counts == {"grader_errors": 2.0}
+    assert {s.traj_uid for s in res.samples} == {e.traj_uid for e in res.episodes[2:]}  # none of it trained
+    assert wf.scalars(res.counts) == {"rollout/grader_errors": 2.0}
+    # an unparseable answer is still just wrong, not an error
+    monkeypatch.setattr(grading, "verify", real)
+    assert grading.same_answer("\\frac{", "1") is False
+    config = RolloutConfig(group_size=2, tasks_per_iteration=2, val_tasks=0, max_failed_share=0.25)
+    rollouts = Rollouts(wf, config)
+    with pytest.raises(OutageError, match=r"2 of 4 episodes failed(.|\n)*the grader failed"):
+        rollouts.check_failures(res, "iteration 1")

@@ -21,6 +21,8 @@ from typing import Any
 import sympy
 from math_verify import parse, verify
 
+from drmas.envs.base import GraderError
+
 __all__ = ["extract_boxed", "is_correct", "same_answer"]
 
 #: Longer boxed answers are graded wrong without parsing (no benchmark answer is this long).
@@ -187,6 +189,10 @@ def _too_big(parsed: tuple[Any, ...]) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+_BUGS = (TypeError, AttributeError, NameError, ImportError)
+"""Exceptions no answer can cause: the grader's own bugs (counted), not an unparseable answer."""
+
+
 @lru_cache(maxsize=16384)
 def _parse_answer(answer: str) -> tuple[Any, ...]:
     """math-verify's parse of one (normalised) answer, cached: ground truths and the answers of
@@ -197,6 +203,8 @@ def _parse_answer(answer: str) -> tuple[Any, ...]:
     """
     try:
         parsed = tuple(parse(f"\\boxed{{{answer}}}", parsing_timeout=None))
+    except _BUGS as err:  # not the answer's fault: the grader's (e.g. math-verify's API changed)
+        raise GraderError(f"math-verify's parse failed: {type(err).__name__}: {err}") from err
     except Exception:  # noqa: BLE001 - never raise on model output
         return ()
     if _too_big(parsed):
@@ -211,7 +219,10 @@ def _clear_caches() -> None:
 
 def same_answer(answer: str, ground_truth: str) -> bool:
     """Whether a plain answer (no box) equals ``ground_truth`` mathematically; e.g. a program's
-    printed ``0.5`` against ``\\frac{1}{2}``. Never raises; safe to call from many threads."""
+    printed ``0.5`` against ``\\frac{1}{2}``. Safe to call from many threads. Raises only
+    :class:`~drmas.envs.base.GraderError`, when the grader itself fails (a programming error such
+    as a ``TypeError`` from a changed math-verify API), so the episode fails loudly instead of
+    being graded wrong."""
     try:
         if not answer or len(answer) > MAX_ANSWER_CHARS:
             return False
@@ -224,7 +235,11 @@ def same_answer(answer: str, ground_truth: str) -> bool:
         if not gold or not pred:
             return pred_text == gold_text
         return bool(verify(list(gold), list(pred), timeout_seconds=None))
-    except Exception:  # noqa: BLE001 - a grading bug must not kill a rollout worker
+    except GraderError:
+        raise
+    except _BUGS as err:
+        raise GraderError(f"math-verify's verify failed: {type(err).__name__}: {err}") from err
+    except Exception:  # noqa: BLE001 - an expression the comparison cannot take: not equal
         return False
 
 
