@@ -107,9 +107,10 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
     backend = Cached(lambda agent, i: "\\boxed{1}")
     assert rollouts.prepare(backend, iteration=1).scalars == {
         "rollout/prefix_cache_hit_rate": 0.25, "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0,
-        "rollout/nonfinite_rewards": 0.0}
+        "rollout/nonfinite_rewards": 0.0, "rollout/grader_errors": 0.0}
     assert rollouts.prepare(ScriptedBackend(lambda agent, i: "\\boxed{1}"), iteration=1).scalars == {
-        "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0, "rollout/nonfinite_rewards": 0.0}
+        "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0, "rollout/nonfinite_rewards": 0.0,
+        "rollout/grader_errors": 0.0}
 
 
 def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
