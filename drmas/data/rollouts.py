@@ -23,6 +23,7 @@ the one to resume from).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
@@ -91,9 +92,15 @@ class Rollouts:
     """One workflow's rollouts and validation, played as ``config`` says."""
 
     def __init__(self, workflow: Workflow, config: RolloutConfig = RolloutConfig()) -> None:  # noqa: B008 (frozen)
-        """The workflow's declared samplings and estimators are checked here, before anything runs."""
+        """The workflow's declared samplings and estimators, and its rollout's signature, are checked
+        here, before anything runs."""
         sampling, estimator = config.sampling, config.estimator
         name = type(workflow).__name__
+        params = inspect.signature(workflow.rollout).parameters
+        if "progress" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TypeError(f"{name}.rollout takes no progress argument: the Workflow.rollout contract is "
+                            "rollout(tasks, generate, *, n, sampling, seed, progress=None), progress being "
+                            "None or a function to call with each episode's success as it finishes")
         if sampling not in workflow.samplings:
             why = f" ({workflow.why_not[sampling]})" if sampling in workflow.why_not else ""
             raise ValueError(f"{name} does not support sampling={sampling!r}{why}; it supports: "
@@ -201,8 +208,8 @@ class Rollouts:
         bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc,
                          show_progress(self.config.progress, backend.rank))
         try:
-            extra = {"progress": bar} if bar.active else {}
-            return self.workflow.rollout(tasks, generate, n=n, sampling=sampling, seed=seed, **extra), None
+            return self.workflow.rollout(tasks, generate, n=n, sampling=sampling, seed=seed,
+                                         progress=bar if bar.active else None), None
         except BaseException as err:  # SIGTERM is a SystemExit
             return RolloutResult([], []), err
         finally:

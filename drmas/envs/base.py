@@ -17,7 +17,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from drmas.algorithms import SAMPLINGS, estimators_for
 from drmas.records import ChatPrompt, Completion, EpisodeResult, GenerateFn, RolloutResult
@@ -95,12 +95,13 @@ class Workflow(ABC):
 
     @abstractmethod
     def rollout(
-        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, sampling: str = "parallel", seed: int = 0
+        self, tasks: Sequence[Any], generate: GenerateFn, *, n: int, sampling: str = "parallel",
+        seed: int = 0, progress: Callable[[bool], None] | None = None,
     ) -> RolloutResult:
         """Play the tasks. ``parallel``: ``n`` independent trajectories per task. ``tree``: one
         executed trajectory per task, ``n`` candidates per (agent, turn) from one prompt.
-        A workflow may also accept ``progress``, a function called with each episode's success
-        as it finishes (progress bars use it; it is only passed when a bar is shown)."""
+        ``progress`` (None when no bar is shown): call it with each episode's success as the
+        episode finishes. Every workflow takes it (checked when the rollouts are set up)."""
 
     def estimators(self, sampling: str) -> tuple[str, ...]:
         """The estimators this workflow accepts with ``sampling``: by default every registered

@@ -220,7 +220,7 @@ class Listed(Workflow):
     def tasks(self, split):
         return self.val
 
-    def rollout(self, tasks, generate, *, n, sampling="parallel", seed=0):
+    def rollout(self, tasks, generate, *, n, sampling="parallel", seed=0, progress=None):
         raise AssertionError("not played in these tests")
 
 
@@ -416,3 +416,38 @@ def test_the_swap_probe_keeps_what_the_generate_function_answers():
     with pytest.raises(Preempted):
         swapped.check_stop()
 
+
+
+def test_progress_is_part_of_the_rollout_contract_for_a_workflow_that_is_not_turn_based(capsys):
+    """A bare Workflow with a progress bar shown: it gets the bar's function and reports each
+    episode; one whose rollout takes no progress is refused when the rollouts are set up."""
+    from drmas.records import EpisodeResult, RolloutResult, Sample
+
+    class Coin(Listed):
+        agents, seen = ("solver",), []
+
+        def rollout(self, tasks, generate, *, n, sampling="parallel", seed=0, progress=None):
+            Coin.seen.append(progress)
+            episodes = [EpisodeResult(t.uid, f"{t.uid}#{j}", j == 0, 1, float(j == 0)) for t in tasks
+                        for j in range(n)]
+            for e in episodes:
+                if progress is not None:
+                    progress(e.success)
+            return RolloutResult([Sample(e.task_uid, e.traj_uid, "solver", 0, "", [1], [2], [0.0],
+                                         reward=e.team_reward) for e in episodes], episodes)
+
+    tasks = [Task(f"q{i}") for i in range(2)]
+    for shown in (True, False):
+        rollouts = Rollouts(Coin(tasks), RolloutConfig(group_size=2, tasks_per_iteration=2, val_tasks=0,
+                                                       progress=shown))
+        rollouts.prepare(ScriptedBackend(lambda agent, i: "x"), iteration=1)
+    shown_fn, hidden = Coin.seen
+    assert callable(shown_fn) and hidden is None
+    assert "iteration 1:" in capsys.readouterr().err  # the bar over the 4 episodes was shown
+
+    class Old(Listed):
+        def rollout(self, tasks, generate, *, n, sampling="parallel", seed=0):
+            return RolloutResult([], [])
+
+    with pytest.raises(TypeError, match=r"Old.rollout takes no progress argument"):
+        Rollouts(Old(tasks), RolloutConfig(val_tasks=0))
