@@ -1,5 +1,5 @@
 """The LightningCLI shared by the recipes: RL-friendly trainer defaults, per-recipe config
-sections, and an end-of-run summary.
+sections, and the end-of-run summary (:mod:`drmas.summary`).
 
 One config file serves every recipe (``configs/qwen3_8b.yaml`` runs search and math): its
 top-level keys are common to all recipes, and an optional ``recipes:`` mapping holds what differs
@@ -36,7 +36,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch.distributed as dist
 import yaml
 from jsonargparse import get_loader, set_loader
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -57,6 +56,7 @@ from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
 from drmas.ranks import GATHER_ENV, TIMEOUT_ENV
+from drmas.summary import format_summary
 from drmas.watch import watch
 
 __all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow",
@@ -358,40 +358,6 @@ def trainer_defaults(name: str) -> dict[str, Any]:
                    "init_args": {"save_dir": "runs", "name": name, "default_hp_metric": False}},
         "callbacks": [RolloutStats(), GradNormSpikeMonitor()],
     }
-
-
-def format_summary(module: MultiAgentRL, trainer: Any = None) -> str:
-    """Where the logs and checkpoints went; per agent, reward and valid-format ratio at the first
-    and last iteration; validation before and after."""
-    rows = [h for h in module.history if any(k.startswith("rollout/") for k in h)]
-    vals = [h for h in module.history if any(k.startswith("val/") for k in h)]
-    lines = []
-    if trainer is not None and trainer.log_dir:
-        lines.append(f"TensorBoard logs: {trainer.log_dir}   "
-                     f"(tensorboard --logdir {os.path.dirname(trainer.log_dir)})")
-        for cb in trainer.callbacks:
-            if isinstance(cb, HFCheckpoint):
-                lines.append(f"HF checkpoints:   {cb.resolve_dirpath(trainer)}")
-            elif isinstance(cb, ModelCheckpoint) and cb.last_model_path:
-                lines.append(f"resume with:      --ckpt_path {cb.last_model_path}")
-    if rows:
-        first, last = rows[0], rows[-1]
-        agents = sorted({k.split("/")[1] for h in rows for k in h
-                         if k.count("/") == 2 and k.startswith("rollout/")})
-        lines.append(f"\n{'agent':10s} {'reward@first':>12s} {'reward@last':>12s} "
-                     f"{'valid@first':>12s} {'valid@last':>11s}")
-        for a in agents:
-            g = lambda h, k: h.get(f"rollout/{a}/{k}", float("nan"))  # noqa: E731
-            lines.append(f"{a:10s} {g(first, 'reward_mean'):12.3f} {g(last, 'reward_mean'):12.3f} "
-                         f"{g(first, 'valid_ratio'):12.2f} {g(last, 'valid_ratio'):11.2f}")
-        lines.append(f"(iterations {first['iteration']} and {last['iteration']}; "
-                     f"success rate {first.get('rollout/success_rate', float('nan')):.2f} -> "
-                     f"{last.get('rollout/success_rate', float('nan')):.2f})")
-    if vals:
-        for key in sorted(k for k in vals[0] if k.startswith("val/")):
-            lines.append(f"{key}: {vals[0][key]:.3f} (iteration {vals[0]['iteration']}) -> "
-                         f"{vals[-1].get(key, float('nan')):.3f} (iteration {vals[-1]['iteration']})")
-    return "\n".join(lines)
 
 
 def run_recipe(workflow: str, name: str, default_config: str | None = None, args: Any = None) -> DrmasCLI:

@@ -82,6 +82,7 @@ def offenders(importer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]
         ("drmas.plots", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks",
                          "drmas.cli")),
         ("drmas.evaluation", ("drmas.cli", "drmas.callbacks")),
+        ("drmas.summary", ("drmas.cli", "drmas.envs", "drmas.data", "drmas.engines", "drmas.modules")),
         ("drmas.report", ("drmas.cli", "drmas.envs", "drmas.data", "drmas.engines", "drmas.modules",
                           "drmas.callbacks")),
     ],
