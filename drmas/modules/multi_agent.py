@@ -27,13 +27,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
 from drmas.engines import Engine, parse_settings, resolve_engine
-from drmas.hardware import machine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.generation import EngineRouting
 from drmas.modules.memory import memory_plan, plan_terms, residue_report
-from drmas.modules.policy import Policy, PolicyConfig, make_policies
+from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import capture_rng, epoch_scalars, restore_rng, seed_rng
+from drmas.modules.run_state import capture_rng, epoch_scalars, load_state, restore_rank_rng, save_state
 from drmas.modules.sharding import check_precision
 from drmas.ranks import at, watch_state
 from drmas.records import BatchSpec, MicroBatch
@@ -123,25 +122,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
 
     def bind_agents(self, agents: Sequence[str]) -> dict[str, str]:
         """Resolve and check the agent -> policy map for a workflow's agents; return it."""
-        names = list(self.policies)
-        mapping = {}
-        for agent in agents:
-            if agent in self.agent_map:
-                mapping[agent] = self.agent_map[agent]
-            elif len(names) == 1:
-                mapping[agent] = names[0]
-            elif agent in self.policies:
-                mapping[agent] = agent
-            else:
-                raise ValueError(f"agent {agent!r} has no policy: set --model.agents (policies: {names})")
-        bad = {a: p for a, p in mapping.items() if p not in self.policies}
-        if bad:
-            raise ValueError(f"agents mapped to unknown policies: {bad}; policies: {names}")
-        unknown = set(self.agent_map) - set(agents)
-        if unknown:
-            raise ValueError(f"--model.agents names unknown agents {sorted(unknown)}; agents: {list(agents)}")
-        self.agent_map = mapping
-        return dict(mapping)
+        self.agent_map = agent_policies(agents, self.agent_map, list(self.policies))
+        return dict(self.agent_map)
 
     def policy_of(self, agent: str) -> str:
         return self.agent_map[agent]
@@ -376,40 +358,16 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 lg.log_metrics(metrics, step=step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["drmas"] = {
-            "iteration": self.iteration,
-            "versions": {n: p.version for n, p in self.policies.items()},
-            "history": self.history,
-            "rng": self.gather_objects(capture_rng()),  # one per rank: each samples its own rollouts
-            "precision": self._precision(),
-            "machine": machine(),
-        }
+        # every rank's random state: each samples its own rollouts
+        checkpoint["drmas"] = save_state(self.iteration, {n: p.version for n, p in self.policies.items()},
+                                         self.history, self.gather_objects(capture_rng()), self._precision())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("drmas")
-        if state is None:
-            raise ValueError("this checkpoint was not written by drmas.MultiAgentRL")
-        rng = state["rng"]
-        if len(rng) != self.world_size:  # resharded by the strategy's load; the seeds follow the new ranks
-            rank_zero_info(f"drmas: this checkpoint was written by {len(rng)} rank(s) and resumes on "
-                           f"{self.world_size}: the sharded weights and optimiser states are resharded, each "
-                           "rank draws from its own seed (of the run's seed, its rank and the iteration), "
-                           "and the numbers differ from an uninterrupted run from here on")
-        saved, now = state.get("precision"), self._precision()
-        if saved is not None and now is not None and saved != now:
-            raise ValueError(
-                f"this checkpoint was trained in precision {saved} (on "
-                f"{state.get('machine', 'another machine')}) and this run would continue in {now}: a run is "
-                "resumed in the precision it started in, so that its numbers continue as they would have; "
-                f"resume with --trainer.precision {saved}")
-        self.iteration = state["iteration"]
-        self.history = state["history"]
+        state = load_state(checkpoint, self.world_size, self._precision())
+        self.iteration, self.history = state["iteration"], state["history"]
         for n, v in state["versions"].items():
             self.policies[n].version = v
-        if len(rng) == self.world_size:
-            restore_rng(rng[self.rank])
-        else:
-            seed_rng(self.seed + self.iteration + 1_000_003 * self.rank)
+        restore_rank_rng(state["rng"], self.rank, self.world_size, self.seed + self.iteration)
 
     def _precision(self) -> str | None:
         return str(self._trainer.precision) if self._trainer is not None else None

@@ -8,7 +8,7 @@ import copy
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, fu
                                     packed_logprobs_match, response_logprobs)
 from drmas.records import MicroBatch
 
-__all__ = ["Policy", "PolicyConfig", "deferred_weights", "make_policies"]
+__all__ = ["Policy", "PolicyConfig", "agent_policies", "deferred_weights", "make_policies"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -293,3 +293,26 @@ def lr_factor(c: PolicyConfig, iteration: int, total: int) -> float:
     if c.lr_schedule == "linear":
         return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def agent_policies(agents: Sequence[str], asked: dict[str, str], policies: list[str]) -> dict[str, str]:
+    """Each agent's policy: as ``asked`` (``--model.agents``), else the only policy, else the policy
+    named like the agent; an agent without one, a policy that does not exist or an agent asked for
+    that the workflow does not have is refused, naming it."""
+    mapping = {}
+    for agent in agents:
+        if agent in asked:
+            mapping[agent] = asked[agent]
+        elif len(policies) == 1:
+            mapping[agent] = policies[0]
+        elif agent in policies:
+            mapping[agent] = agent
+        else:
+            raise ValueError(f"agent {agent!r} has no policy: set --model.agents (policies: {policies})")
+    bad = {a: p for a, p in mapping.items() if p not in policies}
+    if bad:
+        raise ValueError(f"agents mapped to unknown policies: {bad}; policies: {policies}")
+    unknown = set(asked) - set(agents)
+    if unknown:
+        raise ValueError(f"--model.agents names unknown agents {sorted(unknown)}; agents: {list(agents)}")
+    return mapping

@@ -1,5 +1,6 @@
-"""What the trainer keeps per run besides weights: random states and the per-iteration training
-scalars, both of which exist once per rank and must be combined across ranks."""
+"""What the trainer keeps per run besides weights: the checkpoint's run state (iteration, history,
+every rank's random state, the precision), random states and the per-iteration training scalars,
+which exist once per rank and must be combined across ranks."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
-__all__ = ["capture_rng", "epoch_scalars", "restore_rng", "seed_rng"]
+from drmas.hardware import machine
+
+__all__ = ["capture_rng", "epoch_scalars", "load_state", "restore_rank_rng", "restore_rng", "save_state",
+           "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -31,6 +36,44 @@ def restore_rng(state: dict[str, Any]) -> None:
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def save_state(iteration: int, versions: dict[str, int], history: list, rngs: list, precision: str | None
+               ) -> dict[str, Any]:
+    """The run's state in a checkpoint (``rngs``: every rank's :func:`capture_rng`)."""
+    return {"iteration": iteration, "versions": versions, "history": history, "rng": rngs,
+            "precision": precision, "machine": machine()}
+
+
+def load_state(checkpoint: dict[str, Any], world_size: int, precision: str | None) -> dict[str, Any]:
+    """The run's state of a checkpoint, refused when it resumes in another precision; another rank
+    count is said (the strategy's load reshards the weights and optimiser states)."""
+    state = checkpoint.get("drmas")
+    if state is None:
+        raise ValueError("this checkpoint was not written by drmas.MultiAgentRL")
+    ranks = len(state["rng"])
+    if ranks != world_size:
+        rank_zero_info(f"drmas: this checkpoint was written by {ranks} rank(s) and resumes on {world_size}: "
+                       "the sharded weights and optimiser states are resharded, each rank draws from its own "
+                       "seed (of the run's seed, its rank and the iteration), and the numbers differ from an "
+                       "uninterrupted run from here on")
+    saved = state.get("precision")
+    if saved is not None and precision is not None and saved != precision:
+        raise ValueError(
+            f"this checkpoint was trained in precision {saved} (on "
+            f"{state.get('machine', 'another machine')}) and this run would continue in {precision}: a run "
+            "is resumed in the precision it started in, "
+            f"so that its numbers continue as they would have; resume with --trainer.precision {saved}")
+    return state
+
+
+def restore_rank_rng(rngs: list, rank: int, world_size: int, seed: int) -> None:
+    """This rank's saved random state, or with another rank count one seeded from ``seed`` (the run's
+    seed and the iteration) and the rank."""
+    if len(rngs) == world_size:
+        restore_rng(rngs[rank])
+    else:
+        seed_rng(seed + 1_000_003 * rank)
 
 
 def seed_rng(seed: int) -> None:
