@@ -26,9 +26,9 @@ import os
 import sys
 from typing import Any, Optional
 
-# vLLM runs in-process to share weights with the trainer (a separate engine process cannot
-# receive the new weights as tensors); its CPU backend warns on every request. Set before
-# anything imports vllm.
+# vLLM's worker runs inside each engine's own process (drmas.engines.vllm.process), not in one of
+# vLLM's, and its CPU backend warns on every request. Set before anything imports vllm; the engine
+# processes inherit it.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

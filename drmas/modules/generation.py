@@ -23,7 +23,7 @@ class EngineRouting:
     module's policies, ranks and engine settings.)"""
 
     def _placement(self) -> Placement:
-        return Placement(self.rank, self.local_rank, self.world_size, self.device, self.seed + self.rank,
+        return Placement(self.rank, self.local_rank, self.world_size, self.device, self.rank,
                          self._sharded)
 
     def _agree(self, failure: BaseException | None) -> None:

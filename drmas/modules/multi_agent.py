@@ -53,7 +53,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         importance_cap: float | None = 2.0,
         prefix_sharing: bool = True,
         agent_grad_norms: bool = False,
-        seed: int = 0,
     ) -> None:
         """
         Args:
@@ -77,7 +76,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 agent's own contribution to its policy's gradient (before clipping): micro-batches
                 then hold one agent each, and a gradient-sized buffer per agent is kept. One
                 device only; a diagnostic for the stability study (docs/stability.md).
-            seed: seed of the engines' samplers.
+
+        The engines draw from ``--data.seed``: each is reseeded before every rollout from it, the
+        rank and the iteration.
         """
         super().__init__()
         if not policies:
@@ -100,7 +101,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.agent_map = dict(agents or {})
         self._team = dict(policies)
         self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available())
-        self.seed = seed
         self.loss, self.importance_cap = loss, importance_cap
         self.agent_grad_norms = agent_grad_norms
         self._agent_grads = AgentGradients()
@@ -367,7 +367,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.iteration, self.history = state["iteration"], state["history"]
         for n, v in state["versions"].items():
             self.policies[n].version = v
-        restore_rank_rng(state["rng"], self.rank, self.world_size, self.seed + self.iteration)
+        restore_rank_rng(state["rng"], self.rank, self.world_size, self.iteration)
 
     def _precision(self) -> str | None:
         return str(self._trainer.precision) if self._trainer is not None else None

@@ -55,7 +55,7 @@ def load_state(checkpoint: dict[str, Any], world_size: int, precision: str | Non
     if ranks != world_size:
         rank_zero_info(f"drmas: this checkpoint was written by {ranks} rank(s) and resumes on {world_size}: "
                        "the sharded weights and optimiser states are resharded, each rank draws from its own "
-                       "seed (of the run's seed, its rank and the iteration), and the numbers differ from an "
+                       "seed (of its rank and the iteration), and the numbers differ from an "
                        "uninterrupted run from here on")
     saved = state.get("precision")
     if saved is not None and precision is not None and saved != precision:
@@ -68,8 +68,8 @@ def load_state(checkpoint: dict[str, Any], world_size: int, precision: str | Non
 
 
 def restore_rank_rng(rngs: list, rank: int, world_size: int, seed: int) -> None:
-    """This rank's saved random state, or with another rank count one seeded from ``seed`` (the run's
-    seed and the iteration) and the rank."""
+    """This rank's saved random state, or with another rank count one seeded from ``seed`` (the
+    iteration) and the rank (the rollouts draw from their own seeds, of ``--data.seed``)."""
     if len(rngs) == world_size:
         restore_rng(rngs[rank])
     else:

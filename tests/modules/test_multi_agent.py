@@ -222,7 +222,7 @@ def test_engines_sleep_for_the_update_and_sync_wakes_them():
 
 
 def test_a_checkpoint_of_another_rank_count_resumes_with_the_seeds_of_the_new_ranks(caplog):
-    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf", seed=5)
+    module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
     state = {}
     module.on_save_checkpoint(state)
     assert len(state["drmas"]["rng"]) == 1  # one random state per rank
@@ -234,7 +234,7 @@ def test_a_checkpoint_of_another_rank_count_resumes_with_the_seeds_of_the_new_ra
     assert "written by 2 rank(s) and resumes on 1: the sharded weights and optimiser states are resharded" \
         in caplog.text
     drawn = torch.rand(3)
-    torch.manual_seed(5 + 7)  # rank 0's seed at iteration 7: neither saved state, the new rank's own
+    torch.manual_seed(7)  # rank 0's seed at iteration 7: neither saved state, the new rank's own
     assert torch.equal(drawn, torch.rand(3))
 
 
