@@ -110,7 +110,9 @@ class TurnWorkflow(Workflow):
             tie_break: how tree sampling picks among equally scored candidates: ``first``
                 (lowest index) or ``random`` (seeded).
             templates: per-agent prompt templates replacing the defaults (by agent name).
-            role_rewards: add each agent's role reward to its local term (set by the domain).
+            role_rewards: in parallel sampling, add each agent's role reward to its local term (set
+                by the domain). Tree sampling always scores a candidate with its role reward
+                (AT-GRPO's local term): it is what ranks one (agent, turn)'s candidates.
             default_templates: the domain's own templates (set by the domain).
         """
         self.max_turns = self.default_max_turns if max_turns is None else max_turns
