@@ -15,7 +15,7 @@ Rows (each with the recipe's config; ``*_per_agent``: one policy per agent):
 - ``at_grpo``: tree sampling with agent- and turn-wise groups (AT-GRPO).
 
 Each training row runs ``recipes/<recipe>.py fit`` once per seed (``--seed_everything``,
-``--data.seed``, ``--model.seed``), validating every ``--val_every`` iterations and at the end;
+``--data.seed``), validating every ``--val_every`` iterations and at the end;
 the table reports the final ``val/avg@k`` and the last rollout success rate, mean and standard
 deviation over the seeds, and the curves plot their means per iteration. The team rows start
 from the same weights on the same val tasks, so their iteration-0 point is the ``prompt_only``
@@ -91,7 +91,7 @@ def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, se
     if os.path.exists(cached):
         with open(cached) as f:
             return {tag: [tuple(p) for p in points] for tag, points in json.load(f).items()}
-    seeds = ["--seed_everything", str(seed), "--data.seed", str(seed), "--model.seed", str(seed)]
+    seeds = ["--seed_everything", str(seed), "--data.seed", str(seed)]
     if flags is None:
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "validate", *base, *seeds,
                "--trainer.logger.init_args.save_dir", logs]

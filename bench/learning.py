@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
              "--data.val_every", str(args.val_every), *[a for a in args.extra if a != "--"]]
     validations = 1 + args.iterations // args.val_every + (args.iterations % args.val_every > 0)
     runs = [Run(f"{args.name}-seed{seed}", "search",
-                [*flags, "--seed_everything", str(seed), "--data.seed", str(seed), "--model.seed", str(seed)],
+                [*flags, "--seed_everything", str(seed), "--data.seed", str(seed)],
                 os.path.join(out, f"seed{seed}"), args.iterations, validations) for seed in args.seeds]
     try:
         Study(runs).run_all()

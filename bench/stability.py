@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         for estimator in ESTIMATORS:
             run = Run(f"{estimator}-seed{seed}", "search",
                       [*flags, "--data.estimator", estimator, "--seed_everything", str(seed),
-                       "--data.seed", str(seed), "--model.seed", str(seed)],
+                       "--data.seed", str(seed)],
                       os.path.join(out, estimator, f"seed{seed}"), args.iterations)
             runs[estimator].append(run)
             order.append(run)

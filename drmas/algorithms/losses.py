@@ -178,7 +178,8 @@ def gspo(log_ratio: Tensor, adv: Tensor, mask: Tensor, config: LossConfig) -> tu
     """GSPO (Zheng et al., 2025): one ratio per sequence, ``s = exp(mean over its tokens of
     log_ratio)``, clipped as PPO clips a token's (GSPO uses far smaller clip ranges than PPO's, e.g.
     3e-4 / 4e-4). Each token carries ``s`` with the gradient of its own log-prob (GSPO-token, equal
-    to GSPO for a sequence-level advantage)."""
+    to GSPO for a sequence-level advantage); with ``agg: seq-mean-token-mean`` the loss is the
+    paper's objective, with ``token-mean`` longer sequences weigh more."""
     m = mask.to(log_ratio.dtype)
     seq = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
     ratio = torch.exp(seq.detach() + log_ratio - log_ratio.detach())  # s, and d log pi per token

@@ -5,8 +5,10 @@ advantages). A numeric change (a loss scale, a mask, a reward rule) fails here a
 purpose: rerun the recipe as below and paste the new values, saying why in the commit.
 
 Measured on an Intel Xeon with AMX; the values were the same run to run. Tolerances: rewards to
-1e-6 (they are sums of constants), the loss to 1e-4 relative and the gradient norm to 1e-3
-relative (fp32 sums in another order on another CPU kind)."""
+1e-6 (they are sums of constants), the loss to 1e-4 relative, the gradient norm to 5e-2 relative:
+tiny-random's distributions are near uniform, so the entropy's gradient is a small difference of
+large terms and the order of fp32 sums (the thread count, the CPU kind) moved it by 0.5% within
+one suite; 5% still fails a changed loss scale or a lost normalisation (a factor of 2 or more)."""
 
 import pytest
 from recipe_runs import run_dir, run_recipe, scalars
@@ -69,4 +71,4 @@ def test_the_first_iteration_of_each_recipe_has_its_recorded_values(tmp_path, re
         elif tag.endswith("/loss"):
             assert value == pytest.approx(want, rel=1e-4), tag
         else:
-            assert value == pytest.approx(want, rel=1e-3), tag
+            assert value == pytest.approx(want, rel=5e-2), tag
