@@ -137,6 +137,9 @@ class LossConfig:
     each policy's initial weights, bf16 where native, and logs ``train/<policy>/kl``)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (0 = off; computing the entropy costs a full softmax)."""
+    importance_cap: float | None = 2.0
+    """Cap of the truncated importance weights between the trainer's and the engine's log-probs of
+    the sampled tokens (:func:`truncated_importance_weights`; None = no correction)."""
 
     def __post_init__(self) -> None:
         if self.clip_low < 0 or self.clip_high < 0:
@@ -149,6 +152,9 @@ class LossConfig:
             raise ValueError(f"loss name must be one of {LOSSES.names()}, got {self.name!r}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.importance_cap is not None and self.importance_cap <= 0:
+            raise ValueError(f"importance_cap must be > 0 (or null: no correction), got "
+                             f"{self.importance_cap}")
 
 
 def _clipped(ratio: Tensor, adv: Tensor, mask: Tensor, config: LossConfig) -> tuple[Tensor, dict]:

@@ -50,7 +50,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         engine: str = "auto",
         engine_settings: dict[str, Any] | None = None,
         loss: LossConfig = LossConfig(),  # noqa: B008 (frozen)
-        importance_cap: float | None = 2.0,
         prefix_sharing: bool = True,
         agent_grad_norms: bool = False,
     ) -> None:
@@ -65,10 +64,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 (``Engine.settings_type``), e.g. ``{max_model_len: 4096, kv_cache_gib: 2.0}``; a
                 policy's ``engine_settings`` override them for its engine. Unknown keys are refused.
             loss: the policy loss's terms, the same for every policy: ``clip_low``,
-                ``clip_high``, ``dual_clip``, ``agg``, ``kl_coef``, ``entropy_coef``
-                (:class:`~drmas.algorithms.losses.LossConfig`).
-            importance_cap: cap of the truncated importance weights between trainer and engine
-                log-probs (None = no correction).
+                ``clip_high``, ``dual_clip``, ``agg``, ``kl_coef``, ``entropy_coef``,
+                ``importance_cap`` (:class:`~drmas.algorithms.losses.LossConfig`).
             prefix_sharing: run prompt prefixes shared by several samples once in the update
                 (same log-probs and gradients; see ``drmas.packing``). Off for a model whose
                 attention cannot take the block mask (one warning) or without chunked log-probs.
@@ -101,7 +98,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.agent_map = dict(agents or {})
         self._team = dict(policies)
         self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available())
-        self.loss, self.importance_cap = loss, importance_cap
+        self.loss = loss
         self.agent_grad_norms = agent_grad_norms
         self._agent_grads = AgentGradients()
         self.iteration = 0
@@ -229,9 +226,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         else:
             old = torch.stack([self._old_logprobs[(batch.policy, i)] for i in batch.sample_index.tolist()])
         importance_weights = None
-        if self.importance_cap is not None:
+        if self.loss.importance_cap is not None:
             importance_weights = truncated_importance_weights(old, batch.engine_logprobs,
-                                                              self.importance_cap) * mask
+                                                              self.loss.importance_cap) * mask
         ref = None
         if self.loss.kl_coef > 0:
             with torch.no_grad():

@@ -56,8 +56,9 @@ def _train_bf16(prefix_sharing: bool):
     torch.manual_seed(0)
     cfg = PolicyConfig(model="tiny-random", lr=1e-3, grad_clip=0.0, micro_batch_size=3,
                        train_generation=GenerationParams(temperature=0.7, max_new_tokens=8))
-    module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None,
-                          loss=LossConfig(entropy_coef=0.01), prefix_sharing=prefix_sharing)
+    module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
+                          loss=LossConfig(importance_cap=None, entropy_coef=0.01),
+                          prefix_sharing=prefix_sharing)
     grads, dm = Grads(), Fixed(module, 3)
     L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_epochs=1,
               reload_dataloaders_every_n_epochs=1, logger=False, enable_checkpointing=False,

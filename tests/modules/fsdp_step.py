@@ -33,8 +33,8 @@ def main(out: str, shard: bool, cuda: bool = False) -> None:
     # sharded: built on the meta device, each rank reading only its rows of the weights once
     # sharded; a wrong row would change the loss and the step
     with deferred_weights(shard):
-        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None,
-                              loss=LossConfig(entropy_coef=0.01))
+        module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
+                              loss=LossConfig(importance_cap=None, entropy_coef=0.01))
     strategy = "auto"
     if shard:
         from drmas.modules.sharding import FSDP

@@ -5,6 +5,7 @@ import pytest
 import torch
 from test_training_step import Fixed
 
+from drmas.algorithms import LossConfig
 from drmas.engines import GenerationParams
 from drmas.evaluation import load_weights
 from drmas.modules import MultiAgentRL, PolicyConfig
@@ -15,7 +16,8 @@ def test_load_weights_restores_the_trained_policies(tmp_path):
         torch.manual_seed(0)
         cfg = PolicyConfig(model="tiny-random", lr=1e-2,
                            train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
-        return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None)
+        return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
+                            loss=LossConfig(importance_cap=None))
 
     trained = module()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False,

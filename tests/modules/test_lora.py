@@ -27,8 +27,8 @@ def module(kl_coef=0.0, **extra):
     cfg = dict(model="tiny-random", lr=1e-2, grad_clip=0.0, lora=LORA, share_base=True,
                train_generation=GenerationParams(temperature=1.0, max_new_tokens=8), **extra)
     return MultiAgentRL(policies={"pa": PolicyConfig(**cfg), "pb": PolicyConfig(**cfg)},
-                        agents={"a": "pa", "b": "pb"}, engine="hf", importance_cap=None,
-                        loss=LossConfig(kl_coef=kl_coef))
+                        agents={"a": "pa", "b": "pb"}, engine="hf",
+                        loss=LossConfig(importance_cap=None, kl_coef=kl_coef))
 
 
 def batches(m, policies):

@@ -61,8 +61,8 @@ class Grads(L.Callback):
 def train(prefix_sharing, agg, micro_batch_size, kl_coef):
     cfg = PolicyConfig(model="tiny-random", lr=1e-3, grad_clip=0.0, micro_batch_size=micro_batch_size,
                        train_generation=GenerationParams(temperature=0.7, max_new_tokens=8))
-    m = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None,
-                     loss=LossConfig(agg=agg, entropy_coef=0.01, kl_coef=kl_coef),
+    m = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
+                     loss=LossConfig(importance_cap=None, agg=agg, entropy_coef=0.01, kl_coef=kl_coef),
                      prefix_sharing=prefix_sharing)
     grads, dm = Grads(), Fixed(m, micro_batch_size)
     L.Trainer(accelerator="cpu", max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False,

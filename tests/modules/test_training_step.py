@@ -58,8 +58,9 @@ def module(agg="token-mean", lr=1e-3, ppo_epochs=1, clip=0.2, micro_batch_size=4
     cfg = PolicyConfig(model="tiny-random", lr=lr, grad_clip=0.0, ppo_epochs=ppo_epochs,
                        micro_batch_size=micro_batch_size,
                        train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
-    return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf", importance_cap=None,
-                        loss=LossConfig(clip_low=clip, clip_high=clip, agg=agg, kl_coef=kl_coef))
+    return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
+                        loss=LossConfig(importance_cap=None, clip_low=clip, clip_high=clip, agg=agg,
+                                        kl_coef=kl_coef))
 
 
 def fit(m, micro_batch_size, ppo_epochs=1, callbacks=(), advantages=ADVANTAGES, iterations=1):
