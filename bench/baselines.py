@@ -15,7 +15,7 @@ Rows (each with the recipe's config; ``*_per_agent``: one policy per agent):
 - ``at_grpo``: tree sampling with agent- and turn-wise groups (AT-GRPO).
 
 Each training row runs ``recipes/<recipe>.py fit`` once per seed (``--seed_everything``,
-``--data.seed``), validating every ``--val_every`` iterations and at the end;
+``--data.rollout.seed``), validating every ``--val_every`` iterations and at the end;
 the table reports the final ``val/avg@k`` and the last rollout success rate, mean and standard
 deviation over the seeds, and the curves plot their means per iteration. The team rows start
 from the same weights on the same val tasks, so their iteration-0 point is the ``prompt_only``
@@ -41,11 +41,12 @@ sys.path.insert(0, ROOT)
 
 SINGLE = {"math": ["--data.workflow.init_args.max_turns", "1"]}
 TRAINED = {
-    "grpo": ["--data.estimator", "grpo_step"],
-    "drmas": ["--data.estimator", "drmas"],
-    "at_grpo": ["--data.sampling", "tree", "--data.estimator", "at_grpo"],
+    "grpo": ["--data.rollout.estimator", "grpo_step"],
+    "drmas": ["--data.rollout.estimator", "drmas"],
+    "at_grpo": ["--data.rollout.sampling", "tree", "--data.rollout.estimator", "at_grpo"],
 }
-CPU_BUDGET = {"iterations": 2, "flags": ["--data.tasks_per_iteration", "2", "--data.val_tasks", "16"]}
+CPU_BUDGET = {"iterations": 2, "flags": ["--data.rollout.tasks_per_iteration", "2",
+                                         "--data.validation.tasks", "16"]}
 """The matrix on the embedded default config: 2 tasks x 4 trajectories per iteration, 16 val tasks
 per source (the recipes' own defaults are sized for one run, not for a matrix of them)."""
 AGENTS = {"math": ("solver", "verifier"), "search": ("verifier", "searcher", "answerer"),
@@ -56,7 +57,7 @@ def rows(recipe: str, model: str) -> dict[str, list[str] | None]:
     """Row name -> extra flags (None: evaluate the untrained team)."""
     out: dict[str, list[str] | None] = {}
     if recipe in SINGLE:
-        out["single"] = SINGLE[recipe] + ["--data.estimator", "grpo"]
+        out["single"] = SINGLE[recipe] + ["--data.rollout.estimator", "grpo"]
     out["prompt_only"] = None
     per_agent = ["--model.policies",
                  "{" + ", ".join(f"{a}: {{model: {model}}}" for a in AGENTS[recipe]) + "}"]
@@ -91,16 +92,16 @@ def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, se
     if os.path.exists(cached):
         with open(cached) as f:
             return {tag: [tuple(p) for p in points] for tag, points in json.load(f).items()}
-    seeds = ["--seed_everything", str(seed), "--data.seed", str(seed)]
+    seeds = ["--seed_everything", str(seed), "--data.rollout.seed", str(seed)]
     if flags is None:
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "validate", *base, *seeds,
                "--trainer.logger.init_args.save_dir", logs]
     else:
         budget = [] if iterations is None else ["--trainer.max_epochs", str(iterations)]
-        before = ["--data.val_before_training", "false"] if known_before else []
+        before = ["--data.validation.before_training", "false"] if known_before else []
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "fit", *base, *flags, *seeds,
-               *budget, *before, "--data.val_every", str(val_every),
-               "--checkpoint.save_last", "false", "--trainer.logger.init_args.save_dir", logs]
+               *budget, *before, "--data.validation.every", str(val_every),
+               "--checkpoint.every_n_iterations", "0", "--trainer.logger.init_args.save_dir", logs]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RowFailed(proc.stderr[-4000:])
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     base = ((["--config", os.path.abspath(args.config)] if args.config else [])
-            + ["--data.val_k", str(args.val_k)])
+            + ["--data.validation.k", str(args.val_k)])
     iterations = args.iterations
     if args.config is None:  # the embedded CPU default: a budget for the whole matrix, not one run
         base += CPU_BUDGET["flags"]

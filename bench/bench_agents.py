@@ -81,13 +81,15 @@ def overhead(args: argparse.Namespace) -> None:
     import tempfile
 
     logging.disable(logging.WARNING)
-    from drmas.engines import GenerationParams
     from drmas.envs.agents import AgentsWorkflow
     from drmas.hardware import bf16_is_native
     from drmas.modules import MultiAgentRL, PolicyConfig
+    from drmas.modules.policy_config import PolicyGeneration
+    from drmas.records import GenerationSettings
 
-    sampling = GenerationParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    module = MultiAgentRL(policies={"shared": PolicyConfig(model="tiny-random", train_generation=sampling)},
+    sampling = GenerationSettings(temperature=1.0, max_new_tokens=args.max_new_tokens)
+    module = MultiAgentRL(policies={"shared": PolicyConfig(model="tiny-random",
+                                                           generation=PolicyGeneration(train=sampling))},
                           engine="hf")
     module.bind_agents(["writer"])
     module.sync_weights()
@@ -140,14 +142,16 @@ def builtin(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-    from drmas.engines import GenerationParams
     from drmas.envs.agents import AgentsWorkflow
     from drmas.envs.math import SolverVerifierWorkflow
     from drmas.hardware import bf16_is_native
     from drmas.modules import MultiAgentRL, PolicyConfig
+    from drmas.modules.policy_config import PolicyGeneration
+    from drmas.records import GenerationSettings
 
-    sampling = GenerationParams(temperature=0.7, max_new_tokens=args.max_new_tokens)
-    module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL, train_generation=sampling)},
+    sampling = GenerationSettings(temperature=0.7, max_new_tokens=args.max_new_tokens)
+    module = MultiAgentRL(policies={"shared": PolicyConfig(model=MODEL,
+                                                           generation=PolicyGeneration(train=sampling))},
                           engine=args.engine)
     train = os.path.join(EXAMPLE, "train.jsonl")
     native = SolverVerifierWorkflow(train_file=train, max_turns=2)

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from drmas.engines import GenerationParams
 from drmas.engines.base import full_state_items
 from drmas.hardware import machine
 from drmas.models import load_causal_lm, resolve_model_path
+from drmas.records import GenerationSettings
 
 
 def median_time(fn, repeats: int) -> float:
@@ -51,17 +51,17 @@ def main() -> None:
 
     console.quiet()
 
-    from drmas.engines import VLLMEngine
+    from drmas.engines import VLLMEngine, VLLMSettings
 
     model, tok = load_causal_lm(args.model)
     path = resolve_model_path(args.model)
     prompts = chat_prompts(tok, args.prompts)
-    params = GenerationParams(temperature=1.0, max_new_tokens=args.tokens)
+    params = GenerationSettings(temperature=1.0, max_new_tokens=args.tokens)
     nbytes = sum(t.numel() * 4 for t in model.state_dict().values())  # float32 engines below
     print(f"{machine()}; {args.model}: {nbytes / 2**20:.0f} MiB of fp32 weights per sync; "
           f"rollout {args.prompts} prompts x n={args.n} x {args.tokens} tokens; median of {args.repeats}")
 
-    separate = VLLMEngine(path, dtype="float32", max_model_len=1024, kv_cache_gib=0.5)
+    separate = VLLMEngine(path, VLLMSettings(dtype="float32", max_model_len=1024, kv_cache_gib=0.5))
     try:
         sync_sep = median_time(lambda: separate.sync_weights(model), args.repeats)
         roll_sep = median_time(lambda: separate.generate(prompts, args.n, params), args.repeats)

@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from drmas.engines import Engine, HFEngine, GenerationParams, vllm_available
+from drmas.engines import Engine, HFEngine, vllm_available
 from drmas.models import load_causal_lm, resolve_model_path
+from drmas.records import GenerationSettings
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -39,13 +40,13 @@ def chat_prompts(tok, count: int) -> list[list[int]]:
     return prompts
 
 
-def tokens_per_second(engine: Engine, prompts: list[list[int]], n: int, params: GenerationParams) -> float:
-    engine.generate(prompts[:2], 1, GenerationParams(temperature=1.0, max_new_tokens=4))  # warm-up
+def tokens_per_second(engine: Engine, prompts: list[list[int]], n: int, params: GenerationSettings) -> float:
+    engine.generate(prompts[:2], 1, GenerationSettings(temperature=1.0, max_new_tokens=4))  # warm-up
     torch.manual_seed(0)
     start = time.perf_counter()
     out = engine.generate(prompts, n, params)
     seconds = time.perf_counter() - start
-    return sum(len(g.token_ids) for gens in out for g in gens) / seconds
+    return sum(len(g.response_ids) for gens in out for g in gens) / seconds
 
 
 def main() -> None:
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
     args = ap.parse_args()
-    params = GenerationParams(temperature=1.0, max_new_tokens=args.tokens)
+    params = GenerationSettings(temperature=1.0, max_new_tokens=args.tokens)
     threads = torch.get_num_threads()
     print(f"{args.prompts} prompts x n={args.n} x {args.tokens} new tokens, T=1, torch threads={threads}")
     for name in args.models:
@@ -67,13 +68,12 @@ def main() -> None:
         if not vllm_available():
             print(f"{name:34s} vLLM               skipped: vllm is not installed")
             continue
-        from drmas.engines import VLLMEngine
+        from drmas.engines import VLLMEngine, VLLMSettings
 
         for dtype in ("float32", "bfloat16"):
             start = time.perf_counter()
-            engine = VLLMEngine(
-                resolve_model_path(name), dtype=dtype, max_model_len=1024, kv_cache_gib=args.kv_cache_gib
-            )
+            engine = VLLMEngine(resolve_model_path(name),
+                                VLLMSettings(dtype=dtype, max_model_len=1024, kv_cache_gib=args.kv_cache_gib))
             created = time.perf_counter() - start
             try:
                 rate = tokens_per_second(engine, prompts, args.n, params)

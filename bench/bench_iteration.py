@@ -51,13 +51,14 @@ def matmul_peak(n: int, dtype, device: str = "cpu") -> float:
 
 
 def one_mode(mode: str, iterations: int, out: str, model: str, device: str) -> dict[str, float]:
-    extra = ["--data.sampling", "tree", "--data.estimator", "at_grpo"] if mode == "tree" else []
+    extra = ["--data.rollout.sampling", "tree", "--data.rollout.estimator",
+             "at_grpo"] if mode == "tree" else []
     extra += ["--model.policies.shared.model", model]
     if device == "cuda":  # vLLM is not assumed there: HF generate
         extra += ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--model.engine", "hf"]
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "search.py"), "fit",
-           "--trainer.max_epochs", str(iterations), "--data.val_tasks", "0",
-           "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
+           "--trainer.max_epochs", str(iterations), "--data.validation.tasks", "0",
+           "--checkpoint.every_n_iterations", "0", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
            "--trainer.logger.init_args.save_dir", out, *extra]
     subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.DEVNULL)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -33,18 +33,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rollout(args: argparse.Namespace) -> list:
-    from drmas.data.rollouts import RolloutConfig, Rollouts
-    from drmas.engines import GenerationParams
+    from drmas.data.rollouts import RolloutConfig, Rollouts, ValidationConfig
     from drmas.envs.search import SearchWorkflow
     from drmas.modules import MultiAgentRL, PolicyConfig
 
-    player = MultiAgentRL(policies={"shared": PolicyConfig(
-        model="tiny-random", train_generation=GenerationParams(temperature=1.0, max_new_tokens=16))},
-        engine="hf")
+    from drmas.modules.policy_config import PolicyGeneration
+    from drmas.records import GenerationSettings
+    sampling = PolicyGeneration(train=GenerationSettings(temperature=1.0, max_new_tokens=16))
+    player = MultiAgentRL(policies={"shared": PolicyConfig(model="tiny-random", generation=sampling)},
+                          engine="hf")
     estimator = "at_grpo" if args.sampling == "tree" else "drmas"
     config = RolloutConfig(sampling=args.sampling, estimator=estimator, group_size=args.group_size,
-                           tasks_per_iteration=args.tasks, val_tasks=0)
-    rollouts = Rollouts(SearchWorkflow(max_turns=4), config)
+                           tasks_per_iteration=args.tasks)
+    rollouts = Rollouts(SearchWorkflow(max_turns=4), config, ValidationConfig(tasks=0))
     return rollouts.prepare(player, 1).samples
 
 

@@ -34,8 +34,8 @@ finally:
 
 
 def settings(rank: int) -> dict[str, list[str]]:
-    lora = f"model: {MODEL}, lr: 1.0e-5, lora: {{rank: {rank}}}, share_base: true"
-    full = f"model: {MODEL}, lr: 1.0e-6"
+    lora = f"model: {MODEL}, optim: {{lr: 1.0e-5}}, lora: {{rank: {rank}, share_base: true}}"
+    full = f"model: {MODEL}, optim: {{lr: 1.0e-6}}"
     return {
         "shared": [],
         "copies": ["--model.policies", "{" + ", ".join(f"{a}: {{{full}}}" for a in AGENTS) + "}"],
@@ -47,8 +47,8 @@ def run(name: str, args: list[str], iterations: int, out: str) -> dict[str, floa
     from drmas.plots import read_scalars
 
     cmd = [sys.executable, "-c", _CHILD, os.path.join(ROOT, "recipes", "search.py"), "fit",
-           "--model.engine", "hf", "--trainer.max_epochs", str(iterations), "--data.val_tasks", "0",
-           "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
+           "--model.engine", "hf", "--trainer.max_epochs", str(iterations), "--data.validation.tasks", "0",
+           "--checkpoint.every_n_iterations", "0", "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
            "--trainer.logger.init_args.save_dir", out, *args]
     proc = subprocess.run(cmd, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:

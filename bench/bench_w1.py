@@ -43,13 +43,14 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> tuple[list[flo
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
            "--trainer.max_epochs", str(args.steps),
            *([] if args.precision == "auto" else ["--trainer.precision", args.precision]),
-           "--trainer.logger.init_args.save_dir", out, "--checkpoint.save_last", "false",
+           "--trainer.logger.init_args.save_dir", out, "--checkpoint.every_n_iterations", "0",
            "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
-           "--model.engine", args.engine, "--model.policies.shared.micro_batch_size", "16",
-           "--model.policies.shared.train_generation.temperature", "1.0",
-           "--model.policies.shared.train_generation.max_new_tokens", "64",
-           "--data.estimator", "grpo", "--data.group_size", "4", "--data.tasks_per_iteration", "4",
-           "--data.val_tasks", "0", "--data.workflow.init_args.max_turns", "1",
+           "--model.engine", args.engine, "--model.policies.shared.update.micro_batch_size", "16",
+           "--model.policies.shared.generation.train.temperature", "1.0",
+           "--model.policies.shared.generation.train.max_new_tokens", "64",
+           "--data.rollout.estimator", "grpo", "--data.rollout.group_size", "4",
+           "--data.rollout.tasks_per_iteration", "4",
+           "--data.validation.tasks", "0", "--data.workflow.init_args.max_turns", "1",
            "--data.workflow.init_args.train_file", data]
     proc = subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.PIPE, text=True)
     engines = [line.rsplit("kernels ", 1)[1] for line in proc.stdout.splitlines()

@@ -4,7 +4,7 @@ questions; resumable across sessions (see ``bench/study.py``).
 
     python bench/learning.py                              # 3 seeds x 30 iterations (~1 h a seed, native bf16)
     python bench/learning.py --out bench/results/learning # the same folder again (the default): continues
-    python bench/learning.py --name lr3e-6 --seeds 0 -- --model.policies.shared.lr 3.0e-6   # a variant
+    python bench/learning.py --name lr3e-6 --seeds 0 -- --model.policies.shared.optim.lr 3.0e-6   # a variant
 
 Every run validates on ``--val_tasks`` questions per source (1-hop, 2-hop) x ``--val_k`` samples
 before training, every ``--val_every`` iterations and at the end, and records each question's
@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     out = os.path.abspath(os.path.join(args.out, args.name))
     config = ["--config", os.path.abspath(args.config)] if args.config else []
-    flags = [*config, "--data.val_tasks", str(args.val_tasks), "--data.val_k", str(args.val_k),
-             "--data.val_every", str(args.val_every), *[a for a in args.extra if a != "--"]]
+    flags = [*config, "--data.validation.tasks", str(args.val_tasks), "--data.validation.k", str(args.val_k),
+             "--data.validation.every", str(args.val_every), *[a for a in args.extra if a != "--"]]
     validations = 1 + args.iterations // args.val_every + (args.iterations % args.val_every > 0)
     runs = [Run(f"{args.name}-seed{seed}", "search",
-                [*flags, "--seed_everything", str(seed), "--data.seed", str(seed)],
+                [*flags, "--seed_everything", str(seed), "--data.rollout.seed", str(seed)],
                 os.path.join(out, f"seed{seed}"), args.iterations, validations) for seed in args.seeds]
     try:
         Study(runs).run_all()

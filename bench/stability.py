@@ -124,16 +124,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
     config = ["--config", os.path.abspath(args.config)] if args.config else []
-    flags = [*config, "--data.group_size", str(args.group_size), "--model.agent_grad_norms", "true",
-             "--data.val_tasks", str(args.val_tasks), "--data.val_k", str(args.val_k),
+    flags = [*config, "--data.rollout.group_size", str(args.group_size), "--model.agent_grad_norms", "true",
+             "--data.validation.tasks", str(args.val_tasks), "--data.validation.k", str(args.val_k),
              *[a for a in args.extra if a != "--"]]
     runs: dict[str, list[Run]] = {e: [] for e in ESTIMATORS}
     order = []  # seed by seed, so an unfinished study already holds pairs
     for seed in args.seeds:
         for estimator in ESTIMATORS:
             run = Run(f"{estimator}-seed{seed}", "search",
-                      [*flags, "--data.estimator", estimator, "--seed_everything", str(seed),
-                       "--data.seed", str(seed)],
+                      [*flags, "--data.rollout.estimator", estimator, "--seed_everything", str(seed),
+                       "--data.rollout.seed", str(seed)],
                       os.path.join(out, estimator, f"seed{seed}"), args.iterations)
             runs[estimator].append(run)
             order.append(run)

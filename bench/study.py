@@ -144,7 +144,7 @@ class Study:
         cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{run.recipe}.py"), "fit", *run.args,
                "--trainer.precision", record["precision"], "--trainer.max_epochs", str(run.iterations),
                "--trainer.logger.init_args.save_dir", run.logs, "--trainer.logger.init_args.version", "0",
-               "--ckpt_path", "last", "--data.progress", "false"]
+               "--ckpt_path", "last", "--data.rollout.progress", "false"]
         logs = os.path.join(run.logs, "stdout.log"), os.path.join(run.logs, "stderr.log")
         with open(logs[0], "a") as out, open(logs[1], "a") as err:
             proc = subprocess.Popen(cmd, cwd=run.logs, stdout=out, stderr=err)

@@ -6,10 +6,10 @@ top-level keys are common to all recipes, and an optional ``recipes:`` mapping h
 per recipe (the workflow, group size, response length), merged over the common part when that
 recipe reads the file::
 
-    model: {policies: {shared: {model: Qwen/Qwen3-8B, lr: 1.0e-6}}}
+    model: {policies: {shared: {model: Qwen/Qwen3-8B, optim: {lr: 1.0e-6}}}}
     recipes:
-      search: {data: {group_size: 5}}
-      math: {data: {group_size: 8}}
+      search: {data: {rollout: {group_size: 5}}}
+      math: {data: {rollout: {group_size: 8}}}
 
 The merge happens as the file is read, so flags given after ``--config`` still override it, and
 ``--print_config`` shows the merged result.
@@ -181,6 +181,7 @@ class DrmasCLI(LightningCLI):
                 RolloutDataModule,
                 trainer_defaults=trainer_defaults(name),
                 save_config_kwargs={"overwrite": True},
+                auto_configure_optimizers=False,  # each policy has its own AdamW (PolicyConfig.optim)
                 parser_kwargs={"parser_mode": PARSER_MODE, "fit": fit, "validate": fit, "test": fit},
                 args=args,
                 **kwargs,
@@ -190,15 +191,12 @@ class DrmasCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults({"data.workflow": {"class_path": self._workflow}})
-        # Both checkpoint callbacks are configurable (`--checkpoint.save_last false`,
-        # `--hf_checkpoint.every_n_iterations 10`): a policy of 8B parameters with its Adam state
-        # makes a ~100 GB Lightning checkpoint, which a user may not want every iteration.
+        # Both checkpoint callbacks are configurable (`--checkpoint.every_n_iterations 10`, or 0 for
+        # none): a policy of 8B parameters with its Adam state makes a ~100 GB Lightning checkpoint,
+        # which a user may not want every iteration. By default: the full training state for
+        # --ckpt_path resume at every iteration's end (written atomically).
         parser.add_lightning_class_args(HFCheckpoint, "hf_checkpoint")
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
-        # Full training state for --ckpt_path resume, at every iteration's end (written through a
-        # temporary file, so an interrupted save leaves the old one intact).
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 0,
-                             "checkpoint.every_n_epochs": 1})
         parser.add_argument(
             "--collective_timeout_s", type=Optional[float], default=None,
             help=("Seconds a rank waits for the others in a tensor collective (the process group's "
@@ -233,7 +231,7 @@ class DrmasCLI(LightningCLI):
         try:
             # the agents' policies checked now, not inside fit (the data module binds them again)
             self.datamodule.rollouts.bind(self.model)
-            if self.datamodule.policy_swap_probe:
+            if self.datamodule.validation.swap_probe:
                 self.datamodule.rollouts.swapped_agents()
             ckpt_path = self._get(self.config_init, "ckpt_path")
             if ckpt_path == "last":
@@ -288,15 +286,15 @@ class DrmasCLI(LightningCLI):
 
     def _evaluate(self, split: str, model: MultiAgentRL, datamodule: RolloutDataModule,
                   ckpt_path: str | None) -> dict[str, float]:
-        if not datamodule.rollouts.config.val_tasks:
-            raise ValueError("--data.val_tasks is 0: there is nothing to evaluate")
+        if not datamodule.validation.tasks:
+            raise ValueError("--data.validation.tasks is 0: there is nothing to evaluate")
         out_dir = self.trainer.log_dir or self.trainer.default_root_dir
         try:
             scalars = evaluate(model, datamodule, split, ckpt_path, out_dir)
         finally:
             model.teardown(split)
             datamodule.rollouts.workflow.close()
-        print(format_table(scalars, datamodule.rollouts.config.val_k), flush=True)
+        print(format_table(scalars, datamodule.validation.k), flush=True)
         print(f"\nwritten: {os.path.join(out_dir, f'eval_{split}.json')} and eval_{split}.md", flush=True)
         return scalars
 

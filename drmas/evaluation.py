@@ -3,7 +3,7 @@ checkpoint, on the val or test split, and write the numbers beside the logs.
 
 The policies are what the config says (``--model.policies.<p>.model`` may name the HF export of
 a run, ``hf/iter_<k>/<policy>``), with a Lightning checkpoint of ``fit`` (``--ckpt_path``)
-loaded over them. Each policy samples with its ``eval_generation``. Written to the run's log dir:
+loaded over them. Each policy samples with its ``generation.eval``. Written to the run's log dir:
 ``eval_<split>.json`` (every scalar) and ``eval_<split>.md`` (a table per source).
 """
 
@@ -50,15 +50,15 @@ def evaluate(module: Any, datamodule: Any, split: str, ckpt_path: str | None,
     module.eval()
     rollouts = datamodule.rollouts
     rollouts.bind(module)
-    scalars = rollouts.validate_all(module, split, datamodule.policy_swap_probe)
+    scalars = rollouts.validate_all(module, split, datamodule.validation.swap_probe)
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
-        record = {"split": split, "ckpt_path": ckpt_path, "iteration": iteration, "k": rollouts.config.val_k,
+        record = {"split": split, "ckpt_path": ckpt_path, "iteration": iteration, "k": rollouts.validation.k,
                   "tasks": len(rollouts.val_task_list(split)), "scalars": scalars,
                   "examples": examples(rollouts.last_validation)}
         write_text(os.path.join(out_dir, f"eval_{split}.json"), json.dumps(record, indent=2) + "\n")
         write_text(os.path.join(out_dir, f"eval_{split}.md"),
-                   format_table(scalars, rollouts.config.val_k) + "\n")
+                   format_table(scalars, rollouts.validation.k) + "\n")
     return scalars
 
 

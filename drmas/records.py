@@ -66,17 +66,21 @@ class Completion:
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """What an agent's policy samples with and accepts: an endpoint answers requests within it."""
+    """How a policy samples: its training and its evaluation settings (``generation.train`` and
+    ``generation.eval`` of a policy's config), what one engine call samples with, and the limits
+    an endpoint answers requests within."""
 
-    temperature: float
-    top_p: float
-    top_k: int
-    max_new_tokens: int
-    """The longest response the policy generates (a prompt may ask for fewer)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    max_new_tokens: int = 128
+    """The longest response, in tokens (a prompt may ask for fewer)."""
     stop: tuple[str, ...] = ()
-    """The policy's own stop strings (every prompt's stops are added to them)."""
-    context_length: int | None = None
-    """Prompt plus response tokens the engine takes (None: not known)."""
+    """Stop strings; the response ends after the first one and includes it (every prompt's own
+    stops are added to them)."""
 
 
 class GenerateFn(Protocol):
@@ -91,7 +95,10 @@ class GenerateFn(Protocol):
         """``n`` completions for each prompt, sampled from ``agent``'s policy."""
 
     def settings(self, agent: str) -> GenerationSettings | None:
-        """The agent's policy's generation settings and context length (None: not known)."""
+        """The agent's policy's generation settings (None: not known)."""
+
+    def context_length(self, agent: str) -> int | None:
+        """Prompt plus response tokens the agent's engine takes (None: not known)."""
 
     def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int | None:
         """The prompt's length in tokens under the agent's chat template (None: not known)."""
@@ -118,6 +125,9 @@ class ScriptedGenerate:
         return self.fn(agent, prompts, n)
 
     def settings(self, agent: str) -> GenerationSettings | None:
+        return None
+
+    def context_length(self, agent: str) -> int | None:
         return None
 
     def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int | None:

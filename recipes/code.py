@@ -2,7 +2,7 @@
 
     python recipes/code.py fit                                   # embedded problems, embedded model, CPU
     python recipes/code.py fit --data.workflow.init_args.train my_problems.jsonl
-    python recipes/code.py fit --data.sampling tree --data.estimator at_grpo
+    python recipes/code.py fit --data.rollout.sampling tree --data.rollout.estimator at_grpo
     python recipes/code.py fit --config configs/qwen3_8b.yaml    # GPUs
 """
 

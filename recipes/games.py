@@ -3,7 +3,7 @@
     python recipes/games.py fit                                   # Plan-Path 4x4, embedded model, CPU
     python recipes/games.py fit --data.workflow.init_args.game sokoban --data.workflow.init_args.size 6
     python recipes/games.py fit --data.workflow.init_args.game sudoku --data.workflow.init_args.size 4
-    python recipes/games.py fit --data.sampling tree --data.estimator at_grpo
+    python recipes/games.py fit --data.rollout.sampling tree --data.rollout.estimator at_grpo
     python recipes/games.py fit --config configs/qwen3_8b.yaml    # GPUs
 """
 

@@ -3,7 +3,7 @@
     python recipes/math.py fit                                   # embedded default, CPU, offline
     python recipes/math.py fit --config configs/qwen3_8b.yaml    # GPUs
     python recipes/math.py fit --data.workflow math_reasoner_tool_user \\
-        --data.sampling tree --data.estimator at_grpo           # the AT-GRPO team (4 turns;
+        --data.rollout.sampling tree --data.rollout.estimator at_grpo           # the AT-GRPO team (4 turns;
                                                                 # --data.workflow.init_args.max_turns 2
                                                                 # on a CPU)
     python recipes/math.py fit --print_config

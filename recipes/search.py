@@ -2,7 +2,7 @@
 
     python recipes/search.py fit                                   # embedded default, CPU, offline
     python recipes/search.py fit --config configs/qwen3_8b.yaml    # GPUs
-    python recipes/search.py fit --data.sampling tree --data.estimator at_grpo
+    python recipes/search.py fit --data.rollout.sampling tree --data.rollout.estimator at_grpo
     python recipes/search.py fit --print_config
 """
 

@@ -70,7 +70,7 @@ elif [ "$MODE" = "recipes" ]; then
             --model.loss.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
     step math_solver_verifier 240 "$PY" recipes/math.py fit "${COMMON[@]}"
     step math_tool_team_tree 240 "$PY" recipes/math.py fit "${COMMON[@]}" --data.workflow math_reasoner_tool_user \
-        --data.workflow.init_args.max_turns 2 --data.sampling tree --data.estimator at_grpo
+        --data.workflow.init_args.max_turns 2 --data.rollout.sampling tree --data.rollout.estimator at_grpo
     step search 240 "$PY" recipes/search.py fit "${COMMON[@]}"
     step math_fsdp 240 "$PY" recipes/math.py fit "${COMMON[@]}" --trainer.strategy fsdp
     step scalars 120 "$PY" scripts/device_scalars.py /tmp/runs
@@ -81,8 +81,8 @@ elif [ "$MODE" = "8b" ]; then  # one H200 trains an 8B policy unsharded (fp32 we
     SMI=$!
     step math_8b 480 "$PY" recipes/math.py fit --config configs/qwen3_8b.yaml --model.engine hf \
         --trainer.devices 1 --trainer.strategy auto --model.policies.shared.model "$MODELS/q8b" \
-        --trainer.max_epochs 1 --data.group_size 2 --data.tasks_per_iteration 2 --data.val_tasks 0 \
-        --checkpoint.save_last false --model.policies.shared.train_generation.max_new_tokens 64 \
+        --trainer.max_epochs 1 --data.rollout.group_size 2 --data.rollout.tasks_per_iteration 2 --data.validation.tasks 0 \
+        --checkpoint.every_n_iterations 0 --model.policies.shared.generation.train.max_new_tokens 64 \
         --hf_checkpoint.dirpath /tmp/hf8b --trainer.logger.init_args.save_dir /tmp/runs8b
     kill $SMI
     echo "8b peak GPU memory: $(sort -n "$OUT/8b_gpu_mem_mib.csv" | tail -1) MiB" >> "$SUMMARY"

@@ -13,12 +13,14 @@ from drmas.cli import _resolve_argv_workflow, merge_recipe_section, resolve_work
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = {
-    "model": {"policies": {"shared": {"model": "m", "lr": 1e-6, "train_generation": {"temperature": 1.0}}}},
-    "data": {"group_size": 4, "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 2}}},
+    "model": {"policies": {"shared": {"model": "m", "optim": {"lr": 1e-6},
+                                      "generation": {"train": {"temperature": 1.0}}}}},
+    "data": {"rollout": {"group_size": 4}, "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 2}}},
     "recipes": {
-        "one": {"model": {"policies": {"shared": {"train_generation": {"max_new_tokens": 9}}}},
+        "one": {"model": {"policies": {"shared": {"generation": {"train": {"max_new_tokens": 9}}}}},
                 "data": {"workflow": {"init_args": {"y": 3}}}},
-        "two": {"data": {"group_size": 8, "workflow": {"class_path": "B", "init_args": {"z": 0}}}},
+        "two": {"data": {"rollout": {"group_size": 8},
+                         "workflow": {"class_path": "B", "init_args": {"z": 0}}}},
     },
 }
 
@@ -26,19 +28,21 @@ CONFIG = {
 def test_sections_merge_key_by_key_over_the_common_part():
     one = merge_recipe_section(CONFIG, "one")
     assert one["model"]["policies"]["shared"] == {
-        "model": "m", "lr": 1e-6, "train_generation": {"temperature": 1.0, "max_new_tokens": 9}}
-    assert one["data"] == {"group_size": 4, "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 3}}}
+        "model": "m", "optim": {"lr": 1e-6},
+        "generation": {"train": {"temperature": 1.0, "max_new_tokens": 9}}}
+    assert one["data"] == {"rollout": {"group_size": 4},
+                           "workflow": {"class_path": "A", "init_args": {"x": 1, "y": 3}}}
     assert "recipes" not in one
 
 
 def test_another_class_replaces_the_common_init_args():
     assert merge_recipe_section(CONFIG, "two")["data"] == {
-        "group_size": 8, "workflow": {"class_path": "B", "init_args": {"z": 0}}}
+        "rollout": {"group_size": 8}, "workflow": {"class_path": "B", "init_args": {"z": 0}}}
 
 
 def test_a_recipe_without_a_section_gets_the_common_part():
     assert merge_recipe_section(CONFIG, "three") == {k: v for k, v in CONFIG.items() if k != "recipes"}
-    assert merge_recipe_section(CONFIG, None)["data"]["group_size"] == 4
+    assert merge_recipe_section(CONFIG, None)["data"]["rollout"]["group_size"] == 4
 
 
 def test_malformed_sections_are_named():
@@ -142,7 +146,7 @@ def test_a_users_registered_workflow_works_by_name(tmp_path):
     # user's engine, registered by name too, configured from YAML with its own settings (the
     # tiny config's vLLM settings stay vLLM's; a policy's own override the module's)
     (tmp_path / "toy.yaml").write_text(
-        "data:\n  workflow: {class_path: toy_math, init_args: {loops: 1}}\n  val_tasks: 0\n"
+        "data:\n  workflow: {class_path: toy_math, init_args: {loops: 1}}\n  validation: {tasks: 0}\n"
         "trainer: {max_epochs: 1}\n"
         "model:\n  engine: counting\n  engine_settings: {label: tally, context: 512}\n"
         "  policies: {shared: {engine_settings: {context: 768}}}\n")
@@ -179,7 +183,7 @@ def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, 
     assert len(families) == 2, families
     if config == "hetero_cpu.yaml":  # the SmolLM2 agents: LoRA adapters on one shared base
         lora = [name for name, p in policies.items() if p["lora"]]
-        assert lora and all(policies[name]["share_base"] and policies[name]["lora"]["rank"] == 16
+        assert lora and all(policies[name]["lora"]["share_base"] and policies[name]["lora"]["rank"] == 16
                             for name in lora)
     else:  # the engines' GPU fractions fit one GPU
         assert sum(p["engine_settings"]["gpu_memory_utilization"] for p in policies.values()) <= 1

@@ -120,7 +120,7 @@ def group_advantages(
 
 Estimator = Callable[[Sequence[Any], str, float], Tensor]
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
-"""Estimators by name (``--data.estimator NAME``); each has ``samplings``."""
+"""Estimators by name (``--data.rollout.estimator NAME``); each has ``samplings``."""
 
 
 def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS) -> Callable[[Estimator], Estimator]:

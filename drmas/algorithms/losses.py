@@ -131,7 +131,7 @@ class LossConfig:
     agg: str = "token-mean"
     """Aggregation (:func:`aggregate`): ``token-mean``, ``seq-mean-token-mean`` or
     ``seq-mean-token-sum-norm`` (the trainer normalises by each policy's length budget,
-    ``train_generation.max_new_tokens``)."""
+    ``generation.train.max_new_tokens``)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to a reference (0 = off; > 0: the trainer keeps a frozen copy of
     each policy's initial weights, bf16 where native, and logs ``train/<policy>/kl``)."""

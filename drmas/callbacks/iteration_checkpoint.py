@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -35,8 +34,9 @@ def recover_checkpoint(filepath: str, move: bool) -> bool:
 
 
 class IterationCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` is written at the end of every ``every_n_epochs``-th
-    iteration and of the last one.
+    """``ModelCheckpoint`` whose ``last.ckpt`` is written at the end of every ``every_n_iterations``-th
+    iteration and of the last one, and nothing else (RL iterations have no metric to rank by, so
+    ``ModelCheckpoint``'s top-k settings are not offered).
 
     Lightning 2.6 writes ``last`` at an epoch end only when a top-k checkpoint was saved in the
     same step, so with ``save_top_k=0`` (no metric to rank RL iterations by) it appeared only when
@@ -55,8 +55,17 @@ class IterationCheckpoint(ModelCheckpoint):
     MultiAgentRL`), rank 0 prints the checkpoint to resume from and the iteration it holds.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, dirpath: str | None = None, every_n_iterations: int = 1) -> None:
+        """
+        Args:
+            dirpath: where ``last.ckpt`` goes (default: ``checkpoints/`` in the run's log dir).
+            every_n_iterations: write it at the end of every this many iterations and of the last
+                one (0 = never: the run cannot be resumed).
+        """
+        if every_n_iterations < 0:
+            raise ValueError(f"every_n_iterations must be >= 0, got {every_n_iterations}")
+        super().__init__(dirpath=dirpath, save_last=every_n_iterations > 0, save_top_k=0,
+                         every_n_epochs=every_n_iterations)
         self._last_written_epoch: int | None = None
         self._saved_iteration: int | None = None  # the RL iteration in the last checkpoint this run wrote
 

@@ -9,7 +9,7 @@ callbacks, and serves the micro-batches in training order.
 With several ranks (``--trainer.strategy fsdp``) every rank plays its own share of the tasks
 and trains on its own share of the samples; see :mod:`drmas.data.rollouts`.
 
-Validation runs here too, and only here: before the first iteration, every ``val_every``
+Validation runs here too, and only here: before the first iteration, every ``validation.every``
 iterations and after the last. Lightning gives data modules no epoch hooks, so the data module
 installs one small callback of its own for the end of each iteration; the trainer never calls
 the data module.
@@ -26,7 +26,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from drmas.atomic import write_text
-from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts
+from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts, ValidationConfig
 from drmas.envs.base import Workflow
 from drmas.ranks import agree, at
 from drmas.records import PreparedIteration
@@ -42,70 +42,26 @@ def _identity(x: Any) -> Any:
 
 
 class RolloutDataModule(L.LightningDataModule):
-    def __init__(
-        self,
-        workflow: Workflow,
-        sampling: str = "parallel",
-        estimator: str = "drmas",
-        scale: str = "std",
-        group_size: int = 4,
-        tasks_per_iteration: int = 4,
-        val_tasks: int = 32,
-        val_k: int = 4,
-        val_every: int = 0,
-        val_before_training: bool = True,
-        log_completions_every: int = 1,
-        policy_swap_probe: bool = False,
-        progress: bool | None = None,
-        max_failed_share: float = 0.5,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, workflow: Workflow, rollout: RolloutConfig = RolloutConfig(),  # noqa: B008 (frozen)
+                 validation: ValidationConfig = ValidationConfig()) -> None:  # noqa: B008 (frozen)
         """
         Args:
             workflow: the multi-agent workflow (its tasks, agents, prompts and rewards), by
                 registered name (``search``, ``math_solver_verifier``...) or class.
-            sampling: ``parallel`` (``group_size`` trajectories per task) or ``tree``
-                (``group_size`` candidates per (env, agent, turn), the best executed).
-            estimator: advantage estimator: grpo, grpo_step, drmas, rloo (parallel), at_grpo
-                (tree), or any registered name.
-            scale: ``std`` (divide by the group std) or ``none`` (Dr. GRPO).
-            group_size: trajectories per task (parallel) or candidates per node (tree).
-            tasks_per_iteration: tasks drawn (without replacement within an iteration) per rollout.
-            val_tasks: validation tasks used: the first ones of the val split, per source when the
-                tasks name their source (0 = no validation).
-            val_k: samples per validation task for ``val/avg@k`` and ``val/pass@k``.
-            val_every: validate every this many iterations (0 = only before training and at the end).
-            val_before_training: validate the initial policies before the first iteration (the
-                "before" numbers); off saves that evaluation when they are known, e.g. from a
-                ``validate`` run on the same weights and tasks.
-            log_completions_every: log one sample completion per agent as text every this many
-                iterations (0 = never).
-            policy_swap_probe: every validation also runs with the agents' policies swapped (each
-                agent's prompts answered by the next agent's policy; two agents trade) and logs
-                it under ``val_swapped/``: how much each policy specialised in its role. Needs
-                one policy per agent; doubles the cost of validation.
-            progress: a progress bar over the episodes of each rollout and validation (done /
-                total, success rate so far); None: on in a terminal, off in logs.
-            max_failed_share: stop the run (before training on it) when more than this share of
-                one agent's actions in an iteration or a validation failed in the environment (a
-                retrieval server down after its retries); fewer are counted and trained on as
-                failed actions (``rollout/failed_actions``).
-            seed: seed of the task sampling (iteration k always draws the same tasks).
+            rollout: how each iteration's rollout is played (``--data.rollout.group_size`` ...).
+            validation: which tasks validation plays and how often (``--data.validation.k`` ...).
         """
         super().__init__()
-        if val_every < 0:
-            raise ValueError(f"val_every must be >= 0, got {val_every}")
-        config = RolloutConfig(sampling=sampling, estimator=estimator, scale=scale, group_size=group_size,
-                               tasks_per_iteration=tasks_per_iteration, val_tasks=val_tasks, val_k=val_k,
-                               seed=seed, progress=progress, max_failed_share=max_failed_share)
-        self.rollouts = Rollouts(workflow, config)
-        self.val_every, self.log_completions_every = val_every, log_completions_every
-        self.val_before_training = val_before_training
-        self.policy_swap_probe = policy_swap_probe
+        self.rollouts = Rollouts(workflow, rollout, validation)
+        self.validation = validation
         self.current: PreparedIteration | None = None
         """The current iteration, prepared for training (None before the first rollout)."""
         self._current_started = False  # whether training on ``current`` has begun
         self._hook = _IterationHooks(self)
+
+    @property
+    def log_completions_every(self) -> int:
+        return self.rollouts.config.log_completions_every
 
     def setup(self, stage: str) -> None:
         reload = self.trainer.reload_dataloaders_every_n_epochs
@@ -125,7 +81,7 @@ class RolloutDataModule(L.LightningDataModule):
             # first, so validation is logged before the checkpoint of the iteration is written
             self.trainer.callbacks.insert(0, self._hook)
         self.rollouts.bind(self._backend())
-        if self.policy_swap_probe:
+        if self.validation.swap_probe:
             self.rollouts.swapped_agents()  # one policy per agent, or an error before anything runs
 
     def teardown(self, stage: str) -> None:
@@ -140,7 +96,7 @@ class RolloutDataModule(L.LightningDataModule):
         # rollout would skip an iteration (and its random draws) that the uninterrupted run played.
         if self.current is None or self._current_started:
             backend = self._backend()
-            if backend.iteration == 0 and self.val_before_training:
+            if backend.iteration == 0 and self.validation.before_training:
                 self.validate()  # the "before" numbers, at step 0
             iteration = backend.begin_iteration()
             self.current, self._current_started = self.rollouts.prepare(backend, iteration), False
@@ -149,7 +105,7 @@ class RolloutDataModule(L.LightningDataModule):
     def validate(self) -> dict[str, float]:
         """Validate the current weights and log the scalars at the current iteration."""
         backend = self._backend()
-        scalars = self.rollouts.validate_all(backend, swap_probe=self.policy_swap_probe)
+        scalars = self.rollouts.validate_all(backend, swap_probe=self.validation.swap_probe)
         if scalars:
             backend.log_scalars(scalars)
             self._record_tasks(backend)
@@ -176,7 +132,7 @@ class RolloutDataModule(L.LightningDataModule):
             correct[ep.task_uid] = correct.get(ep.task_uid, 0) + int(ep.success)
         tasks = [{"uid": t.uid, "source": getattr(t, "source", None), "correct": correct.get(t.uid, 0)}
                  for t in self.rollouts.val_task_list("val")]
-        line = json.dumps({"iteration": backend.iteration, "k": self.rollouts.config.val_k, "tasks": tasks})
+        line = json.dumps({"iteration": backend.iteration, "k": self.validation.k, "tasks": tasks})
         path = os.path.join(log_dir, VALIDATION_FILE)
         before = open(path).read() if os.path.exists(path) else ""
         write_text(path, before + line + "\n")  # whole or not at all: a kill never leaves half a line
@@ -184,7 +140,7 @@ class RolloutDataModule(L.LightningDataModule):
     def _iteration_end(self, trainer: L.Trainer) -> None:
         iteration = self._backend().iteration
         final = trainer.max_epochs is not None and iteration >= trainer.max_epochs
-        if final or (self.val_every and iteration % self.val_every == 0):
+        if final or (self.validation.every and iteration % self.validation.every == 0):
             self.validate()
 
 

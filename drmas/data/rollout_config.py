@@ -1,5 +1,6 @@
-"""How a workflow is played: the rollout settings the data module and :class:`~drmas.data.rollouts.Rollouts`
-share, checked on their own (the checks that need the workflow are ``Rollouts``')."""
+"""How a workflow is played: the data module's two groups of settings, ``--data.rollout`` (training
+rollouts) and ``--data.validation``, each checked on its own (the checks that need the workflow
+are :class:`~drmas.data.rollouts.Rollouts`')."""
 
 from __future__ import annotations
 
@@ -7,34 +8,36 @@ from dataclasses import dataclass
 
 from drmas.algorithms import ADVANTAGE_ESTIMATORS, SAMPLINGS
 
-__all__ = ["RolloutConfig", "rollout_seed"]
+__all__ = ["RolloutConfig", "ValidationConfig", "rollout_seed"]
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """How a workflow is played for training and validation (the data module's settings of the
-    same names, documented in full on :class:`~drmas.data.datamodule.RolloutDataModule`)."""
+    """How each iteration's rollout is played, and its advantages computed."""
 
     sampling: str = "parallel"
-    """``parallel`` or ``tree``."""
+    """``parallel`` (``group_size`` trajectories per task) or ``tree`` (``group_size`` candidates
+    per (env, agent, turn), the best executed)."""
     estimator: str = "drmas"
-    """A registered advantage estimator."""
+    """Advantage estimator: grpo, grpo_step, drmas, rloo (parallel), at_grpo (tree), or any
+    registered name."""
     scale: str = "std"
-    """``std`` or ``none`` (Dr. GRPO)."""
+    """``std`` (divide by the group std) or ``none`` (Dr. GRPO)."""
     group_size: int = 4
     """Trajectories per task (parallel) or candidates per node (tree)."""
     tasks_per_iteration: int = 4
-    """Tasks drawn per rollout."""
-    val_tasks: int = 32
-    """Validation tasks per source (0 = no validation)."""
-    val_k: int = 4
-    """Samples per validation task."""
+    """Tasks drawn (without replacement within an iteration) per rollout."""
     seed: int = 0
-    """Seed of the task sampling."""
-    progress: bool | None = None
-    """A progress bar over the episodes (None: in a terminal)."""
+    """Seed of the task sampling and of the engines' draws (iteration k always draws the same)."""
     max_failed_share: float = 0.5
-    """Past this share of an agent's actions (or of the episodes) failing, the run stops."""
+    """Stop the run (before training on it) when more than this share of one agent's actions in an
+    iteration or a validation failed in the environment (a retrieval server down after its
+    retries), or of the episodes; fewer are counted and trained on as failed actions."""
+    progress: bool | None = None
+    """A progress bar over the episodes of each rollout and validation (done / total, success rate
+    so far); None: on in a terminal, off in logs."""
+    log_completions_every: int = 1
+    """Log one sample completion per agent as text every this many iterations (0 = never)."""
 
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLINGS:
@@ -44,10 +47,35 @@ class RolloutConfig:
                              f"known: {', '.join(ADVANTAGE_ESTIMATORS)}")
         if self.group_size < 1 or self.tasks_per_iteration < 1:
             raise ValueError("group_size and tasks_per_iteration must be >= 1")
-        if self.val_tasks < 0 or self.val_k < 1:
-            raise ValueError(f"val_tasks must be >= 0 and val_k >= 1, got {self.val_tasks}, {self.val_k}")
         if not 0.0 <= self.max_failed_share <= 1.0:
             raise ValueError(f"max_failed_share must be in [0, 1], got {self.max_failed_share}")
+        if self.log_completions_every < 0:
+            raise ValueError(f"log_completions_every must be >= 0, got {self.log_completions_every}")
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Which tasks validation plays, how often, and how many samples each."""
+
+    tasks: int = 32
+    """Validation tasks used: the first ones of the val split, per source when the tasks name
+    their source (0 = no validation)."""
+    k: int = 4
+    """Samples per task, for ``val/avg@k`` and ``val/pass@k``."""
+    every: int = 0
+    """Validate every this many iterations (0 = only before training and at the end)."""
+    before_training: bool = True
+    """Validate the initial policies before the first iteration (the "before" numbers); off saves
+    that evaluation when they are known, e.g. from a ``validate`` run on the same weights."""
+    swap_probe: bool = False
+    """Every validation also runs with the agents' policies swapped (each agent's prompts answered
+    by the next agent's policy; two agents trade), logged under ``val_swapped/``: how much each
+    policy specialised in its role. Needs one policy per agent; doubles validation's cost."""
+
+    def __post_init__(self) -> None:
+        if self.tasks < 0 or self.k < 1 or self.every < 0:
+            raise ValueError(f"validation needs tasks >= 0, k >= 1 and every >= 0, got {self.tasks}, "
+                             f"{self.k}, {self.every}")
 
 
 def rollout_seed(seed: int, rank: int, iteration: int) -> int:

@@ -36,13 +36,14 @@ import torch
 from drmas.algorithms import compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
-from drmas.data.rollout_config import RolloutConfig, rollout_seed
+from drmas.data.rollout_config import RolloutConfig, ValidationConfig, rollout_seed
 from drmas.envs.base import Workflow
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import at, portable, raise_first
 from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
 
-__all__ = ["OutageError", "RolloutBackend", "RolloutConfig", "Rollouts", "outcome_scalars"]
+__all__ = ["OutageError", "RolloutBackend", "RolloutConfig", "Rollouts", "ValidationConfig",
+           "outcome_scalars"]
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,10 @@ class RolloutBackend(Protocol):
 
 
 class Rollouts:
-    """One workflow's rollouts and validation, played as ``config`` says."""
+    """One workflow's rollouts and validation, played as ``config`` and ``validation`` say."""
 
-    def __init__(self, workflow: Workflow, config: RolloutConfig = RolloutConfig()) -> None:  # noqa: B008 (frozen)
+    def __init__(self, workflow: Workflow, config: RolloutConfig = RolloutConfig(),  # noqa: B008 (frozen)
+                 validation: ValidationConfig = ValidationConfig()) -> None:  # noqa: B008 (frozen)
         """The workflow's declared samplings and estimators, and its rollout's signature, are checked
         here, before anything runs."""
         sampling, estimator = config.sampling, config.estimator
@@ -110,10 +112,10 @@ class Rollouts:
                 f"estimator {estimator!r} does not work with sampling={sampling!r} in {name}; "
                 f"use one of: {', '.join(workflow.estimators(sampling))}"
             )
-        if config.val_tasks and "parallel" not in workflow.samplings:
-            raise ValueError(f"validation plays val_k independent trajectories per task (parallel sampling), "
-                             f"which {name} does not support: set val_tasks 0")
-        self.workflow, self.config = workflow, config
+        if validation.tasks and "parallel" not in workflow.samplings:
+            raise ValueError(f"validation plays k independent trajectories per task (parallel sampling), "
+                             f"which {name} does not support: set --data.validation.tasks 0")
+        self.workflow, self.config, self.validation = workflow, config, validation
         self.agent_map: dict[str, str] = {}
         self.last_validation: RolloutResult | None = None
         """The samples and episodes of the last :meth:`validate` (every rank's)."""
@@ -234,12 +236,12 @@ class Rollouts:
     # ---- validation -------------------------------------------------------------------------
 
     def val_task_list(self, split: str = "val") -> list[Any]:
-        """The first ``val_tasks`` tasks of each source of the split (tasks without a ``source``
+        """The first ``validation.tasks`` tasks of each source of the split (tasks without a ``source``
         attribute form one source)."""
         per_source: dict[Any, list[Any]] = defaultdict(list)
         for t in self.workflow.tasks(split):
             group = per_source[getattr(t, "source", None)]
-            if len(group) < self.config.val_tasks:
+            if len(group) < self.validation.tasks:
                 group.append(t)
         return [t for group in per_source.values() for t in group]
 
@@ -268,9 +270,9 @@ class Rollouts:
         """``val/avg@k`` and ``val/pass@k`` over the val tasks, plus ``val/<source>/avg@k`` and
         ``val/<source>/pass@k`` per source when the tasks name one, ``val/success_rate``,
         ``val/turns_mean`` and per agent ``val/<agent>/reward_mean`` and ``valid_ratio`` ({} with
-        ``val_tasks=0``). ``swap``: the policy-swap probe (:meth:`swapped_agents`), under
+        ``validation.tasks`` 0). ``swap``: the policy-swap probe (:meth:`swapped_agents`), under
         ``val_swapped/``. ``split``: another split (``test``: under ``test/``)."""
-        if not self.config.val_tasks:
+        if not self.validation.tasks:
             return {}
         if not self.agent_map:
             self.bind(backend)
@@ -283,7 +285,7 @@ class Rollouts:
         if swap:
             generate = _Rerouted(generate, self.swapped_agents())
         local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate,
-                                    self.config.val_k, "parallel", 0)
+                                    self.validation.k, "parallel", 0)
         at(f"the {split} rollout's gather")
         result, _ = _gather(backend, local, failure)
         self.last_validation = result
@@ -299,12 +301,13 @@ class Rollouts:
         scalars = failures
         for prefix, group in groups.items():
             c = torch.tensor([correct[t.uid] for t in group])
-            n = torch.full_like(c, self.config.val_k)
-            avg, pas = AvgAtK(self.config.val_k), PassAtK(self.config.val_k)
+            k = self.validation.k
+            n = torch.full_like(c, k)
+            avg, pas = AvgAtK(k), PassAtK(k)
             avg.update(c, n)
             pas.update(c, n)
-            scalars[f"{prefix}/avg@{self.config.val_k}"] = float(avg.compute())
-            scalars[f"{prefix}/pass@{self.config.val_k}"] = float(pas.compute())
+            scalars[f"{prefix}/avg@{k}"] = float(avg.compute())
+            scalars[f"{prefix}/pass@{k}"] = float(pas.compute())
         scalars.update(outcome_scalars(result, top))
         return scalars
 
@@ -340,6 +343,9 @@ class _Rerouted:
 
     def settings(self, agent: str) -> Any:
         return self.generate.settings(self.partner[agent])
+
+    def context_length(self, agent: str) -> int | None:
+        return self.generate.context_length(self.partner[agent])
 
     def prompt_tokens(self, agent: str, prompt: Any) -> int | None:
         return self.generate.prompt_tokens(self.partner[agent], prompt)

@@ -6,11 +6,11 @@ without it; :func:`vllm_available` says whether it is installed. Both register t
 ``--model.engine auto``; an engine of your own is one class and one registration.
 """
 
-from drmas.engines.base import (ENGINES, Engine, EngineError, Generation, GenerationParams, Placement,
+from drmas.engines.base import (ENGINES, Engine, EngineError, Placement,
                                 parse_settings, policy_settings, resolve_engine)
 from drmas.engines.hf import HFEngine
 from drmas.engines.vllm import VLLMEngine, VLLMSettings, vllm_available
 
-__all__ = ["ENGINES", "Engine", "EngineError", "Generation", "GenerationParams", "HFEngine", "Placement",
+__all__ = ["ENGINES", "Engine", "EngineError", "HFEngine", "Placement",
            "VLLMEngine", "VLLMSettings", "parse_settings", "policy_settings", "resolve_engine",
            "vllm_available"]

@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 import typing
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
+from drmas.records import Completion, GenerationSettings
 from drmas.registry import Registry
 
-__all__ = ["ENGINES", "Engine", "EngineError", "GenerationParams", "Generation", "Placement", "check_request",
+__all__ = ["ENGINES", "Engine", "EngineError", "Placement", "check_request",
            "finish_gathers", "full_state_items", "parse_settings", "per_prompt", "policy_settings",
            "resolve_engine", "start_gathers"]
 
@@ -37,36 +38,6 @@ class Placement:
 
 class EngineError(RuntimeError):
     """An engine failed while generating; the message names the policy and the agent."""
-
-
-@dataclass
-class GenerationParams:
-    """Generation settings of one generate call."""
-
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off)."""
-    top_k: int = 0
-    """Keep the k most likely tokens (0 = off)."""
-    max_new_tokens: int = 128
-    """Response length budget in tokens."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings; the response ends after the first one and includes it."""
-
-
-@dataclass
-class Generation:
-    """One sampled response to one prompt."""
-
-    token_ids: list[int]
-    """Response tokens (EOS included when the model emitted it)."""
-    logprobs: list[float]
-    """Engine log-prob of each response token under the sampling distribution (after temperature)."""
-    text: str
-    """Decoded response, cut right after the first stop string."""
-    finish_reason: str
-    """``"stop"`` (EOS or a stop string) or ``"length"``."""
 
 
 class Engine(ABC):
@@ -170,10 +141,10 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
+        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
         stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
-    ) -> list[list[Generation]]:
-        """``n`` generations for each prompt, in prompt order. ``stops[i]`` and
+    ) -> list[list[Completion]]:
+        """``n`` completions for each prompt, in prompt order (``text``: the response alone). ``stops[i]`` and
         ``max_new_tokens[i]``: prompt i's own stop strings and length budget (default:
         ``params.stop`` and ``params.max_new_tokens``), so one batched call serves prompts with
         different ones (:func:`per_prompt` resolves them)."""
@@ -272,21 +243,22 @@ def policy_settings(settings: Any, config: Any) -> Any:
     return dataclasses.replace(settings, **{k: v for k, v in own.items() if k in known})
 
 
-def per_prompt(prompts: Sequence[Sequence[int]], params: GenerationParams,
+def per_prompt(prompts: Sequence[Sequence[int]], params: GenerationSettings,
                stops: Sequence[Sequence[str]] | None,
                max_new_tokens: Sequence[int] | None) -> tuple[list[list[str]], list[int]]:
     """Each prompt's stop strings and length budget: the given ones, else ``params``'s; checked."""
     stops = [list(params.stop)] * len(prompts) if stops is None else [list(s) for s in stops]
-    lengths = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else list(max_new_tokens)
-    if len(stops) != len(prompts) or len(lengths) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(stops)} stop lists and {len(lengths)} lengths")
-    for i, length in enumerate(lengths):
-        if length < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {length} for prompt {i}")
-    return stops, lengths
+    budgets = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else list(max_new_tokens)
+    if len(stops) != len(prompts) or len(budgets) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(stops)} stop lists and "
+                         f"{len(budgets)} max_new_tokens")
+    for i, budget in enumerate(budgets):
+        if budget < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {budget} for prompt {i}")
+    return stops, budgets
 
 
-def check_request(prompts: Sequence[Sequence[int]], n: int, params: GenerationParams) -> None:
+def check_request(prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings) -> None:
     """Refuse requests every engine would mishandle, with the offending value in the message."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

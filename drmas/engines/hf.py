@@ -28,10 +28,11 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from drmas.engines.base import (ENGINES, Engine, Generation, Placement, GenerationParams, check_request,
+from drmas.engines.base import (ENGINES, Engine, Placement, check_request,
                                 full_state_items, per_prompt)
 from drmas.models import load_causal_lm
 from drmas.models.lora import activate
+from drmas.records import Completion, GenerationSettings
 
 __all__ = ["HFEngine"]
 
@@ -117,7 +118,7 @@ class HFEngine(Engine):
     ``max_batch_size`` caps the rows per ``generate`` call (None: no cap). Sampling uses
     torch's global RNG, so it is reproducible under ``torch.manual_seed``. Generation
     settings stored on the model (``model.generation_config``) other than the ones set
-    from :class:`GenerationParams` still apply, as with a plain ``generate`` call.
+    from :class:`GenerationSettings` still apply, as with a plain ``generate`` call.
 
     ``copy_weights``: ``model`` is the engine's own copy, and :meth:`sync_weights` copies the
     trained model's weights into it (needed when the trained model is sharded) instead of
@@ -171,18 +172,18 @@ class HFEngine(Engine):
         return ids
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
+        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
         stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
-    ) -> list[list[Generation]]:
+    ) -> list[list[Completion]]:
         check_request(prompts, n, params)
         if not prompts:
             return []
-        stops, lengths = per_prompt(prompts, params, stops, max_new_tokens)
+        stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
         if self.adapter is not None:
             activate(self.model, self.adapter)
-        rows = [(list(p), stop, length) for p, stop, length in zip(prompts, stops, lengths) for _ in range(n)]
+        rows = [(list(p), stop, budget) for p, stop, budget in zip(prompts, stops, budgets) for _ in range(n)]
         size = self.max_batch_size or len(rows)
-        out: list[Generation] = []
+        out: list[Completion] = []
         was_training = self.model.training
         self.model.eval()
         try:
@@ -196,7 +197,7 @@ class HFEngine(Engine):
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _generate_rows(self, requests: list[tuple[list[int], list[str], int]],
-                       params: GenerationParams) -> list[Generation]:
+                       params: GenerationSettings) -> list[Completion]:
         """``(prompt, stop strings, length budget)`` rows in one ``generate`` call."""
         rows, stops, limits = ([r for r, _, _ in requests], [s for _, s, _ in requests],
                                [m for _, _, m in requests])
@@ -255,8 +256,9 @@ class HFEngine(Engine):
             if stopped and not ended_by_eos:
                 text = cut_after_stop(text, stops[i])
             results.append(
-                Generation(
-                    token_ids=token_ids,
+                Completion(
+                    prompt_ids=rows[i],
+                    response_ids=token_ids,
                     logprobs=logprobs[i, :length].tolist() if logprobs is not None else [],
                     text=text,
                     finish_reason="stop" if stopped else "length",

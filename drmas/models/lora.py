@@ -31,6 +31,9 @@ class LoraSettings:
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt (e.g. ``[q_proj, v_proj]``); ``all-linear``: every linear layer but the
     output head."""
+    share_base: bool = False
+    """Keep the base model once for every policy whose adapter says so (they must name the same
+    model and dtype); each trains its own adapter with its own optimiser."""
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:

@@ -4,6 +4,7 @@ prompt's token ids, and the engine call that names the policy and the agent when
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Sequence
 
@@ -106,7 +107,7 @@ class PolicyGenerate:
         return self.module.policies[self.module.policy_of(agent)]
 
     def _params(self, policy: Any) -> Any:
-        return policy.config.train_generation if self.train else policy.config.eval_generation
+        return policy.config.generation.train if self.train else policy.config.generation.eval
 
     def check_stop(self) -> None:
         """Raise when this rank was preempted (SIGTERM)."""
@@ -120,29 +121,28 @@ class PolicyGenerate:
         params = self._params(policy)
         # each prompt its own stop strings and length, within the policy's budget
         stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
-        lengths = [params.max_new_tokens if p.max_new_tokens is None
+        budgets = [params.max_new_tokens if p.max_new_tokens is None
                    else min(p.max_new_tokens, params.max_new_tokens)
-                   for p in prompts]  # a length below 1 is refused by the engine, naming the prompt
+                   for p in prompts]  # a budget below 1 is refused by the engine, naming the prompt
         config = policy.config
         ids = [encode_prompt(policy.tokenizer, p, config.chat_template_kwargs, config.tool_format)
                for p in prompts]
         outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent,
-                          ids, n, params, stops, lengths)
-        return [
-            [Completion(pid, g.token_ids, g.logprobs, p.prefill + g.text, g.finish_reason) for g in gens]
-            for pid, p, gens in zip(ids, prompts, outs)
-        ]
+                          ids, n, params, stops, budgets)
+        # what the agent's parser reads: the prefill it was given, then the response
+        return [[dataclasses.replace(c, text=p.prefill + c.text) for c in completions]
+                for p, completions in zip(prompts, outs)]
 
     def settings(self, agent: str) -> GenerationSettings:
-        """The agent's policy's sampling, length budget and context length (the engine's, else the
-        model's position limit)."""
+        """The agent's policy's sampling and length budget."""
+        return self._params(self._policy(agent))
+
+    def context_length(self, agent: str) -> int | None:
+        """The agent's engine's context length, else its model's position limit."""
         policy = self._policy(agent)
-        params = self._params(policy)
         engine = self.module.engines.get(policy.name)
-        context = (getattr(engine, "context_length", None)
-                   or getattr(policy.model.config, "max_position_embeddings", None))
-        return GenerationSettings(params.temperature, params.top_p, params.top_k, params.max_new_tokens,
-                                  tuple(params.stop), context)
+        return (getattr(engine, "context_length", None)
+                or getattr(policy.model.config, "max_position_embeddings", None))
 
     def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int:
         policy = self._policy(agent)
@@ -220,12 +220,12 @@ def _json_object(text: str) -> Any:
 
 
 def run_engine(engine: Any, kind: str, policy: str, agent: str, ids: list[list[int]], n: int, params: Any,
-               stops: Any = None, lengths: Any = None) -> Any:
-    """``engine.generate(ids, n, params, stops, lengths)``; any failure re-raised as
+               stops: Any = None, max_new_tokens: Any = None) -> Any:
+    """``engine.generate(ids, n, params, stops, max_new_tokens)``; any failure re-raised as
     :class:`EngineError` naming the policy and the agent, so a lost device or a bad request says
     whose rollout it ended."""
     try:
-        return engine.generate(ids, n, params, stops, lengths)
+        return engine.generate(ids, n, params, stops, max_new_tokens)
     except Exception as err:
         raise EngineError(f"the {kind} engine of policy {policy!r} failed generating for agent {agent!r} "
                           f"({len(ids)} prompts x {n}): {type(err).__name__}: {err}") from err

@@ -63,7 +63,7 @@ def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> 
     element = torch.empty((), dtype=getattr(torch, c.dtype)).element_size()
     trainable = getattr(policy, "trainable", True)
     return PolicyMemory(policy.name, params, policy.model.config.vocab_size, policy.chunk_tokens,
-                        c.micro_batch_size * max_len, kl and trainable, trainable,
+                        c.update.micro_batch_size * max_len, kl and trainable, trainable,
                         params * element if engine_copy else 0.0)
 
 

@@ -74,7 +74,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 then hold one agent each, and a gradient-sized buffer per agent is kept. One
                 device only; a diagnostic for the stability study (docs/stability.md).
 
-        The engines draw from ``--data.seed``: each is reseeded before every rollout from it, the
+        The engines draw from ``--data.rollout.seed``: each is reseeded before every rollout from it, the
         rank and the iteration.
         """
         super().__init__()
@@ -213,14 +213,14 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         # every rank stops at the same micro-batch
         self.stop_signal.raise_if_any(self.world_size, self.device)
         policy = self.policies[batch.policy]
-        sampling = policy.config.train_generation
+        sampling = policy.config.generation.train
         logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
         mask = batch.response_mask
         # First PPO epoch: the weights are still those that sampled, so the current log-probs
         # are the old ones; keep them for the later PPO epochs instead of an extra forward pass.
         if batch.ppo_epoch == 0:
             old = logp.detach()
-            if policy.config.ppo_epochs > 1:
+            if policy.config.update.ppo_epochs > 1:
                 for row, i in enumerate(batch.sample_index.tolist()):
                     self._old_logprobs[(batch.policy, i)] = old[row]
         else:
@@ -272,7 +272,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         at("the optimiser step")
         opt = self._optimizer(policy.name)
         params = [p for p in policy.trainable_parameters() if p.grad is not None]
-        clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
+        clip = policy.config.optim.grad_clip if policy.config.optim.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(params, clip) if params else torch.zeros(())
         # sharded parameters give a DTensor: its full value is the global norm over all shards
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -303,7 +303,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def batch_spec(self, policy: str) -> BatchSpec:
         """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
         p = self.policies[policy]
-        return BatchSpec(p.tokenizer.pad_token_id, p.config.micro_batch_size, p.config.ppo_epochs,
+        update = p.config.update
+        return BatchSpec(p.tokenizer.pad_token_id, update.micro_batch_size, update.ppo_epochs,
                          self.loss.agg, p.prefix_sharing, self.agent_grad_norms, p.attention_window,
                          p.trainable)
 
@@ -338,7 +339,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         buckets = {name: dict(bucket) for name, bucket in self._metrics.items()}
         per_rank = self.gather_objects(buckets)  # every rank trained on its own share
         scalars = {"time/update_s": time.perf_counter() - self._update_started,
-                   **epoch_scalars(per_rank, {n: p.config.ppo_epochs for n, p in self.policies.items()})}
+                   **epoch_scalars(per_rank, {n: p.config.update.ppo_epochs
+                                              for n, p in self.policies.items()})}
         for name in {n for buckets in per_rank for n in buckets}:
             scalars[f"train/{name}/lr"] = self._optimizer(name).param_groups[0]["lr"]
         self._metrics.clear()

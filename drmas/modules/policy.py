@@ -6,101 +6,24 @@ import contextlib
 import contextvars
 import copy
 import logging
-import math
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
 
-from drmas.engines.base import GenerationParams
 from drmas.hardware import compute_device, fast_dtype
 from drmas.models import load_causal_lm, load_tokenizer
-from drmas.models.lora import LoraSettings, activate, adapter_parameters, add_lora
+from drmas.models.lora import activate, adapter_parameters, add_lora
 from drmas.models.sharded_loading import empty_causal_lm, load_shards
-from drmas.tool_calls import FORMATS, resolve_format
+from drmas.modules.policy_config import PolicyConfig, lr_factor
+from drmas.tool_calls import resolve_format
 from drmas.modules.logprobs import (attention_window, chunked_logprobs_match, full_logprobs,
                                     packed_logprobs_match, response_logprobs)
 from drmas.records import MicroBatch
 
 __all__ = ["Policy", "PolicyConfig", "agent_policies", "deferred_weights", "make_policies"]
 
-LR_SCHEDULES = ("constant", "linear", "cosine")
-
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PolicyConfig:
-    """Settings of one policy (one model shared by the agents mapped to it)."""
-
-    model: str = "embedded:smollm2-135m-instruct"
-    """Model name: ``embedded:<name>``, ``tiny-random``, a local directory or a hub id."""
-    dtype: str = "float32"
-    """Parameter dtype of the trained model (use ``--trainer.precision bf16-mixed`` for autocast)."""
-    lr: float = 1e-6
-    """Peak learning rate (AdamW)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    grad_clip: float = 1.0
-    """Clip the total grad norm to this value (0 = no clipping; the norm is still recorded)."""
-    micro_batch_size: int = 4
-    """Sequences per forward/backward pass; gradients accumulate to one step per PPO epoch."""
-    ppo_epochs: int = 1
-    """Optimiser steps per RL iteration, each over all of this policy's samples."""
-    lr_schedule: str = "constant"
-    """``constant``, ``linear`` (decay to 0) or ``cosine`` (to 0), after warm-up, over the run's
-    iterations."""
-    warmup_iterations: int = 0
-    """Iterations of linear warm-up from 0 to ``lr``."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    logprob_chunk_tokens: int = 1024
-    """Response tokens per chunk of the vocabulary projection in training (0 = project every
-    position at once, the memory-hungry way); see ``drmas.modules.logprobs``."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
-    tool_format: str = "auto"
-    """How tools offered through the agents endpoint are shown and calls read back: ``auto`` (the
-    chat template's own where it renders tools, else ``hermes`` as text), ``hermes``,
-    ``llama3_json``, ``mistral`` (``drmas.tool_calls``)."""
-    train_generation: GenerationParams = field(
-        default_factory=lambda: GenerationParams(temperature=1.0, max_new_tokens=64))
-    """Generation settings (temperature, top-p/k, length budget, stops) of training rollouts."""
-    eval_generation: GenerationParams = field(
-        default_factory=lambda: GenerationParams(temperature=0.7, max_new_tokens=64))
-    """Generation settings of validation and testing."""
-    engine_settings: dict[str, Any] = field(default_factory=dict)
-    """This policy's own engine settings over ``--model.engine_settings`` (any key of the
-    engine's settings, e.g. ``{gpu_memory_utilization: 0.25}``)."""
-    lora: LoraSettings | None = None
-    """Train a LoRA adapter instead of every weight (None = full fine-tuning)."""
-    share_base: bool = False
-    """With ``lora``: keep the base model once for every ``share_base`` policy (they must name
-    the same model and dtype); each trains its own adapter with its own optimiser."""
-    trainable: bool = True
-    """False: a frozen policy. It serves its agents and never changes: no optimiser, no KL
-    reference, no HF export; its agents' samples are logged and count in their advantage groups,
-    but are not trained on."""
-
-    def __post_init__(self) -> None:
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.micro_batch_size < 1 or self.ppo_epochs < 1:
-            raise ValueError("micro_batch_size and ppo_epochs must be >= 1")
-        if self.logprob_chunk_tokens < 0:
-            raise ValueError("logprob_chunk_tokens must be >= 0 (0 = no chunking), "
-                             f"got {self.logprob_chunk_tokens}")
-        if self.tool_format != "auto" and self.tool_format not in FORMATS:
-            raise ValueError(f"tool_format must be auto or one of {sorted(FORMATS)}, "
-                             f"got {self.tool_format!r}")
-        if self.share_base and self.lora is None:
-            raise ValueError("share_base needs a lora section: only adapters can share a base model")
-        if not self.trainable and self.lora is not None:
-            raise ValueError("a frozen policy (trainable: false) has no lora section: an adapter that is "
-                             "never trained changes nothing")
 
 
 class Policy(nn.Module):
@@ -142,12 +65,12 @@ class Policy(nn.Module):
                    else copy.deepcopy(self.model).to(dtype))
             self.reference = ref.eval().requires_grad_(False)
         self.model.train()  # from_pretrained returns eval mode; the engines switch modes as they need
-        if config.gradient_checkpointing:
+        if config.update.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             if self.adapter is not None:  # the frozen embeddings' output must carry a gradient
                 self.model.enable_input_require_grads()
         self.version = 0  # optimiser steps taken; engines compare it to know when to re-sync
-        self.chunk_tokens, self.prefix_sharing = config.logprob_chunk_tokens, prefix_sharing
+        self.chunk_tokens, self.prefix_sharing = config.update.logprob_chunk_tokens, prefix_sharing
         self.attention_window = attention_window(self.model.config)
         if not self.deferred:
             self._check_model()
@@ -238,7 +161,7 @@ class Policy(nn.Module):
 
     def make_optimizer(self, total_iterations: int) -> tuple[torch.optim.Optimizer,
                                                              torch.optim.lr_scheduler.LambdaLR]:
-        c = self.config
+        c = self.config.optim
         # The fused kernel wherever it exists. On GPUs the default (foreach) step allocates
         # temporaries as large as all parameters together (another 4 bytes/parameter, 32 GB for
         # 8B in fp32); on CPUs the default is a loop over tensors, 13x slower (135M: 2.1 s
@@ -267,12 +190,13 @@ def deferred_weights(enabled: bool = True) -> Iterator[None]:
 
 def make_policies(configs: dict[str, PolicyConfig], reference: bool = False,
                   prefix_sharing: bool = False) -> dict[str, Policy]:
-    """The policies by name; those marked ``share_base`` hold their adapters on one base model,
+    """The policies by name; those whose adapters say ``share_base`` hold them on one base model,
     loaded once (they must name the same model and dtype)."""
     sharing = {name: c for name, c in configs.items() if c.share_base}
     if len({(c.model, c.dtype) for c in sharing.values()}) > 1:
         named = ", ".join(f"{name}: {c.model} ({c.dtype})" for name, c in sharing.items())
-        raise ValueError(f"policies marked share_base must name the same base model and dtype, got {named}")
+        raise ValueError(f"policies whose lora says share_base must name the same base model and dtype, "
+                         f"got {named}")
     policies: dict[str, Policy] = {}
     first: Policy | None = None
     for name, cfg in configs.items():
@@ -281,18 +205,6 @@ def make_policies(configs: dict[str, PolicyConfig], reference: bool = False,
         if cfg.share_base and first is None:
             first = policies[name]
     return policies
-
-
-def lr_factor(c: PolicyConfig, iteration: int, total: int) -> float:
-    """Multiplier of ``lr`` at a 0-based iteration."""
-    if iteration < c.warmup_iterations:
-        return (iteration + 1) / (c.warmup_iterations + 1)
-    if c.lr_schedule == "constant" or total <= c.warmup_iterations:
-        return 1.0
-    progress = min(1.0, (iteration - c.warmup_iterations) / max(1, total - c.warmup_iterations))
-    if c.lr_schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def agent_policies(agents: Sequence[str], asked: dict[str, str], policies: list[str]) -> dict[str, str]:

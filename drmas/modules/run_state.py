@@ -69,7 +69,7 @@ def load_state(checkpoint: dict[str, Any], world_size: int, precision: str | Non
 
 def restore_rank_rng(rngs: list, rank: int, world_size: int, seed: int) -> None:
     """This rank's saved random state, or with another rank count one seeded from ``seed`` (the
-    iteration) and the rank (the rollouts draw from their own seeds, of ``--data.seed``)."""
+    iteration) and the rank (the rollouts draw from their own seeds, of ``--data.rollout.seed``)."""
     if len(rngs) == world_size:
         restore_rng(rngs[rank])
     else:

@@ -17,6 +17,7 @@ from drmas.envs.search import HTTPRetriever, Retriever, SearchWorkflow
 from drmas.envs.search.retrieval import BM25Retriever
 from drmas.envs.search.server import serve
 from drmas.records import BatchSpec, Completion, ScriptedGenerate
+from drmas.data.rollout_config import ValidationConfig
 
 
 class Faulty(Retriever):
@@ -175,8 +176,8 @@ def test_some_failed_searches_are_counted_and_the_iteration_trains_on(server):
     # first request fails with its retry, the second succeeds: 4 of 8 searches failed (= half)
     corpus = list(SearchWorkflow().retriever.corpus)
     url, _ = server(corpus, ["error", "error"])
-    rollouts = Rollouts(search_workflow(url, max_turns=3), RolloutConfig(group_size=2, tasks_per_iteration=2,
-                                                                         val_tasks=0))
+    rollouts = Rollouts(search_workflow(url, max_turns=3), RolloutConfig(group_size=2, tasks_per_iteration=2),
+                        ValidationConfig(tasks=0))
     plan = rollouts.prepare(SearchBackend(), iteration=1)
     searches = [s for s in plan.samples if s.agent == "searcher"]
     failed = [s for s in searches if "failure" in s.info]
@@ -190,15 +191,16 @@ def test_some_failed_searches_are_counted_and_the_iteration_trains_on(server):
 def test_an_outage_stops_the_run_before_training(server):
     corpus = list(SearchWorkflow().retriever.corpus)
     url, _ = server(corpus, ["error", "error"])
-    strict = Rollouts(search_workflow(url, max_turns=3), RolloutConfig(group_size=2, tasks_per_iteration=2,
-                                                                       val_tasks=0, max_failed_share=0.4))
+    strict = Rollouts(search_workflow(url, max_turns=3),
+                      RolloutConfig(group_size=2, tasks_per_iteration=2, max_failed_share=0.4),
+                      ValidationConfig(tasks=0))
     with pytest.raises(OutageError,
                        match=r"iteration 1: 4 of 8 searcher actions failed .* max_failed_share=0.4") as e:
         strict.prepare(SearchBackend(), iteration=1)
     assert "HTTP 500" in str(e.value) and url in str(e.value)
     # the server down for good: every search fails, even at the default share of one half
-    down = Rollouts(search_workflow(closed_port_url()), RolloutConfig(group_size=2, tasks_per_iteration=2,
-                                                                      val_tasks=2, val_k=1))
+    down = Rollouts(search_workflow(closed_port_url()), RolloutConfig(group_size=2, tasks_per_iteration=2),
+                    ValidationConfig(tasks=2, k=1))
     with pytest.raises(OutageError, match="4 of 4 searcher actions failed"):
         down.prepare(SearchBackend(), iteration=1)
     with pytest.raises(OutageError, match=r"^val: (\d+) of \1 searcher actions failed"):  # validation too
@@ -220,8 +222,8 @@ class Poisoned(SolverVerifierWorkflow):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
-    clean = Rollouts(SolverVerifierWorkflow(max_turns=1), RolloutConfig(group_size=4, tasks_per_iteration=2,
-                                                                        val_tasks=0, seed=1))
+    clean = Rollouts(SolverVerifierWorkflow(max_turns=1),
+                     RolloutConfig(group_size=4, tasks_per_iteration=2, seed=1), ValidationConfig(tasks=0))
     bad, good = clean.sample_tasks(1)
 
     class Backend(SearchBackend):
@@ -235,8 +237,8 @@ def test_samples_with_a_nonfinite_reward_are_dropped_and_counted(value):
                     if i % 2 == 0 else "\\boxed{-12345}"), "stop") for i in range(n)] for p in prompts]
             return ScriptedGenerate(gen, train)
 
-    rollouts = Rollouts(Poisoned(bad.uid, value), RolloutConfig(group_size=4, tasks_per_iteration=2,
-                                                                val_tasks=0, seed=1))
+    rollouts = Rollouts(Poisoned(bad.uid, value), RolloutConfig(group_size=4, tasks_per_iteration=2, seed=1),
+                        ValidationConfig(tasks=0))
     plan = rollouts.prepare(Backend(), iteration=1)
     assert plan.scalars["rollout/nonfinite_rewards"] == 4  # the broken task's four trajectories
     assert {s.task_uid for s in plan.samples} == {good.uid}

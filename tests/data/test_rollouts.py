@@ -13,6 +13,7 @@ from drmas.envs.base import Workflow
 from drmas.envs.math import SolverVerifierWorkflow
 from drmas.envs.search import SearchWorkflow
 from drmas.records import BatchSpec, Completion, ScriptedGenerate
+from drmas.data.rollout_config import ValidationConfig
 
 
 class ScriptedBackend:
@@ -71,8 +72,9 @@ def right_on_even(task):
 
 
 def test_a_plan_scores_routes_and_packs_by_the_backends_specs(workflow):
-    rollouts = Rollouts(workflow, RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=1,
-                                                val_tasks=0, seed=3))
+    rollouts = Rollouts(workflow,
+                        RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=1, seed=3),
+                        ValidationConfig(tasks=0))
     task = rollouts.sample_tasks(1)[0]
     backend = ScriptedBackend(right_on_even(task))
     plan = rollouts.prepare(backend, iteration=1)
@@ -103,7 +105,8 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
         def engine_cache_stats(self):
             return self.served.pop(0)
 
-    rollouts = Rollouts(workflow, RolloutConfig(group_size=2, tasks_per_iteration=1, val_tasks=0))
+    rollouts = Rollouts(workflow, RolloutConfig(group_size=2, tasks_per_iteration=1),
+                        ValidationConfig(tasks=0))
     backend = Cached(lambda agent, i: "\\boxed{1}")
     assert rollouts.prepare(backend, iteration=1).scalars == {
         "rollout/prefix_cache_hit_rate": 0.25, "rollout/failed_actions": 0.0, "rollout/failed_episodes": 0.0,
@@ -115,8 +118,8 @@ def test_the_engines_prefix_cache_hit_rate_is_that_of_the_rollout(workflow):
 
 def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
     wf = SolverVerifierWorkflow(max_turns=2)
-    rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=1,
-                                          val_tasks=0))
+    rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=1),
+                        ValidationConfig(tasks=0))
     task = rollouts.sample_tasks(1)[0]
     fn = lambda agent, i: f"\\boxed{{{task.answer}}}" if agent == "solver" else "approve</verify>"  # noqa: E731
     plan = rollouts.prepare(ScriptedBackend(fn), iteration=1)
@@ -131,7 +134,7 @@ def test_agents_on_two_policies_are_packed_apart_with_their_own_pad(workflow):
 
 
 def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
-    rollouts = Rollouts(workflow, RolloutConfig(val_tasks=3, val_k=2))
+    rollouts = Rollouts(workflow, RolloutConfig(), ValidationConfig(tasks=3, k=2))
     tasks = rollouts.val_task_list()
     answers = {workflow.prompt("solver", workflow.initial_state(t)): t.answer for t in tasks}
     backend, calls = ScriptedBackend(None), []
@@ -156,7 +159,7 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     """Each policy is scripted to master its own role: right answers from p_solve on solver
     prompts, approvals from p_check. Swapped, the solver's prompts reach p_check: nothing solved."""
     wf = SolverVerifierWorkflow(max_turns=2)
-    rollouts = Rollouts(wf, RolloutConfig(val_tasks=3, val_k=2))
+    rollouts = Rollouts(wf, RolloutConfig(), ValidationConfig(tasks=3, k=2))
     tasks = rollouts.val_task_list()
     answers = {wf.prompt("solver", wf.initial_state(t)): t.answer for t in tasks}
     backend, routed = ScriptedBackend(None), []
@@ -181,7 +184,7 @@ def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
     # the solver's prompts went to p_check (called under the verifier's name), which never boxes an answer
     assert routed[:3] == [("solver", "p_solve"), ("verifier", "p_check"), ("verifier", "p_check")]
 
-    shared = Rollouts(wf, RolloutConfig(val_tasks=3, val_k=2))
+    shared = Rollouts(wf, RolloutConfig(), ValidationConfig(tasks=3, k=2))
     shared.agent_map = {"solver": "shared", "verifier": "shared"}
     with pytest.raises(ValueError, match="the policy-swap probe needs one policy per agent"):
         shared.swapped_agents()
@@ -191,18 +194,18 @@ def test_capabilities_are_refused_before_anything_runs():
     sv = SolverVerifierWorkflow()
     with pytest.raises(ValueError, match=r"SolverVerifierWorkflow does not support sampling='tree'; "
                                          r"it supports: parallel"):
-        RolloutDataModule(sv, sampling="tree", estimator="at_grpo")
+        RolloutDataModule(sv, rollout=RolloutConfig(sampling="tree", estimator="at_grpo"))
     search = SearchWorkflow(max_turns=2)
     with pytest.raises(ValueError, match=r"estimator 'at_grpo' does not work "
                                          r".*use one of: drmas, grpo, grpo_step, rloo"):
-        RolloutDataModule(search, sampling="parallel", estimator="at_grpo")
+        RolloutDataModule(search, rollout=RolloutConfig(sampling="parallel", estimator="at_grpo"))
     with pytest.raises(ValueError, match=r"estimator 'grpo' .*sampling='tree'"
                                          r".*use one of: at_grpo, drmas, grpo_step"):
-        RolloutDataModule(search, sampling="tree", estimator="grpo")
+        RolloutDataModule(search, rollout=RolloutConfig(sampling="tree", estimator="grpo"))
     with pytest.raises(ValueError, match="unknown estimator 'gae'; known: .*drmas"):
-        RolloutDataModule(search, estimator="gae")
+        RolloutDataModule(search, rollout=RolloutConfig(estimator="gae"))
     with pytest.raises(ValueError, match="sampling must be one of"):
-        RolloutDataModule(search, sampling="beam")
+        RolloutDataModule(search, rollout=RolloutConfig(sampling="beam"))
 
 
 @dataclass(frozen=True)
@@ -227,12 +230,13 @@ class Listed(Workflow):
 def test_val_tasks_are_the_first_of_each_source_in_order():
     val = [Task("x0", "x"), Task("y0", "y"), Task("x1", "x"),
            Task("x2", "x"), Task("z0", "z"), Task("y1", "y")]
-    assert ([t.uid for t in Rollouts(Listed(val), RolloutConfig(val_tasks=2)).val_task_list()]
+    assert ([t.uid for t in Rollouts(Listed(val), RolloutConfig(), ValidationConfig(tasks=2)).val_task_list()]
             == ["x0", "x1", "y0", "y1", "z0"])
 
 
 def test_tasks_without_a_source_are_one_group():
-    tasks = Rollouts(Listed([Task(f"q{i}") for i in range(5)]), RolloutConfig(val_tasks=3)).val_task_list()
+    tasks = Rollouts(Listed([Task(f"q{i}") for i in range(5)]), RolloutConfig(),
+                     ValidationConfig(tasks=3)).val_task_list()
     assert [t.uid for t in tasks] == ["q0", "q1", "q2"]
 
 
@@ -240,10 +244,10 @@ def test_a_tree_only_workflow_cannot_validate():
     class TreeOnly(Listed):
         samplings = ("tree",)
 
-    with pytest.raises(ValueError, match="set val_tasks 0"):
-        Rollouts(TreeOnly([]), RolloutConfig(sampling="tree", estimator="at_grpo", val_tasks=4))
-    tree_only = RolloutConfig(sampling="tree", estimator="at_grpo", val_tasks=0)
-    assert Rollouts(TreeOnly([]), tree_only).config.val_tasks == 0
+    with pytest.raises(ValueError, match="set --data.validation.tasks 0"):
+        Rollouts(TreeOnly([]), RolloutConfig(sampling="tree", estimator="at_grpo"), ValidationConfig(tasks=4))
+    tree_only = RolloutConfig(sampling="tree", estimator="at_grpo")
+    assert Rollouts(TreeOnly([]), tree_only, ValidationConfig(tasks=0)).validation.tasks == 0
 
 
 def test_several_ranks_need_fsdp_and_a_task_per_rank(workflow):
@@ -253,7 +257,8 @@ def test_several_ranks_need_fsdp_and_a_task_per_rank(workflow):
 
     from drmas.modules.sharding import FSDP
 
-    dm = RolloutDataModule(workflow, val_tasks=0, tasks_per_iteration=2)
+    dm = RolloutDataModule(workflow, rollout=RolloutConfig(tasks_per_iteration=2),
+                           validation=ValidationConfig(tasks=0))
     dm.trainer = types.SimpleNamespace(world_size=2, reload_dataloaders_every_n_epochs=1,
                                        strategy=DDPStrategy())
     with pytest.raises(ValueError,
@@ -290,8 +295,8 @@ def _ranked_backends(world, generate):
 
 def test_data_parallel_ranks_play_disjoint_tasks_and_train_like_one_process():
     wf = SolverVerifierWorkflow(max_turns=2)
-    config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=5, val_tasks=0, seed=1)
-    make = lambda: Rollouts(wf, config)  # noqa: E731
+    config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=5, seed=1)
+    make = lambda: Rollouts(wf, config, ValidationConfig(tasks=0))  # noqa: E731
     tasks = make().sample_tasks(1)
 
     def task_of(prompt):  # every prompt of an episode quotes its problem
@@ -375,8 +380,8 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
 
     def play(rank):
         try:
-            Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=2,
-                                       val_tasks=0)).prepare(backends[rank], 1)
+            Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=2),
+                     ValidationConfig(tasks=0)).prepare(backends[rank], 1)
         except BaseException as err:
             raised[rank] = err
 
@@ -438,8 +443,8 @@ def test_progress_is_part_of_the_rollout_contract_for_a_workflow_that_is_not_tur
 
     tasks = [Task(f"q{i}") for i in range(2)]
     for shown in (True, False):
-        rollouts = Rollouts(Coin(tasks), RolloutConfig(group_size=2, tasks_per_iteration=2, val_tasks=0,
-                                                       progress=shown))
+        rollouts = Rollouts(Coin(tasks), RolloutConfig(group_size=2, tasks_per_iteration=2, progress=shown),
+                            ValidationConfig(tasks=0))
         rollouts.prepare(ScriptedBackend(lambda agent, i: "x"), iteration=1)
     shown_fn, hidden = Coin.seen
     assert callable(shown_fn) and hidden is None
@@ -450,4 +455,4 @@ def test_progress_is_part_of_the_rollout_contract_for_a_workflow_that_is_not_tur
             return RolloutResult([], [])
 
     with pytest.raises(TypeError, match=r"Old.rollout takes no progress argument"):
-        Rollouts(Old(tasks), RolloutConfig(val_tasks=0))
+        Rollouts(Old(tasks), RolloutConfig(), ValidationConfig(tasks=0))

@@ -18,10 +18,11 @@ pytestmark = [pytest.mark.integration,
 
 TRAINER = """
 import signal, sys, time
-from drmas.engines import VLLMEngine
+from drmas.engines import VLLMEngine, VLLMSettings
 from drmas.models import resolve_model_path
 
-engine = VLLMEngine(resolve_model_path("tiny-random"), dtype="float32", max_model_len=256, kv_cache_gib=0.25)
+settings = VLLMSettings(dtype="float32", max_model_len=256, kv_cache_gib=0.25)
+engine = VLLMEngine(resolve_model_path("tiny-random"), settings)
 print("ENGINE", engine.pid, flush=True)
 time.sleep(600)
 """

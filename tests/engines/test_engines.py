@@ -13,11 +13,12 @@ import os
 import pytest
 import torch
 
-from drmas.engines import ENGINES, Generation, HFEngine, GenerationParams, vllm_available
+from drmas.engines import ENGINES, HFEngine, vllm_available
+from drmas.records import Completion, GenerationSettings
 from drmas.engines.base import check_request
 from drmas.models import load_causal_lm, resolve_model_path
 
-GREEDY = GenerationParams(temperature=0.0, max_new_tokens=24)
+GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,14 @@ def teacher_forced(model, prompt: list[int], response: list[int], temperature: f
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
 
 
-def assert_consistent(gen: Generation, tok, params: GenerationParams) -> None:
-    assert 1 <= len(gen.token_ids) <= params.max_new_tokens
-    assert len(gen.logprobs) == len(gen.token_ids)
+def assert_consistent(gen: Completion, tok, params: GenerationSettings) -> None:
+    assert 1 <= len(gen.response_ids) <= params.max_new_tokens
+    assert len(gen.logprobs) == len(gen.response_ids)
     assert all(lp <= 0.0 for lp in gen.logprobs)
     assert gen.finish_reason in ("stop", "length")
     if gen.finish_reason == "length":
-        assert len(gen.token_ids) == params.max_new_tokens
-    assert tok.decode(gen.token_ids, skip_special_tokens=True).startswith(gen.text)
+        assert len(gen.response_ids) == params.max_new_tokens
+    assert tok.decode(gen.response_ids, skip_special_tokens=True).startswith(gen.text)
 
 
 # ---------------------------------------------------------------- HF engine
@@ -77,38 +78,39 @@ def test_hf_n_per_prompt_in_order_and_batch_invariant(tiny, prompts):
         alone = engine.generate([prompt], 1, GREEDY)[0][0]  # no padding, batch of one
         for g in gens:
             assert_consistent(g, tok, GREEDY)
-            assert g.token_ids == alone.token_ids and g.text == alone.text
+            assert g.response_ids == alone.response_ids and g.text == alone.text
     chunked = HFEngine(model, tok, max_batch_size=3).generate(prompts, 2, GREEDY)
-    assert [[g.token_ids for g in gens] for gens in chunked] == [[g.token_ids for g in gens] for gens in out]
+    ids = [[[g.response_ids for g in gens] for gens in x] for x in (chunked, out)]
+    assert ids[0] == ids[1]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
 def test_hf_logprobs_equal_teacher_forced(tiny, prompts, temperature):
     model, tok = tiny
-    params = GenerationParams(temperature=temperature, max_new_tokens=16)
+    params = GenerationSettings(temperature=temperature, max_new_tokens=16)
     torch.manual_seed(0)
     out = HFEngine(model, tok).generate(prompts, 3, params)
     for prompt, gens in zip(prompts, out):
         for g in gens:
             assert_consistent(g, tok, params)
-            ref = teacher_forced(model, prompt, g.token_ids, temperature)
+            ref = teacher_forced(model, prompt, g.response_ids, temperature)
             torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=0)
 
 
 def test_hf_sampling_reproducible_under_manual_seed(tiny, prompts):
     model, tok = tiny
     engine = HFEngine(model, tok)
-    params = GenerationParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8)
+    params = GenerationSettings(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=8)
     torch.manual_seed(7)
     a = engine.generate(prompts, 3, params)
     torch.manual_seed(7)
     b = engine.generate(prompts, 3, params)
-    assert [[g.token_ids for g in x] for x in a] == [[g.token_ids for g in x] for x in b]
+    assert [[g.response_ids for g in x] for x in a] == [[g.response_ids for g in x] for x in b]
     # Sampling really samples: three draws of one prompt are not all equal.
-    assert len({tuple(g.token_ids) for g in a[0]}) > 1
+    assert len({tuple(g.response_ids) for g in a[0]}) > 1
 
 
-@pytest.mark.parametrize("params", [GREEDY, GenerationParams(temperature=1.0, top_k=50, max_new_tokens=12)])
+@pytest.mark.parametrize("params", [GREEDY, GenerationSettings(temperature=1.0, top_k=50, max_new_tokens=12)])
 def test_hf_prompts_prefilled_once_give_the_same_samples(tiny, prompts, params):
     model, tok = tiny
     calls = []
@@ -124,7 +126,7 @@ def test_hf_prompts_prefilled_once_give_the_same_samples(tiny, prompts, params):
         hook.remove()
     # one prefill of the 4 distinct prompts (their last token left to generate), not 15 rows
     assert first_call == (4, max(len(p) for p in prompts) - 1)
-    assert [[g.token_ids for g in x] for x in shared] == [[g.token_ids for g in x] for x in plain]
+    assert [[g.response_ids for g in x] for x in shared] == [[g.response_ids for g in x] for x in plain]
     for xs, ys in zip(shared, plain):
         for a, b in zip(xs, ys):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
@@ -132,14 +134,14 @@ def test_hf_prompts_prefilled_once_give_the_same_samples(tiny, prompts, params):
 
 def test_hf_max_new_tokens_and_length_reason(tiny, prompts):
     model, tok = tiny
-    params = GenerationParams(temperature=1.0, max_new_tokens=5)
+    params = GenerationSettings(temperature=1.0, max_new_tokens=5)
     torch.manual_seed(1)
     for gens in HFEngine(model, tok).generate(prompts, 2, params):
         for g in gens:
-            assert len(g.token_ids) == 5 and g.finish_reason == "length"
+            assert len(g.response_ids) == 5 and g.finish_reason == "length"
 
 
-def _stop_case(tok, reference: Generation) -> tuple[str, str]:
+def _stop_case(tok, reference: Completion) -> tuple[str, str]:
     """A stop string taken from inside a greedy output, and the text expected with it."""
     text = reference.text
     assert len(text) >= 12, f"greedy output too short to cut: {text!r}"
@@ -153,16 +155,16 @@ def test_hf_stop_string_cuts_text_and_tokens(tiny, prompts):
     for prompt in prompts:
         free = engine.generate([prompt], 1, GREEDY)[0][0]
         stop, expected = _stop_case(tok, free)
-        params = GenerationParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
+        params = GenerationSettings(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
         g = engine.generate([prompt], 1, params)[0][0]
         assert g.finish_reason == "stop"
         assert g.text == expected
         # Tokens end at the one that completes the stop string, and are a prefix of the free run.
-        assert free.token_ids[: len(g.token_ids)] == g.token_ids
-        assert stop in tok.decode(g.token_ids, skip_special_tokens=True)
-        assert stop not in tok.decode(g.token_ids[:-1], skip_special_tokens=True)
-        assert len(g.logprobs) == len(g.token_ids)
-        assert g.logprobs == pytest.approx(free.logprobs[: len(g.token_ids)], abs=1e-5)
+        assert free.response_ids[: len(g.response_ids)] == g.response_ids
+        assert stop in tok.decode(g.response_ids, skip_special_tokens=True)
+        assert stop not in tok.decode(g.response_ids[:-1], skip_special_tokens=True)
+        assert len(g.logprobs) == len(g.response_ids)
+        assert g.logprobs == pytest.approx(free.logprobs[: len(g.response_ids)], abs=1e-5)
 
 
 def per_prompt_case(engine, tok, prompts):
@@ -182,11 +184,11 @@ def per_prompt_case(engine, tok, prompts):
 def check_per_prompt(free, outs, lengths, expected):
     for g, f, length, (text, reason) in zip(outs, free, lengths, expected):
         assert g.finish_reason == reason
-        assert f.token_ids[: len(g.token_ids)] == g.token_ids  # the same greedy path, cut where due
+        assert f.response_ids[: len(g.response_ids)] == g.response_ids  # the same greedy path, cut where due
         if reason == "length":
-            assert len(g.token_ids) == length
+            assert len(g.response_ids) == length
         else:
-            assert g.text == text and len(g.token_ids) < len(f.token_ids)
+            assert g.text == text and len(g.response_ids) < len(f.response_ids)
 
 
 def test_hf_serves_each_prompt_its_own_stops_and_length_in_one_call(tiny, prompts):
@@ -204,22 +206,22 @@ def test_hf_serves_each_prompt_its_own_stops_and_length_in_one_call(tiny, prompt
 def test_hf_eos_in_tokens_not_in_text(tiny, prompts):
     model, tok = tiny
     free = HFEngine(model, tok).generate([prompts[1]], 1, GREEDY)[0][0]
-    eos = free.token_ids[2]
-    first = free.token_ids.index(eos)
+    eos = free.response_ids[2]
+    first = free.response_ids.index(eos)
     stopper = copy.deepcopy(model)
     stopper.generation_config.eos_token_id = [tok.eos_token_id, eos]
     g = HFEngine(stopper, tok).generate([prompts[1]], 2, GREEDY)[0]
     for x in g:
-        assert x.token_ids == free.token_ids[: first + 1] and x.token_ids[-1] == eos
+        assert x.response_ids == free.response_ids[: first + 1] and x.response_ids[-1] == eos
         assert x.finish_reason == "stop"
-        assert x.text == tok.decode(free.token_ids[:first], skip_special_tokens=True)
-        assert len(x.logprobs) == len(x.token_ids)
+        assert x.text == tok.decode(free.response_ids[:first], skip_special_tokens=True)
+        assert len(x.logprobs) == len(x.response_ids)
 
 
 def test_hf_restores_train_mode(tiny, prompts):
     model, tok = tiny
     engine = HFEngine(model, tok)
-    params = GenerationParams(temperature=0.0, max_new_tokens=2)
+    params = GenerationSettings(temperature=0.0, max_new_tokens=2)
     for mode in (True, False):
         model.train(mode)
         engine.generate(prompts[:1], 1, params)
@@ -237,11 +239,11 @@ def test_hf_sync_weights_switches_model(tiny):
 
 def test_request_checks():
     with pytest.raises(ValueError, match="n must be"):
-        check_request([[1]], 0, GenerationParams())
+        check_request([[1]], 0, GenerationSettings())
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        check_request([[1], []], 1, GenerationParams())
+        check_request([[1], []], 1, GenerationSettings())
     with pytest.raises(ValueError, match="temperature"):
-        check_request([[1]], 1, GenerationParams(temperature=-1))
+        check_request([[1]], 1, GenerationSettings(temperature=-1))
 
 
 def test_hf_no_prompts(tiny):
@@ -269,15 +271,14 @@ def vllm_engine():
     reason = _vllm_missing()
     if reason:
         pytest.skip(reason)
-    from drmas.engines import VLLMEngine
+    from drmas.engines import VLLMEngine, VLLMSettings
 
     try:  # numba's llvmlite (bm25s loads it) once made LLM creation fail; see vllm.py
         import llvmlite.binding  # noqa: F401
     except ImportError:
         pass
-    engine = VLLMEngine(
-        resolve_model_path("tiny-random"), dtype="float32", max_model_len=512, kv_cache_gib=0.25
-    )
+    engine = VLLMEngine(resolve_model_path("tiny-random"),
+                        VLLMSettings(dtype="float32", max_model_len=512, kv_cache_gib=0.25))
     yield engine
     engine.close()
 
@@ -300,17 +301,17 @@ def test_vllm_greedy_equals_hf(tiny, prompts, vllm_engine):
     vl = vllm_engine.generate(prompts, 1, GREEDY)
     for prompt, h, v in zip(prompts, hf, vl):
         assert_consistent(v[0], tok, GREEDY)
-        assert v[0].token_ids == h[0].token_ids
+        assert v[0].response_ids == h[0].response_ids
         assert v[0].text == h[0].text and v[0].finish_reason == h[0].finish_reason
         # T=0: the raw log-softmax on both sides.
-        ref = teacher_forced(model, prompt, v[0].token_ids, 0.0)
+        ref = teacher_forced(model, prompt, v[0].response_ids, 0.0)
         assert (torch.tensor(v[0].logprobs) - ref).abs().max() < 1e-3
 
 
 @pytest.mark.integration
 def test_vllm_logprobs_are_after_temperature(tiny, prompts, vllm_engine):
     model, tok = tiny
-    params = GenerationParams(temperature=0.7, max_new_tokens=16)
+    params = GenerationSettings(temperature=0.7, max_new_tokens=16)
     torch.manual_seed(0)
     out = vllm_engine.generate(prompts, 2, params)
     diffs, raw_diffs = [], []
@@ -318,8 +319,8 @@ def test_vllm_logprobs_are_after_temperature(tiny, prompts, vllm_engine):
         for g in gens:
             assert_consistent(g, tok, params)
             got = torch.tensor(g.logprobs)
-            diffs.append((got - teacher_forced(model, prompt, g.token_ids, 0.7)).abs())
-            raw_diffs.append((got - teacher_forced(model, prompt, g.token_ids, 1.0)).abs())
+            diffs.append((got - teacher_forced(model, prompt, g.response_ids, 0.7)).abs())
+            raw_diffs.append((got - teacher_forced(model, prompt, g.response_ids, 1.0)).abs())
     assert torch.cat(diffs).mean() < 1e-3
     # Guard against the default (pre-temperature) log-probs, which would match T=1 instead.
     assert torch.cat(raw_diffs).mean() > 1e-2
@@ -340,14 +341,14 @@ def test_vllm_reports_prompt_tokens_served_from_its_prefix_cache(vllm_engine):
 @pytest.mark.integration
 def test_vllm_n_generations(tiny, prompts, vllm_engine):
     _, tok = tiny
-    params = GenerationParams(temperature=1.0, max_new_tokens=12)
+    params = GenerationSettings(temperature=1.0, max_new_tokens=12)
     torch.manual_seed(0)
     out = vllm_engine.generate(prompts, 4, params)
     assert len(out) == len(prompts) and all(len(g) == 4 for g in out)
     for gens in out:
         for g in gens:
             assert_consistent(g, tok, params)
-        assert len({tuple(g.token_ids) for g in gens}) > 1
+        assert len({tuple(g.response_ids) for g in gens}) > 1
 
 
 @pytest.mark.integration
@@ -356,11 +357,11 @@ def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
     hf = HFEngine(model, tok)
     for prompt in prompts:
         stop, expected = _stop_case(tok, hf.generate([prompt], 1, GREEDY)[0][0])
-        params = GenerationParams(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
+        params = GenerationSettings(temperature=0.0, max_new_tokens=24, stop=["never-emitted-xyz", stop])
         h = hf.generate([prompt], 1, params)[0][0]
         v = vllm_engine.generate([prompt], 1, params)[0][0]
         assert v.text == h.text == expected
-        assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason == "stop"
+        assert v.response_ids == h.response_ids and v.finish_reason == h.finish_reason == "stop"
 
 
 @pytest.mark.integration
@@ -379,15 +380,13 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
     engines keep working and the dead one's process is reaped."""
     import signal
 
-    from drmas.engines import VLLMEngine
+    from drmas.engines import VLLMEngine, VLLMSettings
     from drmas.engines.vllm.engine import EngineProcessError
 
     model, tok = tiny
-    before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
-    other = VLLMEngine(
-        resolve_model_path("tiny-random"), dtype="float32", max_model_len=256, kv_cache_gib=0.25,
-        name="solver"
-    )
+    before = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    other = VLLMEngine(resolve_model_path("tiny-random"),
+                       VLLMSettings(dtype="float32", max_model_len=256, kv_cache_gib=0.25), name="solver")
     try:
         other.ready()  # built in the background: its process has exec'd the engine by now
         pids = {vllm_engine.pid, other.pid}
@@ -397,7 +396,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
             assert "drmas.children" in cmdline and "drmas.engines.vllm.process:serve" in cmdline
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
             assert ppid == os.getpid()
-        assert [g[0].token_ids for g in other.generate(prompts, 1, GREEDY)] == before
+        assert [g[0].response_ids for g in other.generate(prompts, 1, GREEDY)] == before
         os.kill(other.pid, signal.SIGSTOP)  # frozen: without the bound, the trainer would wait forever
         monkeypatch.setenv("DRMAS_GATHER_TIMEOUT_S", "3")
         frozen = (rf"vLLM engine process of solver \(pid {other.pid}\) did not answer 'generate' within 3 s "
@@ -412,7 +411,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
         other.close()
     assert not os.path.exists(f"/proc/{other.pid}")  # ended and reaped
     vllm_engine.sync_weights(model)
-    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
+    assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
 
 
 def test_a_process_builds_one_vllm_engine_at_most(monkeypatch):
@@ -439,11 +438,11 @@ def test_ranks_draw_differently_and_each_rank_repeats_its_draws(prompts, vllm_en
     from drmas.data.rollout_config import rollout_seed
     from drmas.modules.generation import engine_seed
 
-    params = GenerationParams(temperature=1.0, max_new_tokens=12)
+    params = GenerationSettings(temperature=1.0, max_new_tokens=12)
 
     def rollout(rank: int, iteration: int) -> list[list[int]]:
         vllm_engine.reseed(engine_seed(rollout_seed(0, rank, iteration), 0))
-        return [g.token_ids for gens in vllm_engine.generate(prompts, 2, params) for g in gens]
+        return [g.response_ids for gens in vllm_engine.generate(prompts, 2, params) for g in gens]
 
     first = {rank: rollout(rank, 3) for rank in (0, 1)}
     assert first[0] != first[1]
@@ -454,21 +453,21 @@ def test_ranks_draw_differently_and_each_rank_repeats_its_draws(prompts, vllm_en
 @pytest.mark.integration
 def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):
     model, tok = tiny
-    before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    before = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
     trained = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp_min(0.02))
-    expected = [g[0].token_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
+    expected = [g[0].response_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
     assert expected != before, "the perturbation should change the greedy output"
 
     vllm_engine.sync_weights(trained)
-    after = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    after = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
     assert after == expected
 
     vllm_engine.sync_weights(model)  # and back: the other tests share this engine
-    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
+    assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
 
 
 def test_vllm_missing_names_the_install_command(monkeypatch):
@@ -496,18 +495,18 @@ def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refu
     from drmas.engines.vllm.engine import EngineProcessError
 
     model, tok = tiny
-    before = [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
+    before = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
     trained = copy.deepcopy(model)
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * p.std().clamp_min(0.02))
-    expected = [g[0].token_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
+    expected = [g[0].response_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
     assert expected != before
     monkeypatch.setattr(vllm_engine, "_transfer", None)  # a transfer of its own, with a 4 KiB buffer
     monkeypatch.setattr(vllm_engine, "transfer_buffer", 4096)
     vllm_engine.sync_weights(trained)
     assert "buffer raised from 0 MiB to" in capsys.readouterr().out
-    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == expected
+    assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == expected
 
     class Missing(torch.nn.Module):  # the trainer's names miss one of the engine's layers
         def __init__(self, inner):
@@ -522,4 +521,4 @@ def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refu
     with pytest.raises(EngineProcessError, match=refused):
         vllm_engine.sync_weights(Missing(model))
     vllm_engine.sync_weights(model)  # and back: the other tests share this engine
-    assert [g[0].token_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
+    assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drmas.engines.placement import rank_cores
-from drmas.engines.vllm.settings import engine_process_env, llm_kwargs
+from drmas.engines.vllm.settings import VLLMSettings, engine_process_env, llm_kwargs
 
 
 def test_the_engine_process_sees_only_the_trainers_gpu():
@@ -31,15 +31,24 @@ def test_each_rank_gets_its_share_of_the_cores():
 
 
 def test_sleep_mode_and_its_allocator_only_on_gpus_and_the_transfer_each_side_uses():
-    gpu = llm_kwargs("m", "bfloat16", 512, 0, True, 0.4, 1.0)
+    settings = VLLMSettings(dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.4,
+                            kv_cache_gib=0.25)
+    gpu = llm_kwargs("m", settings, 0, True)
     assert gpu["enable_sleep_mode"] is True and gpu["gpu_memory_utilization"] == 0.4
     assert gpu["weight_transfer_config"] == {"backend": "ipc"} and "kv_cache_memory_bytes" not in gpu
-    cpu = llm_kwargs("m", "float32", 512, 0, False, 0.4, 0.25, max_loras=2, max_lora_rank=8)
+    assert gpu["enforce_eager"] is False and gpu["dtype"] == "bfloat16"
+    cpu = llm_kwargs("m", settings, 0, False, max_loras=2, max_lora_rank=8)
     assert "enable_sleep_mode" not in cpu and "enable_cumem_allocator" not in cpu
     assert cpu["kv_cache_memory_bytes"] == 2**28 and cpu["weight_transfer_config"] == {"backend": "drmas_shm"}
     assert (cpu["enable_lora"], cpu["max_loras"], cpu["max_lora_rank"]) == (True, 2, 8)
     assert cpu["logprobs_mode"] == "processed_logprobs"
-    assert llm_kwargs("m", "float32", 512, 0, False, 0.4, 0.25, max_num_seqs=4)["max_num_seqs"] == 4
+    assert cpu["enforce_eager"] is True
+    # other vLLM arguments pass through; those drmas sets are refused by name, saying what sets them
+    extra = VLLMSettings(llm_args={"max_num_seqs": 4, "enable_prefix_caching": False})
+    assert llm_kwargs("m", extra, 0, False)["max_num_seqs"] == 4
+    with pytest.raises(ValueError, match=r"llm_args may not set gpu_memory_utilization \(set engine_settings"
+                                         r"\.gpu_memory_utilization\); seed \(each rollout reseeds"):
+        VLLMSettings(llm_args={"seed": 1, "gpu_memory_utilization": 0.9})
 
 
 def test_per_device_defaults_of_the_transfer_buffer_eager_mode_and_the_build_order():

@@ -16,6 +16,7 @@ from scripted import Script
 from drmas.envs.agents import AgentsWorkflow
 from drmas.envs.agents.episodes import EpisodeFailure, read_outcome
 from drmas.records import GenerationSettings
+from drmas.data.rollout_config import ValidationConfig
 
 pytestmark = pytest.mark.usefixtures("out")  # every episode reports to tmp_path/out
 AGENTS = ["writer", "critic"]
@@ -43,8 +44,10 @@ class Limited(Script):
     train = True
 
     def settings(self, agent):
-        return GenerationSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12, stop=("</s>",),
-                                  context_length=200)
+        return GenerationSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12, stop=("</s>",))
+
+    def context_length(self, agent):
+        return 200
 
     def prompt_tokens(self, agent, prompt):
         return sum(len(c) for _, c in prompt.messages)
@@ -391,8 +394,10 @@ def test_program_failures_are_trained_lost_episodes_are_an_outage_and_one_error_
     fail = out / "fail.json"
     wf = make(programs.from_file, tasks_file, same_failure_limit=2, failure_reward=-0.5)
     try:
-        rollouts = Rollouts(wf, RolloutConfig(estimator="grpo", group_size=2, tasks_per_iteration=4,
-                                              val_tasks=0, max_failed_share=0.5))
+        rollouts = Rollouts(wf,
+                            RolloutConfig(estimator="grpo",
+                                          group_size=2, tasks_per_iteration=4, max_failed_share=0.5),
+                            ValidationConfig(tasks=0))
         fail.write_text(json.dumps({"raise": ["task1", "task2"]}))
         plan = rollouts.prepare(Backend(Script(echo)), iteration=1)
         assert plan.scalars["rollout/failed_episodes"] == 0.0

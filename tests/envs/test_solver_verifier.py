@@ -69,7 +69,7 @@ def test_a_grader_that_fails_is_a_counted_failed_episode_and_past_a_share_stops_
     """A math-verify API change (a TypeError inside the grader) must not read as "every answer is
     wrong": the episode fails, ``rollout/grader_errors`` counts it, and the outage rule stops a run
     where too many do."""
-    from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
+    from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts, ValidationConfig
     from drmas.envs.math import grading
 
     tasks = wf.tasks("train")[:2]
@@ -92,7 +92,7 @@ def test_a_grader_that_fails_is_a_counted_failed_episode_and_past_a_share_stops_
     # an unparseable answer is still just wrong, not an error
     monkeypatch.setattr(grading, "verify", real)
     assert grading.same_answer("\\frac{", "1") is False
-    config = RolloutConfig(group_size=2, tasks_per_iteration=2, val_tasks=0, max_failed_share=0.25)
-    rollouts = Rollouts(wf, config)
+    config = RolloutConfig(group_size=2, tasks_per_iteration=2, max_failed_share=0.25)
+    rollouts = Rollouts(wf, config, ValidationConfig(tasks=0))
     with pytest.raises(OutageError, match=r"2 of 4 episodes failed(.|\n)*the grader failed"):
         rollouts.check_failures(res, "iteration 1")

@@ -50,12 +50,15 @@ def _train_bf16(prefix_sharing: bool):
     from test_prefix_sharing import Fixed, Grads
 
     from drmas.algorithms import LossConfig
-    from drmas.engines import GenerationParams
     from drmas.modules import MultiAgentRL, PolicyConfig
+    from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
+    from drmas.records import GenerationSettings
 
     torch.manual_seed(0)
-    cfg = PolicyConfig(model="tiny-random", lr=1e-3, grad_clip=0.0, micro_batch_size=3,
-                       train_generation=GenerationParams(temperature=0.7, max_new_tokens=8))
+    cfg = PolicyConfig(model="tiny-random", optim=OptimSettings(lr=1e-3, grad_clip=0.0),
+                       update=UpdateSettings(micro_batch_size=3),
+                       generation=PolicyGeneration(
+                           train=GenerationSettings(temperature=0.7, max_new_tokens=8)))
     module = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
                           loss=LossConfig(importance_cap=None, entropy_coef=0.01),
                           prefix_sharing=prefix_sharing)
@@ -96,8 +99,10 @@ def test_the_memory_plan_is_a_floor_of_the_measured_update(shape):
     from drmas.modules import PolicyConfig
     from drmas.modules.memory import GIB, memory_plan, policy_memory
     from drmas.modules.policy import Policy
+    from drmas.modules.policy_config import UpdateSettings
 
-    policy = Policy("p", PolicyConfig(model=os.path.join(folder, shape), micro_batch_size=2))
+    policy = Policy("p", PolicyConfig(model=os.path.join(folder, shape),
+                                      update=UpdateSettings(micro_batch_size=2)))
     model = policy.model.cuda().train()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()

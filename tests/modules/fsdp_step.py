@@ -21,15 +21,18 @@ import torch
 from test_prefix_sharing import Fixed
 
 from drmas.algorithms import LossConfig
-from drmas.engines import GenerationParams
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy import deferred_weights
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
+from drmas.records import GenerationSettings
 
 
 def main(out: str, shard: bool, cuda: bool = False) -> None:
     torch.manual_seed(0)
-    cfg = PolicyConfig(model="tiny-random", lr=1e-2, grad_clip=0.5, micro_batch_size=3,
-                       train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
+    cfg = PolicyConfig(model="tiny-random", optim=OptimSettings(lr=1e-2, grad_clip=0.5),
+                       update=UpdateSettings(micro_batch_size=3),
+                       generation=PolicyGeneration(
+                           train=GenerationSettings(temperature=1.0, max_new_tokens=8)))
     # sharded: built on the meta device, each rank reading only its rows of the weights once
     # sharded; a wrong row would change the loss and the step
     with deferred_weights(shard):

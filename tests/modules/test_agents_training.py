@@ -10,9 +10,11 @@ from agent_programs import conversation, short_answers, with_tools
 from drmas.callbacks import RolloutStats
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import RolloutConfig, Rollouts
-from drmas.engines import GenerationParams
 from drmas.envs.agents import AgentsWorkflow
 from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
+from drmas.records import GenerationSettings
+from drmas.data.rollout_config import ValidationConfig
 
 
 @pytest.fixture
@@ -26,15 +28,16 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     # two model families, two temperatures: each agent's tokens come from its own policy
     module = MultiAgentRL(policies={
         "w": PolicyConfig(model="tiny-random",
-                          train_generation=GenerationParams(temperature=0.7, max_new_tokens=8)),
-        "c": PolicyConfig(model="tiny-random-qwen3",
-                          train_generation=GenerationParams(temperature=1.0, max_new_tokens=6),
-                          chat_template_kwargs={"enable_thinking": False})},
+                          generation=PolicyGeneration(
+                              train=GenerationSettings(temperature=0.7, max_new_tokens=8))),
+        "c": PolicyConfig(model="tiny-random-qwen3", chat_template_kwargs={"enable_thinking": False},
+                          generation=PolicyGeneration(
+                              train=GenerationSettings(temperature=1.0, max_new_tokens=6)))},
         agents={"writer": "w", "critic": "c"}, engine="hf")
     wf = AgentsWorkflow(conversation, ["writer", "critic"], tasks_file, val_share=0)
     try:
-        rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=2,
-                                              val_tasks=0))
+        rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=2),
+                            ValidationConfig(tasks=0))
         plan = rollouts.prepare(module, iteration=1)
     finally:
         wf.close()
@@ -47,7 +50,7 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     with torch.no_grad():
         for batch in plan.micro_batches:
             policy = module.policies[batch.policy]
-            mine, _ = policy.token_logprobs(batch, policy.config.train_generation.temperature)
+            mine, _ = policy.token_logprobs(batch, policy.config.generation.train.temperature)
             mask = batch.response_mask
             torch.testing.assert_close(mine[mask], batch.engine_logprobs[mask], atol=1e-4, rtol=0)
             checked += int(mask.sum())
@@ -59,19 +62,24 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
     # temperature 0.1: tiny-random's next-token distribution is uniform over 49k tokens, where no
     # few steps can move the mass of the ~9% of tokens holding a "y"; at 0.1 a few dozen tokens
     # take most of it (the trainer computes log-probs at the same temperature)
-    sampling = GenerationParams(temperature=0.1, max_new_tokens=16)
-    policies = {"w": PolicyConfig(model="tiny-random", lr=lr, micro_batch_size=32, ppo_epochs=4,
-                                  train_generation=sampling)}
+    sampling = GenerationSettings(temperature=0.1, max_new_tokens=16)
+    policies = {"w": PolicyConfig(model="tiny-random", optim=OptimSettings(lr=lr),
+                                  update=UpdateSettings(micro_batch_size=32, ppo_epochs=4),
+                                  generation=PolicyGeneration(train=sampling))}
     agents = {"writer": "w"}
     if frozen_critic:
-        policies["c"] = PolicyConfig(model="tiny-random", trainable=False, train_generation=sampling)
+        policies["c"] = PolicyConfig(model="tiny-random", trainable=False,
+                                     generation=PolicyGeneration(train=sampling))
         agents["critic"] = "c"
     module = MultiAgentRL(policies=policies, agents=agents, engine="hf")
     # no window: a call waits for every episode's, so the batches (and the sampled tokens) never
     # depend on how fast the threads ran
     wf = AgentsWorkflow(conversation if frozen_critic else short_answers, list(agents), tasks_file,
                         val_share=0, window_ms=10**7)
-    dm = RolloutDataModule(wf, estimator="drmas", group_size=8, tasks_per_iteration=4, val_tasks=0, seed=seed)
+    dm = RolloutDataModule(wf,
+                           rollout=RolloutConfig(estimator="drmas",
+                                                 group_size=8, tasks_per_iteration=4, seed=seed),
+                           validation=ValidationConfig(tasks=0))
     trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path, callbacks=[RolloutStats()])
@@ -107,14 +115,15 @@ def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, t
 def test_tools_reach_each_policy_in_its_own_format(tasks_file):
     pytest.importorskip("vllm.tool_parsers")
     module = MultiAgentRL(policies={
-        "w": PolicyConfig(model="tiny-random", train_generation=GenerationParams(max_new_tokens=4)),
-        "c": PolicyConfig(model="tiny-random-qwen3", train_generation=GenerationParams(max_new_tokens=4),
-                          chat_template_kwargs={"enable_thinking": False})},
+        "w": PolicyConfig(model="tiny-random",
+                          generation=PolicyGeneration(train=GenerationSettings(max_new_tokens=4))),
+        "c": PolicyConfig(model="tiny-random-qwen3", chat_template_kwargs={"enable_thinking": False},
+                          generation=PolicyGeneration(train=GenerationSettings(max_new_tokens=4)))},
         agents={"writer": "w", "critic": "c"}, engine="hf")
     wf = AgentsWorkflow(with_tools, ["writer", "critic"], tasks_file, val_share=0)
     try:
-        rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=1,
-                                              val_tasks=0))
+        rollouts = Rollouts(wf, RolloutConfig(estimator="drmas", group_size=2, tasks_per_iteration=1),
+                            ValidationConfig(tasks=0))
         plan = rollouts.prepare(module, iteration=1)
     finally:
         wf.close()

@@ -6,16 +6,18 @@ import torch
 from test_training_step import Fixed
 
 from drmas.algorithms import LossConfig
-from drmas.engines import GenerationParams
 from drmas.evaluation import load_weights
 from drmas.modules import MultiAgentRL, PolicyConfig
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration
+from drmas.records import GenerationSettings
 
 
 def test_load_weights_restores_the_trained_policies(tmp_path):
     def module():
         torch.manual_seed(0)
-        cfg = PolicyConfig(model="tiny-random", lr=1e-2,
-                           train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
+        cfg = PolicyConfig(model="tiny-random", optim=OptimSettings(lr=1e-2),
+                           generation=PolicyGeneration(
+                               train=GenerationSettings(temperature=1.0, max_new_tokens=8)))
         return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
                             loss=LossConfig(importance_cap=None))
 

@@ -10,6 +10,7 @@ from drmas.models import load_causal_lm
 from drmas.modules import PolicyConfig
 from drmas.modules.logprobs import chunked_logprobs_match, full_logprobs, response_logprobs
 from drmas.records import BatchSpec, Sample
+from drmas.modules.policy_config import UpdateSettings
 
 
 @pytest.fixture(scope="module")
@@ -97,4 +98,4 @@ def test_models_that_post_process_logits_keep_the_full_path(model):
 
 def test_chunk_size_is_checked():
     with pytest.raises(ValueError, match="logprob_chunk_tokens must be >= 0"):
-        PolicyConfig(logprob_chunk_tokens=-1)
+        PolicyConfig(update=UpdateSettings(logprob_chunk_tokens=-1))

@@ -11,12 +11,15 @@ from test_training_step import PROMPT, RESPONSES
 
 from drmas.algorithms import LossConfig
 from drmas.data.batching import make_micro_batches
-from drmas.engines import GenerationParams, vllm_available
+from drmas.engines import vllm_available
 from drmas.engines.hf import HFEngine
 from drmas.models.lora import LoraSettings, save_adapter
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.engines import Placement, VLLMEngine, VLLMSettings
 from drmas.records import BatchSpec, Sample
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration
+from drmas.records import GenerationSettings
+from dataclasses import replace
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
 ADV = {"pa": [1.0, -1.0, 0.5, -0.5], "pb": [-1.0, 1.0, -0.5, 0.5]}
@@ -24,8 +27,10 @@ ADV = {"pa": [1.0, -1.0, 0.5, -0.5], "pb": [-1.0, 1.0, -0.5, 0.5]}
 
 def module(kl_coef=0.0, **extra):
     torch.manual_seed(0)
-    cfg = dict(model="tiny-random", lr=1e-2, grad_clip=0.0, lora=LORA, share_base=True,
-               train_generation=GenerationParams(temperature=1.0, max_new_tokens=8), **extra)
+    cfg = dict(model="tiny-random", optim=OptimSettings(lr=1e-2, grad_clip=0.0),
+               lora=replace(LORA, share_base=True),
+               generation=PolicyGeneration(train=GenerationSettings(temperature=1.0, max_new_tokens=8)),
+               **extra)
     return MultiAgentRL(policies={"pa": PolicyConfig(**cfg), "pb": PolicyConfig(**cfg)},
                         agents={"a": "pa", "b": "pb"}, engine="hf",
                         loss=LossConfig(importance_cap=None, kl_coef=kl_coef))
@@ -107,15 +112,15 @@ def test_the_hf_engine_generates_with_each_policys_adapter(trained):
     m, _ = trained
     engines = {name: HFEngine(m.policies[name].model, m.policies[name].tokenizer, adapter=name)
                for name in ("pa", "pb")}
-    params = GenerationParams(temperature=1.0, max_new_tokens=6)
+    params = GenerationSettings(temperature=1.0, max_new_tokens=6)
     torch.manual_seed(3)
     for name in ("pb", "pa", "pb"):  # switching back and forth selects the right adapter each time
         (gen,), = engines[name].generate([PROMPT], 1, params)
-        mine = _trainer_logprobs(m, name, PROMPT, gen.token_ids)
+        mine = _trainer_logprobs(m, name, PROMPT, gen.response_ids)
         assert torch.allclose(torch.tensor(gen.logprobs), mine, atol=1e-4)
-    other = _trainer_logprobs(m, "pb", PROMPT, gen.token_ids)
+    other = _trainer_logprobs(m, "pb", PROMPT, gen.response_ids)
     # the adapters differ
-    assert (other - _trainer_logprobs(m, "pa", PROMPT, gen.token_ids)).abs().max() > 1e-3
+    assert (other - _trainer_logprobs(m, "pa", PROMPT, gen.response_ids)).abs().max() > 1e-3
 
 
 @pytest.mark.integration
@@ -133,9 +138,9 @@ def test_one_vllm_engine_serves_both_adapters_and_syncs_only_adapters(trained):
         for name in ("pa", "pb"):
             views[name].sync_weights(m.policies[name].model)
         for name in ("pa", "pb", "pa"):
-            (gen,), = views[name].generate([PROMPT], 1, GenerationParams(temperature=1.0, max_new_tokens=6))
+            (gen,), = views[name].generate([PROMPT], 1, GenerationSettings(temperature=1.0, max_new_tokens=6))
             assert torch.allclose(torch.tensor(gen.logprobs),
-                                  _trainer_logprobs(m, name, PROMPT, gen.token_ids), atol=1e-4)
+                                  _trainer_logprobs(m, name, PROMPT, gen.response_ids), atol=1e-4)
         # a new version is published under a new name (vLLM's prefix cache is keyed by it)
         before = engine.adapter_version("pa")
         views["pa"].sync_weights(m.policies["pa"].model)
@@ -189,11 +194,9 @@ def test_bad_lora_settings_are_one_line_errors():
         MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random",
                                                  lora=LoraSettings(target_modules=["qkv"]))},
                      engine="hf")
-    with pytest.raises(ValueError, match="share_base needs a lora section"):
-        PolicyConfig(model="tiny-random", share_base=True)
     with pytest.raises(ValueError, match="must name the same base model and dtype, "
                                          "got a: tiny-random \\(float32\\), b: tiny-random \\(bfloat16\\)"):
-        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", lora=LORA, share_base=True),
-                               "b": PolicyConfig(model="tiny-random", dtype="bfloat16", lora=LORA,
-                                                 share_base=True)},
+        MultiAgentRL(policies={"a": PolicyConfig(model="tiny-random", lora=replace(LORA, share_base=True)),
+                               "b": PolicyConfig(model="tiny-random", dtype="bfloat16",
+                                                 lora=replace(LORA, share_base=True))},
                      engine="hf")

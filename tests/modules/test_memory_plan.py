@@ -5,6 +5,7 @@ import torch
 
 from drmas.modules.memory import GIB, PolicyMemory, memory_plan
 from drmas.modules.sharding import FSDP, check_resume, resolve_strategy
+from dataclasses import replace
 
 ONE_B = PolicyMemory("shared", parameters=10**9, vocab_size=100_000, chunk_tokens=1024,
                      tokens_per_micro_batch=10**5)
@@ -92,8 +93,8 @@ def test_the_plan_counts_level_one_host_copies_and_rechecks_with_the_measured_re
     from drmas.modules.policy import PolicyConfig
 
     team = {"trained": PolicyConfig(), "judge": PolicyConfig(trainable=False),
-            "a": PolicyConfig(model="base", lora=LoraSettings(), share_base=True),
-            "b": PolicyConfig(model="base", lora=LoraSettings(), share_base=True)}
+            "a": PolicyConfig(model="base", lora=replace(LoraSettings(), share_base=True)),
+            "b": PolicyConfig(model="base", lora=replace(LoraSettings(), share_base=True))}
     params = {"trained": 7, "judge": 1000, "a": 300, "b": 300}
     # bf16 engines: the frozen judge and the LoRA base (once for a and b) kept on the host, 2 B each;
     # the trained whole model sleeps at level 2 and keeps nothing

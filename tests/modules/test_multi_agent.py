@@ -11,17 +11,21 @@ from drmas.algorithms import LossConfig
 from drmas.modules.memory import plan_length
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import RolloutConfig, Rollouts
-from drmas.engines import GenerationParams
 from drmas.envs.search import SearchWorkflow
 from drmas.modules import MultiAgentRL, PolicyConfig
-from drmas.modules.policy import lr_factor
+from drmas.modules.policy_config import lr_factor
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
+from drmas.records import GenerationSettings
+from drmas.data.rollout_config import ValidationConfig
 
 AGENTS = ("verifier", "searcher", "answerer")
 
 
-def tiny(**kw) -> PolicyConfig:
-    return PolicyConfig(model="tiny-random", lr=1e-2, train_generation=GenerationParams(max_new_tokens=6),
-                        **kw)
+def tiny(optim=None, update=None, **kw) -> PolicyConfig:
+    """A tiny-random policy; ``optim`` and ``update``: keys of those groups over lr 1e-2."""
+    return PolicyConfig(model="tiny-random", **kw, optim=OptimSettings(**{"lr": 1e-2, **(optim or {})}),
+                        update=UpdateSettings(**(update or {})),
+                        generation=PolicyGeneration(train=GenerationSettings(max_new_tokens=6)))
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +57,11 @@ def fit(module, dm, tmp_path, epochs=1):
 
 
 def test_a_non_finite_loss_skips_the_step_and_is_logged(workflow, tmp_path, caplog):
-    module = MultiAgentRL(policies={"shared": tiny(micro_batch_size=64)}, engine="hf",
+    module = MultiAgentRL(policies={"shared": tiny(update={"micro_batch_size": 64})}, engine="hf",
                           loss=LossConfig(entropy_coef=0.1))
     before = {k: v.clone() for k, v in module.policies["shared"].model.state_dict().items()}
-    dm = poison(RolloutDataModule(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0))
+    dm = poison(RolloutDataModule(workflow, rollout=RolloutConfig(group_size=2, tasks_per_iteration=1),
+                                  validation=ValidationConfig(tasks=0)))
     with caplog.at_level("WARNING"):
         fit(module, dm, tmp_path)
     after = module.policies["shared"].model.state_dict()
@@ -69,10 +74,11 @@ def test_a_non_finite_loss_skips_the_step_and_is_logged(workflow, tmp_path, capl
 
 
 def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
-    module = MultiAgentRL(policies={"shared": tiny(ppo_epochs=2)}, engine="hf",
+    module = MultiAgentRL(policies={"shared": tiny(update={"ppo_epochs": 2})}, engine="hf",
                           loss=LossConfig(entropy_coef=0.1))
     before = module.policies["shared"].model.lm_head.weight.detach().clone()
-    dm = RolloutDataModule(workflow, group_size=2, tasks_per_iteration=1, val_tasks=0)
+    dm = RolloutDataModule(workflow, rollout=RolloutConfig(group_size=2, tasks_per_iteration=1),
+                           validation=ValidationConfig(tasks=0))
     fit(module, dm, tmp_path)
     assert module.policies["shared"].version == 2  # two PPO epochs, two optimiser steps
     assert not torch.equal(before, module.policies["shared"].model.lm_head.weight)
@@ -111,18 +117,18 @@ def test_agent_mapping_errors_name_the_problem():
 
 
 def test_lr_schedules():
-    c = PolicyConfig(model="tiny-random", lr_schedule="linear", warmup_iterations=2)
+    c = OptimSettings(schedule="linear", warmup_iterations=2)
     assert [round(lr_factor(c, i, 6), 3) for i in range(6)] == [0.333, 0.667, 1.0, 0.75, 0.5, 0.25]
-    c = PolicyConfig(model="tiny-random", lr_schedule="cosine")
+    c = OptimSettings(schedule="cosine")
     assert [round(lr_factor(c, i, 4), 3) for i in range(4)] == [1.0, 0.854, 0.5, 0.146]
-    with pytest.raises(ValueError, match="lr_schedule"):
-        PolicyConfig(lr_schedule="step")
+    with pytest.raises(ValueError, match="optim.schedule"):
+        OptimSettings(schedule="step")
 
 
 def test_the_optimiser_is_the_fused_adamw_and_steps_as_the_reference_loop_does():
     from drmas.modules.policy import make_policies
 
-    policy = make_policies({"p": tiny(weight_decay=0.1)})["p"]
+    policy = make_policies({"p": tiny(optim={"weight_decay": 0.1})})["p"]
     opt, _ = policy.make_optimizer(4)
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
     params = policy.trainable_parameters()
@@ -242,10 +248,12 @@ def test_each_policy_encodes_with_its_own_tokenizer_and_chat_template():
     """Two model families in one team: the same chat prompt becomes each family's own tokens."""
     from drmas.records import ChatPrompt
 
-    short = GenerationParams(temperature=1.0, max_new_tokens=3)
-    m = MultiAgentRL(policies={"llama": PolicyConfig(model="tiny-random", train_generation=short),
-                               "qwen": PolicyConfig(model="tiny-random-qwen3", train_generation=short,
-                                                    chat_template_kwargs={"enable_thinking": False})},
+    short = GenerationSettings(temperature=1.0, max_new_tokens=3)
+    m = MultiAgentRL(policies={"llama": PolicyConfig(model="tiny-random",
+                                                     generation=PolicyGeneration(train=short)),
+                               "qwen": PolicyConfig(model="tiny-random-qwen3",
+                                                    chat_template_kwargs={"enable_thinking": False},
+                                                    generation=PolicyGeneration(train=short))},
                      agents={"a": "llama", "b": "qwen"}, engine="hf")
     m.bind_agents(["a", "b"])
     generate = m.generate_fn(train=True)
@@ -275,8 +283,9 @@ def test_fp16_mixed_precision_is_refused_with_the_reason():
 def test_prompts_of_one_call_keep_their_own_length_within_the_policys_budget():
     from drmas.records import ChatPrompt
 
-    greedy = GenerationParams(temperature=0.0, max_new_tokens=6)
-    m = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random", train_generation=greedy)}, engine="hf")
+    greedy = GenerationSettings(temperature=0.0, max_new_tokens=6)
+    m = MultiAgentRL(policies={"p": PolicyConfig(model="tiny-random",
+                                                 generation=PolicyGeneration(train=greedy))}, engine="hf")
     m.bind_agents(["a"])
     generate = m.generate_fn(train=True)
     ask = lambda limit: ChatPrompt((("user", "Count with me: 1 2 3"),), "", (), limit)  # noqa: E731

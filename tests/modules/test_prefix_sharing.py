@@ -11,9 +11,10 @@ import torch
 
 from drmas.algorithms import LossConfig
 from drmas.data.batching import make_micro_batches
-from drmas.engines import GenerationParams
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.records import BatchSpec, Sample
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
+from drmas.records import GenerationSettings
 
 g = torch.Generator().manual_seed(0)
 
@@ -59,8 +60,10 @@ class Grads(L.Callback):
 
 
 def train(prefix_sharing, agg, micro_batch_size, kl_coef):
-    cfg = PolicyConfig(model="tiny-random", lr=1e-3, grad_clip=0.0, micro_batch_size=micro_batch_size,
-                       train_generation=GenerationParams(temperature=0.7, max_new_tokens=8))
+    cfg = PolicyConfig(model="tiny-random", optim=OptimSettings(lr=1e-3, grad_clip=0.0),
+                       update=UpdateSettings(micro_batch_size=micro_batch_size),
+                       generation=PolicyGeneration(
+                           train=GenerationSettings(temperature=0.7, max_new_tokens=8)))
     m = MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
                      loss=LossConfig(importance_cap=None, agg=agg, entropy_coef=0.01, kl_coef=kl_coef),
                      prefix_sharing=prefix_sharing)
@@ -109,7 +112,8 @@ def test_models_whose_attention_cannot_take_the_block_mask_fall_back(caplog):
     assert not packed_logprobs_match(model)
     # a policy without the chunked log-probs runs samples whole, and says so once
     with caplog.at_level("WARNING"):
-        policy = Policy("p", PolicyConfig(model="tiny-random", logprob_chunk_tokens=0), prefix_sharing=True)
+        policy = Policy("p", PolicyConfig(model="tiny-random",
+                                          update=UpdateSettings(logprob_chunk_tokens=0)), prefix_sharing=True)
     assert not policy.prefix_sharing
     assert [r.getMessage() for r in caplog.records].count(
         "policy p: LlamaForCausalLM cannot run packed shared prefixes (needs SDPA or eager attention and the "

@@ -9,10 +9,11 @@ import torch
 
 from drmas.algorithms import LossConfig
 from drmas.data.batching import make_micro_batches
-from drmas.engines import GenerationParams
 from drmas.hardware import fast_dtype
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.records import BatchSpec, Sample
+from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
+from drmas.records import GenerationSettings
 
 PROMPT = [1, 504, 2000, 31, 2]
 # four responses of different lengths; advantages of both signs
@@ -55,9 +56,10 @@ class Grads(L.Callback):
 
 def module(agg="token-mean", lr=1e-3, ppo_epochs=1, clip=0.2, micro_batch_size=4, kl_coef=0.0):
     torch.manual_seed(0)
-    cfg = PolicyConfig(model="tiny-random", lr=lr, grad_clip=0.0, ppo_epochs=ppo_epochs,
-                       micro_batch_size=micro_batch_size,
-                       train_generation=GenerationParams(temperature=1.0, max_new_tokens=8))
+    cfg = PolicyConfig(model="tiny-random", optim=OptimSettings(lr=lr, grad_clip=0.0),
+                       update=UpdateSettings(ppo_epochs=ppo_epochs, micro_batch_size=micro_batch_size),
+                       generation=PolicyGeneration(
+                           train=GenerationSettings(temperature=1.0, max_new_tokens=8)))
     return MultiAgentRL(policies={"p": cfg}, agents={"a": "p"}, engine="hf",
                         loss=LossConfig(importance_cap=None, clip_low=clip, clip_high=clip, agg=agg,
                                         kl_coef=kl_coef))

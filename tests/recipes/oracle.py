@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from drmas.cli import CONFIGS, run_recipe  # noqa: E402
-from drmas.engines import ENGINES, Generation, HFEngine  # noqa: E402
+from drmas.engines import ENGINES, HFEngine  # noqa: E402
+from drmas.records import Completion  # noqa: E402
 from drmas.envs.code.loaders import embedded_problems  # noqa: E402
 from drmas.envs.games.plan_path import MOVES  # noqa: E402
 
@@ -60,7 +61,7 @@ class OracleEngine(HFEngine):
         for ids in prompts:
             text = reply(self.tokenizer.decode(ids))
             tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append([Generation(tokens, [-1.0] * len(tokens), text, "stop") for _ in range(n)])
+            out.append([Completion(list(ids), tokens, [-1.0] * len(tokens), text, "stop") for _ in range(n)])
         return out
 
 

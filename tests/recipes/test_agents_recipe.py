@@ -15,12 +15,12 @@ from drmas.report import read_validations
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
 EXAMPLE = ROOT / "examples" / "agents"
-POLICIES = ("{solver: {model: tiny-random, lr: 1.0e-3, micro_batch_size: 8, "
-            "train_generation: {temperature: 1.0, max_new_tokens: 12}, "
-            "eval_generation: {temperature: 1.0, max_new_tokens: 12}}, "
+POLICIES = ("{solver: {model: tiny-random, optim: {lr: 1.0e-3}, update: {micro_batch_size: 8}, "
+            "generation: {train: {temperature: 1.0, max_new_tokens: 12}, "
+            "eval: {temperature: 1.0, max_new_tokens: 12}}}, "
             "verifier: {model: tiny-random, trainable: false, "
-            "train_generation: {temperature: 1.0, max_new_tokens: 12}, "
-            "eval_generation: {temperature: 1.0, max_new_tokens: 12}}}")
+            "generation: {train: {temperature: 1.0, max_new_tokens: 12}, "
+            "eval: {temperature: 1.0, max_new_tokens: 12}}}}")
 
 
 def test_the_example_team_trains_through_the_endpoint_with_a_frozen_verifier(tmp_path):
@@ -58,7 +58,7 @@ def test_the_readmes_command_for_ones_own_program_validates_on_its_own_tasks(tmp
     with open(tmp_path / "tasks.jsonl", "w") as f:
         for i in range(10):
             f.write(json.dumps({"id": f"t{i}", "topic": f"Write about the number {i}."}) + "\n")
-    proc = run_recipe("agents", tmp_path, "--model.engine", "hf", "--data.val_tasks", "4",
+    proc = run_recipe("agents", tmp_path, "--model.engine", "hf", "--data.validation.tasks", "4",
                       "--data.workflow.init_args.episode", "my_team.py:episode",
                       "--data.workflow.init_args.agents", "[writer, critic]",
                       "--data.workflow.init_args.train_file", "tasks.jsonl")
@@ -78,7 +78,7 @@ def test_a_pydantic_ai_program_trains_through_the_recipe(tmp_path):
     with open(tmp_path / "tasks.jsonl", "w") as f:
         for i in range(8):
             f.write(json.dumps({"id": f"t{i}", "question": f"What is {i} + 2?", "answer": i + 2}) + "\n")
-    run_recipe("agents", tmp_path, "--model.engine", "hf", "--data.val_tasks", "2",
+    run_recipe("agents", tmp_path, "--model.engine", "hf", "--data.validation.tasks", "2",
                "--data.workflow.init_args.episode",
                f"{EXAMPLE / 'frameworks' / 'pydantic_ai_agent.py'}:episode",
                "--data.workflow.init_args.agents", "[solver]",

@@ -17,9 +17,10 @@ def run(tmp, *args):
 
 
 def test_code_with_the_hf_engine_in_tree_mode_one_model_per_agent_and_the_swap_probe(tmp_path):
-    policies = "{" + ", ".join(f"{a}: {{model: tiny-random, lr: 1.0e-3}}" for a in AGENTS) + "}"
-    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo",
-        "--model.policies", policies, "--data.policy_swap_probe", "true")
+    policies = "{" + ", ".join(f"{a}: {{model: tiny-random, optim: {{lr: 1.0e-3}}}}" for a in AGENTS) + "}"
+    run(tmp_path, "--model.engine", "hf", "--data.rollout.sampling", "tree", "--data.rollout.estimator",
+        "at_grpo",
+        "--model.policies", policies, "--data.validation.swap_probe", "true")
     s = check_run(tmp_path, AGENTS, policy="coder")
     assert "train/tester/grad_norm" in s
     # random tokens are never a passing program: no golden test passes, no episode succeeds

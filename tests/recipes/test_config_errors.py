@@ -10,10 +10,11 @@ from recipe_runs import ROOT, TINY
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
 MISTAKES = {
-    "unknown estimator": ("math", ["--data.estimator", "grpoo"], "unknown estimator 'grpoo'; known: "),
+    "unknown estimator": ("math", ["--data.rollout.estimator",
+                                   "grpoo"], "unknown estimator 'grpoo'; known: "),
     "unknown game": ("games", ["--data.workflow.init_args.game", "chess"],
                      "game must be one of ['plan_path', 'sokoban', 'sudoku'], got 'chess'"),
-    "settings that cannot work together": ("math", ["--data.sampling", "tree"],
+    "settings that cannot work together": ("math", ["--data.rollout.sampling", "tree"],
                                            "does not support sampling='tree'; it supports: parallel"),
     "a missing file": ("math", ["--data.workflow.init_args.train_file", "nowhere.jsonl"],
                        "train data 'nowhere.jsonl': no such file"),

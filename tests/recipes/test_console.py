@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 def run(tmp, *args):
     argv = [str(ROOT / "recipes" / "math.py"), "fit", *TINY,
             "--trainer.logger.init_args.save_dir", str(tmp / "runs"),
-            "--model.engine", "hf", "--trainer.max_epochs", "1", "--data.val_tasks", "1", *args]
+            "--model.engine", "hf", "--trainer.max_epochs", "1", "--data.validation.tasks", "1", *args]
     proc = run_script(argv, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return (proc.stdout + proc.stderr).splitlines()

@@ -11,8 +11,8 @@ from recipe_runs import ROOT, TINY, run_dir, run_recipe, scalars
 
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
-GREEDY = ["--model.engine", "hf", "--model.policies.shared.eval_generation.temperature", "0",
-          "--data.val_tasks", "2"]
+GREEDY = ["--model.engine", "hf", "--model.policies.shared.generation.eval.temperature", "0",
+          "--data.validation.tasks", "2"]
 
 
 def evaluate(tmp, subcommand, *args):
@@ -30,7 +30,7 @@ def read_record(tmp, split):
 def test_validate_a_checkpoint_and_test_an_hf_export(tmp_path):
     # a learning rate that changes the random model's greedy answers in one step
     run_recipe("math", tmp_path, *GREEDY, "--model.loss.entropy_coef", "0.01", "--trainer.max_epochs", "1",
-               "--model.policies.shared.lr", "0.05")
+               "--model.policies.shared.optim.lr", "0.05")
     fit_dir = run_dir(tmp_path)
     final = {tag: points[1] for tag, points in scalars(fit_dir).items() if tag.startswith("val/")}
     proc = evaluate(tmp_path, "validate", "--ckpt_path", os.path.join(fit_dir, "checkpoints", "last.ckpt"))

@@ -16,7 +16,7 @@ from test_resume import run_faulty
 pytestmark = pytest.mark.integration  # runs the recipe in processes of its own, on 2 ranks
 
 FSDP = ["--trainer.devices", "2", "--trainer.strategy", "fsdp", "--model.engine", "hf",
-        "--data.val_tasks", "0", "--model.loss.entropy_coef", "0.01"]
+        "--data.validation.tasks", "0", "--model.loss.entropy_coef", "0.01"]
 
 
 def exits(folder, ranks=2, wait=60.0) -> dict[int, tuple[int, float]]:
@@ -53,7 +53,8 @@ def test_nan_then_sigterm_on_rank_1_alone(tmp_path):
     env = {"FAULT_RANK": "1", "FAULT_STAMP": str(stamp), "FAULT_EXITS": str(tmp_path / "exits")}
     proc = run_faulty("nan_loss@2,sigterm_update", 3, tmp_path, *FSDP,
                       "--hf_checkpoint.every_n_iterations", "1",
-                      "--model.policies.shared.micro_batch_size", "1",  # several micro-batches per rank
+                      "--model.policies.shared.update.micro_batch_size", "1",
+                       # several micro-batches per rank
                       env=env)
     assert proc.returncode == 143, proc.stderr[-4000:]
     # the NaN on rank 1 alone: both ranks skipped iteration 2's step (each says so), and the

@@ -49,7 +49,8 @@ def test_search_on_two_ranks_with_vllm_logs_every_rank_and_checkpoints_shards(tm
 def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path):
     # no validation: the 2-iteration run would validate at its end and draw random numbers
     # that the 3-iteration run draws later
-    args = (*FSDP, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01", "--data.val_tasks", "0")
+    args = (*FSDP, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01", "--data.validation.tasks",
+            "0")
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     run_recipe("search", full, *args, "--trainer.max_epochs", "3")
@@ -97,7 +98,7 @@ def assert_one_adam_step_apart(before: dict, after: dict) -> None:
 
 def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back_resharded(tmp_path):
     args = ("--trainer.strategy", "fsdp", "--model.engine", "hf", "--model.loss.entropy_coef", "0.01",
-            "--data.val_tasks", "0")
+            "--data.validation.tasks", "0")
     runs = [tmp_path / n for n in ("two", "one", "back")]
     for d in runs:
         d.mkdir()
@@ -118,9 +119,10 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back_resharded(tmp_path):
 
 
 def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
-    policies = "{solver: {model: tiny-random, lr: 1.0e-3}, verifier: {model: tiny-random, lr: 1.0e-3}}"
+    policies = ("{solver: {model: tiny-random, optim: {lr: 1.0e-3}}, "
+                "verifier: {model: tiny-random, optim: {lr: 1.0e-3}}}")
     proc = run_recipe("math", tmp_path, *FSDP, "--model.engine", "vllm", "--model.policies", policies,
-                      "--model.loss.entropy_coef", "0.01", "--data.tasks_per_iteration", "3",
+                      "--model.loss.entropy_coef", "0.01", "--data.rollout.tasks_per_iteration", "3",
                       "--trainer.precision", "32-true")
     # each rank built its own engines, once, each in a process of its own on the rank's device
     assert_engines_in_processes_of_their_own(proc, {(r, p) for r in (0, 1) for p in ("solver", "verifier")})

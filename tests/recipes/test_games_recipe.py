@@ -17,7 +17,8 @@ def run(tmp, *args):
 
 
 def test_plan_path_with_the_hf_engine_in_tree_mode(tmp_path):
-    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo",
+    run(tmp_path, "--model.engine", "hf", "--data.rollout.sampling", "tree", "--data.rollout.estimator",
+        "at_grpo",
         "--model.agent_grad_norms", "true")
     s = check_run(tmp_path, AGENTS)
     # each agent's own share of the shared policy's gradient, per iteration

@@ -40,7 +40,7 @@ def test_solver_verifier_with_the_hf_engine_and_one_val_source_per_file(tmp_path
 
 def test_reasoner_tool_user_tree_sampling_with_the_hf_engine(tmp_path):
     run(tmp_path, "--model.engine", "hf", *TOOL_WORKFLOW,
-        "--data.sampling", "tree", "--data.estimator", "at_grpo")
+        "--data.rollout.sampling", "tree", "--data.rollout.estimator", "at_grpo")
     s = check_run(tmp_path, TOOL_TEAM)
     # group_size (2) candidates at each node; a random model's program never runs, so every
     # tool-user candidate is scored -1 - 0.1 or -1, never better
@@ -62,12 +62,13 @@ def test_a_team_of_two_model_families_on_vllm_each_engine_a_process(tmp_path):
     two sleep-mode engines cannot share one). After every sync the trainer and the engine agree on
     the log-probs of what the engine drew: the weights crossed the process boundary intact, in
     chunks of a buffer smaller than the largest tensor (raised to it)."""
-    sampling = "train_generation: {max_new_tokens: 8}"
-    policies = (f"{{solver: {{model: tiny-random-qwen3, lr: 1.0e-3, "
+    sampling = "generation: {train: {max_new_tokens: 8}}"
+    policies = (f"{{solver: {{model: tiny-random-qwen3, optim: {{lr: 1.0e-3}}, "
                 f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}, "
-                f"verifier: {{model: tiny-random, lr: 1.0e-2, {sampling}}}}}")
-    proc = run(tmp_path, "--model.engine", "vllm", "--model.policies", policies, "--data.val_tasks", "0",
-               "--trainer.precision", "32-true", "--model.engine_settings.transfer_buffer_mib", "1")
+                f"verifier: {{model: tiny-random, optim: {{lr: 1.0e-2}}, {sampling}}}}}")
+    proc = run(tmp_path, "--model.engine", "vllm", "--model.policies", policies,
+               "--data.validation.tasks", "0", "--trainer.precision", "32-true",
+               "--model.engine_settings.transfer_buffer_mib", "1")
     assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "verifier")})
     # 1 MiB is below each model's embedding: raised to it, once per engine, and said
     raised = [line for line in proc.stdout.splitlines() if "buffer raised from 1 MiB to" in line]
@@ -86,9 +87,10 @@ def test_the_hetero_config_on_vllm_two_engines_one_serving_an_adapter(tmp_path):
     proc = run_recipe("math", tmp_path, "--config", str(ROOT / "configs/hetero_cpu.yaml"),
                       "--model.engine", "vllm", "--trainer.precision", "32-true",
                       "--model.engine_settings.dtype", "float32", "--trainer.max_epochs", "2",
-                      "--data.val_tasks", "0", "--data.tasks_per_iteration", "2", "--data.group_size", "2",
-                      "--model.policies.solver.train_generation.max_new_tokens", "16",
-                      "--model.policies.verifier.train_generation.max_new_tokens", "16")
+                      "--data.validation.tasks", "0", "--data.rollout.tasks_per_iteration", "2",
+                      "--data.rollout.group_size", "2",
+                      "--model.policies.solver.generation.train.max_new_tokens", "16",
+                      "--model.policies.verifier.generation.train.max_new_tokens", "16")
     engines = {(0, "solver"), (0, "base:embedded:smollm2-135m-instruct")}  # the adapter's engine: its base
     assert_engines_in_processes_of_their_own(proc, engines)
     d = run_dir(tmp_path)
@@ -106,14 +108,14 @@ def test_one_config_file_serves_both_recipes(tmp_path):
     assert ("group_size: 5" in search_cfg and "max_new_tokens: 500" in search_cfg
             and "max_turns: 4" in search_cfg)
     # flags after --config still win over the file's recipe section
-    assert "group_size: 3" in run(tmp_path, *qwen, "--data.group_size", "3").stdout
+    assert "group_size: 3" in run(tmp_path, *qwen, "--data.rollout.group_size", "3").stdout
 
 
 def test_bad_inputs_name_what_is_wrong(tmp_path):
     proc = run(tmp_path, "--data.workflow.init_args.val_file", "missing.jsonl", check=False)
     assert proc.returncode != 0 and "missing.jsonl" in proc.stderr
     bad = tmp_path / "bad.yaml"
-    bad.write_text("recipes:\n  math:\n    dataa: {group_size: 3}\n")
+    bad.write_text("recipes:\n  math:\n    dataa: {rollout: {group_size: 3}}\n")
     proc = run(tmp_path, "--config", str(bad), check=False)
     assert proc.returncode != 0 and "dataa" in proc.stderr
     # a key renamed before 1.0 (max_loops -> max_turns, CHANGELOG.md) is refused like any unknown key

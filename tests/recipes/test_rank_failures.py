@@ -102,8 +102,9 @@ def test_a_weight_sync_failing_on_rank_1_midway_stops_every_rank_naming_it(tmp_p
 
 
 def test_rank_0s_full_disk_in_the_validation_record_stops_every_rank_naming_it(tmp_path):
-    proc, _ = _fails(tmp_path, "record_enospc", "0", "--data.val_tasks", "2", "--data.val_every", "2",
-                     "--data.val_before_training", "false")
+    proc, _ = _fails(tmp_path, "record_enospc", "0", "--data.validation.tasks", "2",
+                     "--data.validation.every", "2",
+                     "--data.validation.before_training", "false")
     _every_rank_names(tmp_path, proc, 0, "the validation record", FULL_DISK)
 
 

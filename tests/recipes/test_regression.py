@@ -16,7 +16,7 @@ from recipe_runs import run_dir, run_recipe, scalars
 pytestmark = pytest.mark.integration  # one recipe run each, in a process of its own
 
 ARGS = ("--model.engine", "hf", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
-        "--data.val_tasks", "0", "--model.loss.entropy_coef", "0.01")
+        "--data.validation.tasks", "0", "--model.loss.entropy_coef", "0.01")
 
 EXPECTED = {
     "search": {

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
 # cosine decay with one warm-up iteration over 4 iterations: the lr differs every iteration
 COMMON = ["--model.engine", "hf", "--model.loss.entropy_coef", "0.01", "--trainer.max_epochs", "4",
-          "--model.policies.shared.lr_schedule", "cosine", "--model.policies.shared.warmup_iterations", "1",
-          "--data.val_tasks", "1"]
+          "--model.policies.shared.optim.schedule", "cosine",
+          "--model.policies.shared.optim.warmup_iterations", "1",
+          "--data.validation.tasks", "1"]
 TAGS = ("train/shared/lr", "train/shared/loss", "train/shared/grad_norm", "train/shared/entropy",
         "rollout/verifier/samples", "rollout/success_rate")
 FAULTY = os.path.join(os.path.dirname(__file__), "faulty.py")

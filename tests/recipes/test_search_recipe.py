@@ -36,7 +36,8 @@ def test_parallel_sampling_with_the_hf_engine(tmp_path):
 
 
 def test_tree_sampling_with_at_grpo(tmp_path):
-    run(tmp_path, "--model.engine", "hf", "--data.sampling", "tree", "--data.estimator", "at_grpo")
+    run(tmp_path, "--model.engine", "hf", "--data.rollout.sampling", "tree", "--data.rollout.estimator",
+        "at_grpo")
     s = check_run(tmp_path, AGENTS)
     # tree sampling: group_size candidates at every node, one executed trajectory per task
     assert s["rollout/verifier/samples"][1] % 2 == 0
@@ -76,14 +77,14 @@ def test_the_vllm_recipe_on_an_avx2_cpu(tmp_path, monkeypatch):
 def test_a_team_of_two_model_families_and_lora_adapters_on_one_base(tmp_path):
     """The verifier and the searcher train LoRA adapters on one shared Llama base (SmolLM2's
     tokenizer); the answerer is a Qwen3 with Qwen's tokenizer and chat template, fully trained."""
-    sampling = "train_generation: {max_new_tokens: 8}"
-    lora = (f"model: tiny-random, lr: 1.0e-3, lora: {{rank: 4, target_modules: [q_proj, v_proj]}}, "
-            f"share_base: true, {sampling}")
+    sampling = "generation: {train: {max_new_tokens: 8}}"
+    lora = (f"model: tiny-random, optim: {{lr: 1.0e-3}}, "
+            f"lora: {{rank: 4, target_modules: [q_proj, v_proj], share_base: true}}, {sampling}")
     policies = (f"{{verifier: {{{lora}}}, searcher: {{{lora}}}, "
-                f"answerer: {{model: tiny-random-qwen3, lr: 1.0e-3, "
+                f"answerer: {{model: tiny-random-qwen3, optim: {{lr: 1.0e-3}}, "
                 f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}}}")
-    proc = run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--data.val_tasks", "0",
-               "--checkpoint.save_last", "false", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))
+    proc = run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--data.validation.tasks", "0",
+               "--checkpoint.every_n_iterations", "0", "--hf_checkpoint.dirpath", str(tmp_path / "hf_out"))
     d = run_dir(tmp_path)
     s = scalars(d)
     for a in AGENTS:
@@ -101,7 +102,7 @@ def test_a_team_of_two_model_families_and_lora_adapters_on_one_base(tmp_path):
 
 
 def test_resume_continues_the_interrupted_run(tmp_path):
-    common = ["--model.engine", "hf", "--data.val_every", "1"]
+    common = ["--model.engine", "hf", "--data.validation.every", "1"]
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     run(full, *common, "--trainer.max_epochs", "2")
@@ -117,7 +118,7 @@ def test_resume_continues_the_interrupted_run(tmp_path):
 def test_cli_errors_and_print_config(tmp_path):
     proc = run(tmp_path, "--model.policies.shared.lrr", "1", check=False)
     assert proc.returncode != 0 and "lrr" in proc.stderr
-    proc = run(tmp_path, "--data.sampling", "tree", "--data.estimator", "rloo", check=False)
+    proc = run(tmp_path, "--data.rollout.sampling", "tree", "--data.rollout.estimator", "rloo", check=False)
     assert proc.returncode != 0 and "does not work with sampling='tree'" in proc.stderr
     proc = run(tmp_path, "--print_config")
     assert "estimator: drmas" in proc.stdout and "tiny-random" in proc.stdout

@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 import torch
 
-from drmas.engines.base import Engine, Generation, GenerationParams
+from drmas.engines.base import Engine
+from drmas.records import Completion, GenerationSettings
 
 __all__ = ["VLLMAdapter"]
 
@@ -21,9 +22,9 @@ class VLLMAdapter(Engine):
         self.context_length = engine.context_length
         engine.users += 1
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
                  stops: Sequence[Sequence[str]] | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[list[Generation]]:
+                 max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
         out = self.engine.generate(prompts, n, params, stops, max_new_tokens, adapter=self.adapter)
         prompt, cached = self.engine.take_cache_stats()  # this adapter's share of the engine's counts
         self.prompt_tokens += prompt

@@ -18,17 +18,18 @@ import torch
 
 from drmas import console
 from drmas.children import Child
-from drmas.engines.base import (ENGINES, Engine, Generation, GenerationParams, Placement, check_request,
+from drmas.engines.base import (ENGINES, Engine, Placement, check_request,
                                 per_prompt)
 from drmas.engines.vllm.adapter import VLLMAdapter
 from drmas.engines.vllm.runtime import vllm_available
 from drmas.engines.vllm.settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
-                                         eager, engine_fractions, engine_key, engine_process_env,
+                                         engine_fractions, engine_key, engine_process_env,
                                          engine_sizes, host_copy_bytes, llm_kwargs, transfer_buffer_bytes)
 from drmas.engines.placement import local_ranks, rank_cores
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 from drmas.ranks import gather_timeout_s
+from drmas.records import Completion, GenerationSettings
 
 __all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
 
@@ -46,8 +47,8 @@ class VLLMEngine(Engine):
     """One vLLM engine in a process of its own; see the module docstring for why each setting is
     what it is.
 
-    ``gpu_memory_utilization`` applies on GPU, ``kv_cache_gib`` on CPU. ``llm_kwargs`` go to
-    ``vllm.LLM`` unchanged (e.g. ``max_num_batched_tokens``). ``device``: where the trainer that
+    ``settings``: :class:`VLLMSettings` (``gpu_memory_utilization`` applies on GPU, ``kv_cache_gib``
+    on CPU, ``llm_args`` go to ``vllm.LLM`` as given). ``device``: where the trainer that
     owns the engine runs (the engine process takes the same GPU); ``cpus``: the cores the
     process runs on (default: this rank's share of this process's cores).
     """
@@ -66,32 +67,24 @@ class VLLMEngine(Engine):
     def __init__(
         self,
         model_path: str,
-        dtype: str = "auto",
-        max_model_len: int = 4096,
+        settings: VLLMSettings | None = None,
         seed: int = 0,
-        gpu_memory_utilization: float = 0.5,
-        kv_cache_gib: float = 2.0,
-        enforce_eager: bool | None = None,
-        transfer_buffer_mib: int | None = None,
         max_loras: int = 0,
         max_lora_rank: int = 16,
         device: torch.device | str | None = None,
         cpus: Sequence[int] | None = None,
         name: str = "",
-        **extra: Any,
     ) -> None:
+        settings = settings if settings is not None else VLLMSettings()
         self.device_asked = torch.device(device if device is not None else
                                          "cuda" if torch.cuda.is_available() else "cpu")
         self.on_gpu = self.device_asked.type == "cuda"
-        if not self.on_gpu and kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib must be > 0, got {kv_cache_gib}")
         if not self.on_gpu and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             print(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} overrides "
-                  f"kv_cache_gib={kv_cache_gib}", flush=True)
-        self.llm_kwargs = llm_kwargs(model_path, engine_dtype(dtype), max_model_len, seed, self.on_gpu,
-                                     gpu_memory_utilization, kv_cache_gib, eager(enforce_eager, self.on_gpu),
-                                     max_loras, max_lora_rank, quiet=console.QUIET, **extra)
-        self.transfer_buffer = transfer_buffer_bytes(transfer_buffer_mib, self.on_gpu)
+                  f"kv_cache_gib={settings.kv_cache_gib}", flush=True)
+        self.llm_kwargs = llm_kwargs(model_path, settings, seed, self.on_gpu, max_loras, max_lora_rank,
+                                     quiet=console.QUIET)
+        self.transfer_buffer = transfer_buffer_bytes(settings.transfer_buffer_mib, self.on_gpu)
         self.name = name or os.path.basename(model_path)
         cores = list(cpus) if cpus is not None else rank_cores()
         ours, theirs = socket.socketpair()
@@ -115,7 +108,7 @@ class VLLMEngine(Engine):
         self._lora_dir = tempfile.mkdtemp(prefix="drmas-vllm-lora-") if max_loras else None
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
         self.frozen = False  # set by create for a policy that does not train
-        self.context_length = max_model_len
+        self.context_length = settings.max_model_len
         self.pid = self.process.pid
         self._rank: int | None = None  # set by create: the start-up line names the rank
         self._building = True
@@ -164,11 +157,9 @@ class VLLMEngine(Engine):
                team: dict[str, Any]) -> tuple[Engine, bool]:
         """An engine of the policy's own; a LoRA policy gets a view of an engine in ``pool``, one
         per shared base (as many adapter slots as policies share it), else one of its own."""
-        c, own = policy.config, settings
-        kwargs = dict(dtype=own.dtype, max_model_len=own.max_model_len, seed=place.seed,
-                      gpu_memory_utilization=own.gpu_memory_utilization, kv_cache_gib=own.kv_cache_gib,
-                      enforce_eager=own.enforce_eager, transfer_buffer_mib=own.transfer_buffer_mib,
-                      device=place.device, cpus=rank_cores(place.local_rank, local_ranks(place.world_size)))
+        c = policy.config
+        kwargs = dict(settings=settings, seed=place.seed, device=place.device,
+                      cpus=rank_cores(place.local_rank, local_ranks(place.world_size)))
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
             engine._rank = place.rank
@@ -265,10 +256,10 @@ class VLLMEngine(Engine):
         return reply[0]
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
+        self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
         stops: Sequence[Sequence[str]] | None = None, max_new_tokens: Sequence[int] | None = None,
         adapter: str | None = None,
-    ) -> list[list[Generation]]:
+    ) -> list[list[Completion]]:
         """``adapter``: generate with that LoRA adapter (published by :meth:`sync_adapter`)."""
         lora_id = None
         if adapter is not None:
@@ -280,9 +271,9 @@ class VLLMEngine(Engine):
         check_request(prompts, n, params)
         if not prompts:
             return []
-        stops, lengths = per_prompt(prompts, params, stops, max_new_tokens)
+        stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
         result, prompt_tokens, cached = self._call("generate", prompts=[list(p) for p in prompts], n=n,
-                                                   params=params, stops=stops, lengths=lengths,
+                                                   params=params, stops=stops, max_new_tokens=budgets,
                                                    lora_id=lora_id)
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from drmas.engines.base import Generation, GenerationParams
+from drmas.records import Completion, GenerationSettings
 
 __all__ = ["EngineServer", "build", "serve"]
 
@@ -58,21 +58,21 @@ class EngineServer:
                 "dtype": self.llm.llm_engine.model_config.dtype, "kernels": loaded_kernels(),
                 "built": self.built}
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationParams,
-                 stops: Sequence[Sequence[str]], lengths: Sequence[int],
-                 lora_id: int | None) -> tuple[list[list[Generation]], int, int]:
-        """Generations per prompt, and the (prompt, cached) token counts of these requests."""
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
+                 stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int],
+                 lora_id: int | None) -> tuple[list[list[Completion]], int, int]:
+        """Completions per prompt, and the (prompt, cached) token counts of these requests."""
         vllm = self.vllm
         sampling = [vllm.SamplingParams(  # one per prompt: vLLM batches them all the same
             n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            max_tokens=length, stop=list(stop) or None, include_stop_str_in_output=True,
+            max_tokens=budget, stop=list(stop) or None, include_stop_str_in_output=True,
             logprobs=0,  # only the sampled token's log-prob
-        ) for stop, length in zip(stops, lengths)]
+        ) for stop, budget in zip(stops, max_new_tokens)]
         requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         lora = None if lora_id is None else self.adapters[lora_id]
         outputs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
         result, prompt_tokens, cached = [], 0, 0
-        for request in outputs:
+        for prompt, request in zip(prompts, outputs):
             prompt_tokens += len(request.prompt_token_ids or ())
             cached += request.num_cached_tokens or 0
             gens = []
@@ -82,7 +82,7 @@ class EngineServer:
                 token_ids = list(out.token_ids)
                 assert out.logprobs is not None, "vLLM returned no log-probs although logprobs=0 was asked"
                 logprobs = [out.logprobs[i][t].logprob for i, t in enumerate(token_ids)]
-                gens.append(Generation(token_ids, logprobs, out.text, out.finish_reason))
+                gens.append(Completion(list(prompt), token_ids, logprobs, out.text, out.finish_reason))
             result.append(gens)
         return result, prompt_tokens, cached
 

@@ -5,7 +5,7 @@ and cores of its process. Pure Python: importing it does not import vLLM."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -14,9 +14,26 @@ from drmas.engines.base import policy_settings
 from drmas.engines.placement import device_env
 from drmas.hardware import engine_dtype
 
-__all__ = ["VLLMSettings", "builds_alone", "check_gpu_fractions", "check_kv_caches", "eager",
+__all__ = ["OWNED_LLM_ARGS", "VLLMSettings", "builds_alone", "check_gpu_fractions", "check_kv_caches",
+           "eager",
            "engine_fractions", "engine_key", "engine_process_env", "engine_sizes", "host_copy_bytes",
            "llm_kwargs", "transfer_buffer_bytes"]
+
+
+OWNED_LLM_ARGS = {
+    "model": "the policy's model", "tokenizer": "the policy's model",
+    "dtype": "set engine_settings.dtype", "max_model_len": "set engine_settings.max_model_len",
+    "gpu_memory_utilization": "set engine_settings.gpu_memory_utilization",
+    "kv_cache_memory_bytes": "set engine_settings.kv_cache_gib",
+    "enforce_eager": "set engine_settings.enforce_eager",
+    "seed": "each rollout reseeds the engine from --data.rollout.seed",
+    "enable_sleep_mode": "drmas sleeps engines on GPUs through the update",
+    "weight_transfer_config": "drmas sends the weights",
+    "logprobs_mode": "the loss needs processed log-probs",
+    "enable_lora": "set by the policies' lora sections", "max_loras": "set by the policies' lora sections",
+    "max_lora_rank": "set by the policies' lora sections", "use_tqdm_on_load": "drmas's console",
+}
+"""``vllm.LLM`` arguments drmas sets itself, with what sets them instead."""
 
 
 @dataclass
@@ -42,8 +59,16 @@ class VLLMSettings:
     enforce_eager: bool | None = None
     """Run the engine's model eagerly, without CUDA graphs or compilation. Unset: True on CPU
     (compiling took minutes there for 1.2x faster decoding), False on GPUs (CUDA graphs)."""
+    llm_args: dict[str, Any] = field(default_factory=dict)
+    """Other ``vllm.LLM`` arguments, passed as given (e.g. ``{max_num_seqs: 64,
+    enable_prefix_caching: true}``); vLLM refuses a name it does not know. Those drmas sets itself
+    are refused by name here: the settings above, and what the engine's protocol needs (the weight
+    transfer, sleep mode, log-probs, LoRA slots, seed)."""
 
     def __post_init__(self) -> None:
+        owned = sorted(set(self.llm_args) & set(OWNED_LLM_ARGS))
+        if owned:
+            raise ValueError("llm_args may not set " + "; ".join(f"{k} ({OWNED_LLM_ARGS[k]})" for k in owned))
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_gib <= 0:
@@ -135,26 +160,24 @@ def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
     return _per_engine(team, lambda c: policy_settings(vllm, c).kv_cache_gib)
 
 
-def llm_kwargs(model: str, dtype: str, max_model_len: int, seed: int, on_gpu: bool,
-               gpu_memory_utilization: float, kv_cache_gib: float, enforce_eager: bool = True,
-               max_loras: int = 0, max_lora_rank: int = 16, quiet: bool = False,
-               **extra: Any) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of one engine process. On GPUs sleep mode is on (it switches on
-    vLLM's CuMem allocator: one engine per process) and weights arrive by CUDA IPC; on CPU, where
-    vLLM has no sleep mode, through drmas's shared-memory transfer; ``extra`` over everything."""
+def llm_kwargs(model: str, settings: VLLMSettings, seed: int, on_gpu: bool, max_loras: int = 0,
+               max_lora_rank: int = 16, quiet: bool = False) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of one engine process, from its settings. On GPUs sleep mode is on
+    (it switches on vLLM's CuMem allocator: one engine per process) and weights arrive by CUDA IPC;
+    on CPU, where vLLM has no sleep mode, through drmas's shared-memory transfer; ``llm_args``
+    beside them (never over them: :data:`OWNED_LLM_ARGS` are refused)."""
     kwargs: dict[str, Any] = dict(
-        model=model, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
-        logprobs_mode="processed_logprobs", use_tqdm_on_load=not quiet,
-        weight_transfer_config={"backend": "ipc" if on_gpu else "drmas_shm"},
+        model=model, dtype=engine_dtype(settings.dtype), max_model_len=settings.max_model_len, seed=seed,
+        enforce_eager=eager(settings.enforce_eager, on_gpu), logprobs_mode="processed_logprobs",
+        use_tqdm_on_load=not quiet, weight_transfer_config={"backend": "ipc" if on_gpu else "drmas_shm"},
     )
     if on_gpu:
-        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=True)
     else:
-        kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+        kwargs.update(kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30))
     if max_loras:
         kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
-    kwargs.update(extra)
-    return kwargs
+    return {**settings.llm_args, **kwargs}
 
 
 def engine_process_env(device: Any, cores: Sequence[int], visible: str | None = None) -> dict[str, str]:

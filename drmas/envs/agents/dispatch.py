@@ -116,13 +116,14 @@ class Dispatcher:
                                  "its generate function does not give", "logprobs_unavailable", "logprobs"))
             return False
         settings = (call.session.settings or {}).get(call.request.agent)
-        if tokens is None or settings is None or settings.context_length is None:
+        context = call.session.contexts.get(call.request.agent)
+        if tokens is None or settings is None or context is None:
             return True
         budget = prompt.max_new_tokens or settings.max_new_tokens
-        if tokens + budget <= settings.context_length:
+        if tokens + budget <= context:
             return True
         call.answer(ApiError(
-            400, f"this model's maximum context length is {settings.context_length} tokens; the messages "
+            400, f"this model's maximum context length is {context} tokens; the messages "
             f"take {tokens} and the completion may take {budget} (lower max_tokens or shorten the messages)",
             "context_length_exceeded", "messages"))
         return False

@@ -56,6 +56,8 @@ class Session:
     agents: tuple[str, ...]
     settings: dict[str, GenerationSettings] | None
     training: bool
+    contexts: dict[str, int | None] = field(default_factory=dict)
+    """Each agent's context length (prompt plus response tokens; absent or None: not known)."""
     key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     """The episode's own API key: a request with another key gets 401."""
     records: list[Record] = field(default_factory=list)
@@ -188,8 +190,8 @@ class Endpoint:
         self._thread = self._server = None
 
     def open_session(self, sid: str, index: int, settings: dict[str, GenerationSettings] | None,
-                     training: bool) -> Session:
-        session = Session(sid, index, self.agents, settings, training)
+                     training: bool, contexts: dict[str, int | None] | None = None) -> Session:
+        session = Session(sid, index, self.agents, settings, training, dict(contexts or {}))
         self.sessions[sid] = session
         return session
 

@@ -145,7 +145,7 @@ class AgentsWorkflow(Workflow):
                 example's own ``val.jsonl`` only when the example's tasks train).
             test_file: test tasks, likewise (for ``evaluate --split test``).
             val_share: the share of ``train_file`` held apart for validation when there is no
-                ``val_file`` (at least one task; 0 = none: set ``--data.val_tasks 0``).
+                ``val_file`` (at least one task; 0 = none: set ``--data.validation.tasks 0``).
             alpha: weight of the team reward in ``alpha * team + local``.
             format_penalty: the format term of a call that ended by length rather than by a stop
                 (``-format_penalty`` in its local reward).
@@ -208,7 +208,7 @@ class AgentsWorkflow(Workflow):
         if not val_file and val_share > 0:
             if len(train) < 2:
                 raise ValueError(f"{train_file} has {len(train)} task: too few to hold some apart for "
-                                 "validation (give val_file, or val_share 0 with --data.val_tasks 0)")
+                                 "validation (give val_file, or val_share 0 with --data.validation.tasks 0)")
             held = set(random.Random(0).sample(range(len(train)), max(1, round(val_share * len(train)))))
             splits["val"] = [t for i, t in enumerate(train) if i in held]
             splits["train"] = [t for i, t in enumerate(train) if i not in held]
@@ -236,10 +236,11 @@ class AgentsWorkflow(Workflow):
         training = generate.train
         known = {a: generate.settings(a) for a in self.agents}
         settings = None if any(v is None for v in known.values()) else known
+        contexts = {a: generate.context_length(a) for a in self.agents}
         self._rollouts += 1
         runs = []
         for i, (task, j) in enumerate((t, j) for t in tasks for j in range(n)):
-            session = endpoint.open_session(f"r{self._rollouts}-e{i}", i, settings, training)
+            session = endpoint.open_session(f"r{self._rollouts}-e{i}", i, settings, training, contexts)
             runs.append(EpisodeRun(task, f"{task.uid}#{j}", session, endpoint.base_url(session),
                                    self.timeout_s))
         if self._pool is None:
