@@ -39,6 +39,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from drmas.checkout import recipe_script  # noqa: E402
+
 SINGLE = {"math": ["--data.workflow.init_args.max_turns", "1"]}
 TRAINED = {
     "grpo": ["--data.rollout.estimator", "grpo_step"],
@@ -94,12 +96,12 @@ def run_row(recipe: str, base: list[str], name: str, flags: list[str] | None, se
             return {tag: [tuple(p) for p in points] for tag, points in json.load(f).items()}
     seeds = ["--seed_everything", str(seed), "--data.rollout.seed", str(seed)]
     if flags is None:
-        cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "validate", *base, *seeds,
+        cmd = [sys.executable, recipe_script(recipe), "validate", *base, *seeds,
                "--trainer.logger.init_args.save_dir", logs]
     else:
         budget = [] if iterations is None else ["--trainer.max_epochs", str(iterations)]
         before = ["--data.validation.before_training", "false"] if known_before else []
-        cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "fit", *base, *flags, *seeds,
+        cmd = [sys.executable, recipe_script(recipe), "fit", *base, *flags, *seeds,
                *budget, *before, "--data.validation.every", str(val_every),
                "--checkpoint.every_n_iterations", "0", "--trainer.logger.init_args.save_dir", logs]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)

@@ -81,7 +81,7 @@ def overhead(args: argparse.Namespace) -> None:
     import tempfile
 
     logging.disable(logging.WARNING)
-    from drmas.envs.agents import AgentsWorkflow
+    from drmas.workflows.agents import AgentsWorkflow
     from drmas.hardware import bf16_is_native
     from drmas.modules import MultiAgentRL, PolicyConfig
     from drmas.modules.policy_config import PolicyGeneration
@@ -142,8 +142,8 @@ def builtin(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-    from drmas.envs.agents import AgentsWorkflow
-    from drmas.envs.math import SolverVerifierWorkflow
+    from drmas.workflows.agents import AgentsWorkflow
+    from drmas.workflows.math import SolverVerifierWorkflow
     from drmas.hardware import bf16_is_native
     from drmas.modules import MultiAgentRL, PolicyConfig
     from drmas.modules.policy_config import PolicyGeneration

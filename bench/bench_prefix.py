@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def rollout(args: argparse.Namespace) -> list:
     from drmas.data.rollouts import RolloutConfig, Rollouts, ValidationConfig
-    from drmas.envs.search import SearchWorkflow
+    from drmas.workflows.search import SearchWorkflow
     from drmas.modules import MultiAgentRL, PolicyConfig
 
     from drmas.modules.policy_config import PolicyGeneration

@@ -1,5 +1,5 @@
 """What the sandbox costs: the embedded coding problems' reference solutions judged on their golden
-tests through :class:`~drmas.envs.code.judge.Judge`, against the same test driver run as a plain
+tests through :class:`~drmas.workflows.code.judge.Judge`, against the same test driver run as a plain
 ``python -I -S -B`` subprocess with no confinement (the peer), both measured in this run.
 
 Also the cost of one empty program (``pass``) both ways, which is the per-run set-up: the bootstrap,
@@ -21,11 +21,11 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from drmas.envs.code import driver
-from drmas.envs.code.judge import _DRIVER, Judge, pass_rate
-from drmas.envs.code.loaders import embedded_problems
-from drmas.envs.programs import SandboxSettings
-from drmas.envs.sandbox import run_python
+from drmas.workflows.code import driver
+from drmas.workflows.code.judge import _DRIVER, Judge, pass_rate
+from drmas.workflows.code.loaders import embedded_problems
+from drmas.workflows.programs import SandboxSettings
+from drmas.workflows.sandbox import run_python
 from drmas.hardware import machine
 
 

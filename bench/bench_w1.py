@@ -3,7 +3,7 @@
 The same task for both: SmolLM2-135M-Instruct, 8 generated arithmetic word problems (a JSONL
 file written here), 4 problems x 4 samples per step, at most 64 new tokens, temperature 1, one
 optimiser step per step, the drmas solver's prompt, reward 1 for a right boxed answer. drmas runs
-``recipes/math.py fit`` with one solver loop and ``grpo`` (its defaults: the engine of
+``recipes/math_team.py fit`` with one solver loop and ``grpo`` (its defaults: the engine of
 ``--model.engine``, the precision the hardware suggests unless ``--precision`` says: bf16-mixed
 where the CPU computes bf16 natively, else fp32); TRL runs ``GRPOTrainer`` on the CPU in fp32.
 Printed: the machine (its CPU kind and the vLLM kernel build it selects), the build drmas's
@@ -30,7 +30,7 @@ MODEL = "embedded:smollm2-135m-instruct"
 
 
 def write_problems(path: str) -> None:
-    from drmas.envs.math.problems import arithmetic_word_problems
+    from drmas.workflows.math.problems import arithmetic_word_problems
 
     with open(path, "w") as f:
         for t in arithmetic_word_problems(seed=0, train_size=8, val_size=0, test_size=0)["train"]:
@@ -39,7 +39,7 @@ def write_problems(path: str) -> None:
 
 def drmas_steps(args: argparse.Namespace, data: str, out: str) -> tuple[list[float], str]:
     """drmas's seconds per step, and the vLLM kernel build its engine loaded."""
-    cmd = [sys.executable, os.path.join(ROOT, "recipes", "math.py"), "fit",
+    cmd = [sys.executable, os.path.join(ROOT, "recipes", "math_team.py"), "fit",
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
            "--trainer.max_epochs", str(args.steps),
            *([] if args.precision == "auto" else ["--trainer.precision", args.precision]),
@@ -70,8 +70,8 @@ import json, sys, time, os
 from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-from drmas.envs.math import SolverVerifierWorkflow
-from drmas.envs.math.grading import is_correct
+from drmas.workflows.math import SolverVerifierWorkflow
+from drmas.workflows.math.grading import is_correct
 from drmas.models import resolve_model_path
 
 data, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from drmas.atomic import write_text  # noqa: E402
+from drmas.checkout import recipe_script  # noqa: E402
 
 __all__ = ["Run", "Study", "StudyStopped"]
 
@@ -141,7 +142,7 @@ class Study:
                 f"this machine's default is {here} ({machine()}). "
                 "Continuing it here would put two precisions in one curve: continue the "
                 f"study on a machine like the first, or delete {run.logs} to run it again here.")
-        cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{run.recipe}.py"), "fit", *run.args,
+        cmd = [sys.executable, recipe_script(run.recipe), "fit", *run.args,
                "--trainer.precision", record["precision"], "--trainer.max_epochs", str(run.iterations),
                "--trainer.logger.init_args.save_dir", run.logs, "--trainer.logger.init_args.version", "0",
                "--ckpt_path", "last", "--data.rollout.progress", "false"]

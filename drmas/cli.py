@@ -39,18 +39,18 @@ from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-import drmas.envs.agents  # noqa: F401  (registers the built-in workflows)
-import drmas.envs.code  # noqa: F401
-import drmas.envs.debate  # noqa: F401
-import drmas.envs.games  # noqa: F401
-import drmas.envs.math  # noqa: F401
-import drmas.envs.search  # noqa: F401
+import drmas.workflows.agents  # noqa: F401  (registers the built-in workflows)
+import drmas.workflows.code  # noqa: F401
+import drmas.workflows.debate  # noqa: F401
+import drmas.workflows.games  # noqa: F401
+import drmas.workflows.math  # noqa: F401
+import drmas.workflows.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
 from drmas.callbacks.iteration_checkpoint import partial_path, recover_checkpoint
 from drmas.console import quiet
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
-from drmas.envs.base import WORKFLOWS
+from drmas.workflows.base import WORKFLOWS
 from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
@@ -76,8 +76,6 @@ def _message(err: BaseException) -> str:
     # KeyError quotes its text
     return str(err.args[0] if isinstance(err, KeyError) and err.args else err).strip()
 
-#: The configs shipped with a checkout (the recipes' default configs live here).
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 PARSER_MODE = "drmas_yaml"
 _ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path",
               "collective_timeout_s", "gather_timeout_s",

@@ -10,7 +10,7 @@ This module imports nothing of drmas, so every other module may import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
 
 from torch import Tensor
 
@@ -27,7 +27,20 @@ __all__ = [
     "RolloutResult",
     "Sample",
     "ScriptedGenerate",
+    "Task",
 ]
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the rollout side reads of a task (``Workflow.tasks`` returns them); a workflow's own
+    task type carries whatever else its episodes need."""
+
+    uid: str
+    """Unique within its split: an episode's samples name it (``Sample.task_uid``)."""
+    source: str | None
+    """The dataset it came from (None or empty: not said). Validation keeps avg@k and pass@k per
+    source, and ``validation.tasks`` counts per source."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,7 @@ class GenerateFn(Protocol):
 
 @dataclass
 class ScriptedGenerate:
-    """A :class:`GenerateFn` around a plain ``fn(agent, prompts, n)``, for a domain's tests or a
+    """A :class:`GenerateFn` around a plain ``fn(agent, prompts, n)``, for a workflow's tests or a
     scripted engine: no settings or lengths to report, nothing to stop."""
 
     fn: Callable[[str, Sequence[ChatPrompt], int], list[list[Completion]]]

@@ -13,11 +13,9 @@ your own without a val_file validates on a held-apart share of your own tasks.
 """
 
 import os
-import sys
 
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+from drmas.checkout import CONFIGS
+from drmas.cli import run_recipe
 
 if __name__ == "__main__":
     run_recipe("agents", "agents", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

@@ -8,11 +8,9 @@
 """
 
 import os
-import sys
 
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from a checkout, uninstalled
-
-from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+from drmas.checkout import CONFIGS
+from drmas.cli import run_recipe
 
 if __name__ == "__main__":
     run_recipe("games", "games", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

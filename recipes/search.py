@@ -7,13 +7,9 @@
 """
 
 import os
-import sys
 
-# Python puts this script's folder first on sys.path, where recipes/math.py would shadow the
-# standard library's `math`; the checkout's root takes its place (so recipes run uninstalled).
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+from drmas.checkout import CONFIGS
+from drmas.cli import run_recipe
 
 if __name__ == "__main__":
     run_recipe("search", "search", os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))

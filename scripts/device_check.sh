@@ -68,18 +68,18 @@ elif [ "$MODE" = "recipes" ]; then
     step models 300 "$PY" scripts/device_models.py .devcarry/tokenizer "$MODELS" --shapes
     COMMON=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
             --model.loss.entropy_coef 0.01 --trainer.logger.init_args.save_dir /tmp/runs)
-    step math_solver_verifier 240 "$PY" recipes/math.py fit "${COMMON[@]}"
-    step math_tool_team_tree 240 "$PY" recipes/math.py fit "${COMMON[@]}" --data.workflow math_reasoner_tool_user \
+    step math_solver_verifier 240 "$PY" recipes/math_team.py fit "${COMMON[@]}"
+    step math_tool_team_tree 240 "$PY" recipes/math_team.py fit "${COMMON[@]}" --data.workflow math_reasoner_tool_user \
         --data.workflow.init_args.max_turns 2 --data.rollout.sampling tree --data.rollout.estimator at_grpo
     step search 240 "$PY" recipes/search.py fit "${COMMON[@]}"
-    step math_fsdp 240 "$PY" recipes/math.py fit "${COMMON[@]}" --trainer.strategy fsdp
+    step math_fsdp 240 "$PY" recipes/math_team.py fit "${COMMON[@]}" --trainer.strategy fsdp
     step scalars 120 "$PY" scripts/device_scalars.py /tmp/runs
     sed -n '/===== scalars/,$p' "$LOG" | tail -n +2 >> "$SUMMARY"
 elif [ "$MODE" = "8b" ]; then  # one H200 trains an 8B policy unsharded (fp32 weights + grads + AdamW ~131 GB)
     step models 300 "$PY" scripts/device_models.py .devcarry/tokenizer "$MODELS" --shapes q8b
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/8b_gpu_mem_mib.csv" &
     SMI=$!
-    step math_8b 480 "$PY" recipes/math.py fit --config configs/qwen3_8b.yaml --model.engine hf \
+    step math_8b 480 "$PY" recipes/math_team.py fit --config configs/qwen3_8b.yaml --model.engine hf \
         --trainer.devices 1 --trainer.strategy auto --model.policies.shared.model "$MODELS/q8b" \
         --trainer.max_epochs 1 --data.rollout.group_size 2 --data.rollout.tasks_per_iteration 2 --data.validation.tasks 0 \
         --checkpoint.every_n_iterations 0 --model.policies.shared.generation.train.max_new_tokens 64 \

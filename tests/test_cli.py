@@ -60,8 +60,8 @@ from dataclasses import dataclass
 
 from drmas.cli import run_recipe
 from drmas.engines import ENGINES, HFEngine
-from drmas.envs.base import WORKFLOWS
-from drmas.envs.math import SolverVerifierWorkflow
+from drmas.workflows.base import WORKFLOWS
+from drmas.workflows.math import SolverVerifierWorkflow
 
 
 @dataclass
@@ -101,7 +101,7 @@ class CountingEngine(HFEngine):
 
 @WORKFLOWS.register("toy_math")
 class ToyMath(SolverVerifierWorkflow):
-    """A user's own domain, registered by name."""
+    """A user's own workflow, registered by name."""
 
     def __init__(self, loops: int = 3) -> None:
         super().__init__(max_turns=loops)
@@ -113,15 +113,15 @@ if __name__ == "__main__":
 
 
 def test_registered_names_resolve_to_import_paths():
-    assert resolve_workflow("search") == "drmas.envs.search.workflow.SearchWorkflow"
+    assert resolve_workflow("search") == "drmas.workflows.search.workflow.SearchWorkflow"
     assert (resolve_workflow("math_reasoner_tool_user")
-            == "drmas.envs.math.reasoner_tool_user.ReasonerToolUserWorkflow")
+            == "drmas.workflows.math.reasoner_tool_user.ReasonerToolUserWorkflow")
     assert resolve_workflow("SearchWorkflow") == "SearchWorkflow"  # class names are jsonargparse's to resolve
     assert _resolve_argv_workflow(["--data.workflow", "search",
                                    "--data.workflow.class_path=math_solver_verifier",
                                    "--model.engine", "search"]) == [
-        "--data.workflow", "drmas.envs.search.workflow.SearchWorkflow",
-        "--data.workflow.class_path=drmas.envs.math.solver_verifier.SolverVerifierWorkflow",
+        "--data.workflow", "drmas.workflows.search.workflow.SearchWorkflow",
+        "--data.workflow.class_path=drmas.workflows.math.solver_verifier.SolverVerifierWorkflow",
         "--model.engine", "search"]
 
 

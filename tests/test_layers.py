@@ -1,4 +1,4 @@
-"""Imports only run downward: records at the bottom, envs free of the trainer, data free of modules."""
+"""Imports only run downward: records at the bottom, workflows free of the trainer, data free of modules."""
 
 import ast
 import subprocess
@@ -57,33 +57,37 @@ def offenders(importer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]
         ("drmas.hardware", ("drmas",)),
         ("drmas.tool_calls", ("drmas",)),
         ("drmas.ranks", ("drmas",)),
-        ("drmas.watch", ("drmas.cli", "drmas.modules", "drmas.data", "drmas.engines", "drmas.envs",
+        ("drmas.watch", ("drmas.cli", "drmas.modules", "drmas.data", "drmas.engines", "drmas.workflows",
                          "drmas.callbacks", "drmas.models", "drmas.algorithms", "drmas.records")),
         ("drmas.atomic", ("drmas",)),
+        ("drmas.checkout", ("drmas",)),
+        ("drmas.iteration", ("drmas.data", "drmas.modules", "drmas.workflows", "drmas.engines",
+                             "drmas.callbacks", "drmas.cli", "lightning")),
         ("drmas.console", ("drmas",)),
         ("drmas.children", ("drmas",)),
         ("drmas.episode_worker", ("drmas",)),
-        ("drmas.algorithms", ("drmas.records", "drmas.envs", "drmas.data", "drmas.engines",
+        ("drmas.algorithms", ("drmas.records", "drmas.workflows", "drmas.data", "drmas.engines",
                               "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli",
                               "drmas.metrics", "lightning")),
-        ("drmas.envs", ("drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli",
+        ("drmas.workflows", ("drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli",
                         "lightning")),
-        ("drmas.engines", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.cli",
+        ("drmas.engines", ("drmas.workflows", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.cli",
                            "lightning")),
         ("drmas.data", ("drmas.modules", "drmas.callbacks", "drmas.engines", "drmas.cli")),
-        ("drmas.modules", ("drmas.data", "drmas.envs", "drmas.callbacks", "drmas.cli")),
+        ("drmas.modules", ("drmas.data", "drmas.workflows", "drmas.callbacks", "drmas.cli")),
         ("drmas.callbacks", ("drmas.cli",)),
-        ("drmas.models", ("drmas.envs", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.engines",
-                          "drmas.cli", "lightning")),
-        ("drmas.packing", ("drmas.registry", "drmas.algorithms", "drmas.envs", "drmas.data", "drmas.engines",
-                           "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli", "lightning")),
-        ("drmas.metrics", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks",
-                           "drmas.cli")),
-        ("drmas.plots", ("drmas.envs", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks",
+        ("drmas.models", ("drmas.workflows", "drmas.data", "drmas.modules", "drmas.callbacks",
+                          "drmas.engines", "drmas.cli", "lightning")),
+        ("drmas.packing", ("drmas.registry", "drmas.algorithms", "drmas.workflows", "drmas.data",
+                           "drmas.engines", "drmas.modules", "drmas.callbacks", "drmas.models", "drmas.cli",
+                           "lightning")),
+        ("drmas.metrics", ("drmas.workflows", "drmas.data", "drmas.engines", "drmas.modules",
+                           "drmas.callbacks", "drmas.cli")),
+        ("drmas.plots", ("drmas.workflows", "drmas.data", "drmas.engines", "drmas.modules", "drmas.callbacks",
                          "drmas.cli")),
         ("drmas.evaluation", ("drmas.cli", "drmas.callbacks")),
-        ("drmas.summary", ("drmas.cli", "drmas.envs", "drmas.data", "drmas.engines", "drmas.modules")),
-        ("drmas.report", ("drmas.cli", "drmas.envs", "drmas.data", "drmas.engines", "drmas.modules",
+        ("drmas.summary", ("drmas.cli", "drmas.workflows", "drmas.data", "drmas.engines", "drmas.modules")),
+        ("drmas.report", ("drmas.cli", "drmas.workflows", "drmas.data", "drmas.engines", "drmas.modules",
                           "drmas.callbacks")),
     ],
 )
@@ -93,7 +97,7 @@ def test_imports_run_downward(importer, forbidden):
 
 def test_the_walk_sees_real_imports():
     # guards the test itself: a rule that can never fail is no rule
-    assert "drmas.records" in GRAPH["drmas.envs.episode"]
+    assert "drmas.records" in GRAPH["drmas.workflows.episode"]
     assert any(under(d, "drmas.data") for d in GRAPH["drmas.cli"])
     assert "drmas.algorithms.advantages" in GRAPH["drmas.algorithms"]  # relative-free package import
 
@@ -103,10 +107,10 @@ def test_every_module_is_under_a_rule():
     ruled = {"drmas", "drmas.cli", "drmas.registry", "drmas.records", "drmas.hardware", "drmas.ranks",
              "drmas.watch",
              "drmas.atomic", "drmas.console", "drmas.children", "drmas.episode_worker", "drmas.algorithms",
-             "drmas.envs",
+             "drmas.workflows",
              "drmas.engines", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.models",
              "drmas.packing", "drmas.tool_calls", "drmas.metrics", "drmas.plots", "drmas.evaluation",
-             "drmas.report", "drmas.summary"}
+             "drmas.report", "drmas.summary", "drmas.checkout", "drmas.iteration"}
     tops = {".".join(m.split(".")[:2]) for m in GRAPH}
     assert tops - ruled == set(), "add a rule (and a line in docs/architecture.md) for these"
 
@@ -117,8 +121,8 @@ def test_nothing_imports_a_recipe():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-def test_envs_load_without_lightning_or_engines():
-    code = ("import sys, drmas.envs.search, drmas.envs.math, drmas.data.rollouts; "
+def test_workflows_load_without_lightning_or_engines():
+    code = ("import sys, drmas.workflows.search, drmas.workflows.math, drmas.data.rollouts; "
             "print(sorted(m for m in ('lightning', 'drmas.engines', 'drmas.modules', "
             "'drmas.data.datamodule') "
             "if m in sys.modules))")
@@ -129,7 +133,7 @@ def test_envs_load_without_lightning_or_engines():
 def test_an_episode_worker_starts_without_torch():
     """Each worker imports this module: no torch, nothing of drmas's above it."""
     code = ("import sys, drmas.episode_worker; "
-            "print(sorted(m for m in ('torch', 'drmas.envs') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'drmas.workflows') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

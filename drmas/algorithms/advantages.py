@@ -125,7 +125,7 @@ ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry,
-    for the ``samplings`` its groups make sense in (a domain may narrow them further with
+    for the ``samplings`` its groups make sense in (a workflow may narrow them further with
     ``Workflow.estimators``); the function returns one advantage per sample.
     """
     bad = set(samplings) - set(SAMPLINGS)

@@ -1,7 +1,7 @@
 """Team / local reward mixing and the format penalty (AT-GRPO credit assignment).
 
 The words, used alike everywhere: an agent's **role reward** is what its own action earned in
-its role (a domain's ``Action.role_reward``); its **local reward** is the role reward plus the
+its role (a workflow's ``Action.role_reward``); its **local reward** is the role reward plus the
 format term (``-format_penalty`` for an action that did not parse, else 0); the **reward** the
 estimators use is ``alpha * team + local``.
 """
@@ -38,7 +38,7 @@ def format_term(valid: bool | Tensor, format_penalty: float = 0.1) -> float | Te
 
 def sample_reward(team: float, role: float, valid: bool, alpha: float = 1.0,
                   format_penalty: float = 0.1) -> tuple[float, float]:
-    """``(local, reward)`` of one sample, the same for every domain: the local reward is the
+    """``(local, reward)`` of one sample, the same for every workflow: the local reward is the
     agent's role reward plus the format term, and the reward the estimators use is
     ``alpha * team + local``."""
     local = role + format_term(valid, format_penalty)

@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.atomic import replace_dir, write_text
+from drmas.callbacks.contracts import ExportedPolicy, TeamModule, require
 from drmas.models.lora import save_adapter
 from drmas.ranks import at, portable
 
@@ -86,6 +87,11 @@ class HFCheckpoint(Callback):
 
     # ------------------------------------------------------------------ hooks
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        require(pl_module, TeamModule, "HFCheckpoint")
+        for policy in pl_module.policies.values():
+            require(policy, ExportedPolicy, "HFCheckpoint")
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         finished = int(pl_module.iteration)
         if self.every_n_iterations and finished % self.every_n_iterations == 0:
@@ -113,7 +119,7 @@ class HFCheckpoint(Callback):
         name = f"iter_{iteration}"
         target = os.path.join(root, name)
         # frozen: as loaded
-        policies = {n: p for n, p in pl_module.policies.items() if getattr(p, "trainable", True)}
+        policies = {n: p for n, p in pl_module.policies.items() if p.trainable}
         at("the HF export")
         failure: BaseException | None = None
         tmp = None
@@ -155,9 +161,9 @@ class HFCheckpoint(Callback):
     def _write_policy(self, policy: Any, full: dict[str, torch.Tensor] | None, out: str) -> None:
         """Rank 0: one policy into ``out`` (inside the export's temporary directory)."""
         kwargs: dict[str, Any] = {} if full is None else {"state_dict": full}
-        if getattr(policy, "adapter", None) is not None:
+        if policy.adapter is not None:
             save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
         else:
             policy.model.save_pretrained(out, **kwargs)
-        if self.save_tokenizer and getattr(policy, "tokenizer", None) is not None:
+        if self.save_tokenizer and policy.tokenizer is not None:
             policy.tokenizer.save_pretrained(out)

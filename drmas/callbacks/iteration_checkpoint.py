@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.atomic import COMPLETE, publish_dir, recover_dir
+from drmas.callbacks.contracts import TeamModule, require
 from drmas.ranks import at, portable
 from drmas.watch import watch
 
@@ -82,7 +83,7 @@ class IterationCheckpoint(ModelCheckpoint):
         super()._save_last_checkpoint(trainer, monitor_candidates)
         if self.save_last:
             self._last_written_epoch = trainer.current_epoch
-            self._saved_iteration = getattr(trainer.lightning_module, "iteration", None)
+            self._saved_iteration = trainer.lightning_module.iteration
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         # a fixed hidden name (the same on every rank, which all write into it when sharded)
@@ -116,12 +117,13 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        require(pl_module, TeamModule, "IterationCheckpoint")
         if trainer.is_global_zero:  # ended by another rank's failure: no exception reaches the hook above
             watch.at_end(lambda: self.say_resume(pl_module, "stopped by another rank's failure"))
 
     def say_resume(self, pl_module: pl.LightningModule, why: str) -> None:
         """The line that says where the run stopped and how to resume it."""
-        iteration = getattr(pl_module, "iteration", 0)
+        iteration = pl_module.iteration
         path = self.last_model_path
         if path and os.path.exists(path):
             saved = self._saved_iteration

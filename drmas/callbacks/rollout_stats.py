@@ -7,6 +7,7 @@ from collections import defaultdict
 import lightning as L
 
 from drmas.algorithms import baseline_inflation
+from drmas.callbacks.contracts import PreparedSource, TeamModule, require
 from drmas.data.rollouts import outcome_scalars
 from drmas.records import PreparedIteration, RolloutResult
 
@@ -37,10 +38,14 @@ class RolloutStats(L.Callback):
     at its iteration, and one completion per agent as text every ``log_completions_every``
     iterations."""
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        require(pl_module, TeamModule, "RolloutStats")
+        require(trainer.datamodule, PreparedSource, "RolloutStats")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """TensorBoard's Custom Scalars tab: per agent, its reward and valid ratio in one chart and
         its policy's grad norm in the next (on one axis the norm would flatten the rates)."""
-        agents: dict[str, str] = getattr(pl_module, "agent_map", {}) or {}
+        agents: dict[str, str] = pl_module.agent_map
         if not agents or not trainer.is_global_zero:
             return
         charts = {}
@@ -56,12 +61,12 @@ class RolloutStats(L.Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dm = trainer.datamodule
-        prepared: PreparedIteration | None = getattr(dm, "current", None)
+        prepared: PreparedIteration | None = dm.current
         if prepared is None:
             return
         pl_module.log_scalars({**rollout_scalars(prepared.rollout), **prepared.timings, **prepared.scalars},
                               step=prepared.iteration)
-        every = getattr(dm, "log_completions_every", 0)
+        every = dm.log_completions_every
         if every and prepared.iteration % every == 0 and trainer.is_global_zero:
             self._log_text(trainer, prepared)
 

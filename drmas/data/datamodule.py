@@ -25,9 +25,10 @@ import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
+from drmas import iteration as steps
 from drmas.atomic import write_text
 from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts, ValidationConfig
-from drmas.envs.base import Workflow
+from drmas.workflows.base import Workflow
 from drmas.ranks import agree, at
 from drmas.records import PreparedIteration
 
@@ -98,8 +99,8 @@ class RolloutDataModule(L.LightningDataModule):
             backend = self._backend()
             if backend.iteration == 0 and self.validation.before_training:
                 self.validate()  # the "before" numbers, at step 0
-            iteration = backend.begin_iteration()
-            self.current, self._current_started = self.rollouts.prepare(backend, iteration), False
+            # steps 1-5 of the iteration (drmas.iteration: the whole iteration in order)
+            self.current, self._current_started = steps.prepare(backend, self.rollouts), False
         return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity)
 
     def validate(self) -> dict[str, float]:
@@ -130,7 +131,7 @@ class RolloutDataModule(L.LightningDataModule):
         correct: dict[str, int] = {}
         for ep in result.episodes:
             correct[ep.task_uid] = correct.get(ep.task_uid, 0) + int(ep.success)
-        tasks = [{"uid": t.uid, "source": getattr(t, "source", None), "correct": correct.get(t.uid, 0)}
+        tasks = [{"uid": t.uid, "source": t.source or None, "correct": correct.get(t.uid, 0)}
                  for t in self.rollouts.val_task_list("val")]
         line = json.dumps({"iteration": backend.iteration, "k": self.validation.k, "tasks": tasks})
         path = os.path.join(log_dir, VALIDATION_FILE)

@@ -37,7 +37,7 @@ from drmas.algorithms import compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
 from drmas.data.rollout_config import RolloutConfig, ValidationConfig, rollout_seed
-from drmas.envs.base import Workflow
+from drmas.workflows.base import Workflow, check_tasks
 from drmas.metrics import AvgAtK, PassAtK
 from drmas.ranks import at, portable, raise_first
 from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
@@ -128,7 +128,7 @@ class Rollouts:
 
     def sample_tasks(self, iteration: int) -> list[Any]:
         """The iteration's tasks: drawn without replacement, the same ones for the same seed."""
-        tasks = list(self.workflow.tasks("train"))
+        tasks = check_tasks(self.workflow.tasks("train"), self.workflow, "train")
         rng = random.Random(self.config.seed * 1_000_003 + iteration)
         return rng.sample(tasks, min(self.config.tasks_per_iteration, len(tasks)))
 
@@ -239,8 +239,8 @@ class Rollouts:
         """The first ``validation.tasks`` tasks of each source of the split (tasks without a ``source``
         attribute form one source)."""
         per_source: dict[Any, list[Any]] = defaultdict(list)
-        for t in self.workflow.tasks(split):
-            group = per_source[getattr(t, "source", None)]
+        for t in check_tasks(self.workflow.tasks(split), self.workflow, split):
+            group = per_source[t.source or None]
             if len(group) < self.validation.tasks:
                 group.append(t)
         return [t for group in per_source.values() for t in group]
@@ -296,7 +296,7 @@ class Rollouts:
             correct[ep.task_uid] += int(ep.success)
         groups: dict[str, list[Any]] = {top: tasks}
         for t in tasks:
-            if getattr(t, "source", None) is not None:
+            if t.source:
                 groups.setdefault(f"{top}/{t.source}", []).append(t)
         scalars = failures
         for prefix, group in groups.items():

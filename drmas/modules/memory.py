@@ -61,7 +61,7 @@ def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> 
     c = policy.config
     params = sum(p.numel() for p in policy.model.parameters())  # a sharded parameter counts whole
     element = torch.empty((), dtype=getattr(torch, c.dtype)).element_size()
-    trainable = getattr(policy, "trainable", True)
+    trainable = policy.trainable
     return PolicyMemory(policy.name, params, policy.model.config.vocab_size, policy.chunk_tokens,
                         c.update.micro_batch_size * max_len, kl and trainable, trainable,
                         params * element if engine_copy else 0.0)

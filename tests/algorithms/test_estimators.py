@@ -226,7 +226,7 @@ def test_estimators_declare_the_samplings_they_accept():
 
     try:
         from drmas.data.rollouts import RolloutConfig, Rollouts
-        from drmas.envs.games import PlanningWorkflow
+        from drmas.workflows.games import PlanningWorkflow
 
         wf = PlanningWorkflow(game="plan_path", size=4, train_size=2, val_size=1, test_size=1)
         with pytest.raises(ValueError,

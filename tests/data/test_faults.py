@@ -12,10 +12,10 @@ import pytest
 
 from drmas.algorithms import compute_advantages
 from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
-from drmas.envs.math import SolverVerifierWorkflow
-from drmas.envs.search import HTTPRetriever, Retriever, SearchWorkflow
-from drmas.envs.search.retrieval import BM25Retriever
-from drmas.envs.search.server import serve
+from drmas.workflows.math import SolverVerifierWorkflow
+from drmas.workflows.search import HTTPRetriever, Retriever, SearchWorkflow
+from drmas.workflows.search.retrieval import BM25Retriever
+from drmas.workflows.search.server import serve
 from drmas.records import BatchSpec, Completion, ScriptedGenerate
 from drmas.data.rollout_config import ValidationConfig
 

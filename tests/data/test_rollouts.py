@@ -9,9 +9,9 @@ import pytest
 
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import RolloutConfig, Rollouts
-from drmas.envs.base import Workflow
-from drmas.envs.math import SolverVerifierWorkflow
-from drmas.envs.search import SearchWorkflow
+from drmas.workflows.base import Workflow
+from drmas.workflows.math import SolverVerifierWorkflow
+from drmas.workflows.search import SearchWorkflow
 from drmas.records import BatchSpec, Completion, ScriptedGenerate
 from drmas.data.rollout_config import ValidationConfig
 

@@ -10,7 +10,7 @@ from agent_programs import conversation, short_answers, with_tools
 from drmas.callbacks import RolloutStats
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import RolloutConfig, Rollouts
-from drmas.envs.agents import AgentsWorkflow
+from drmas.workflows.agents import AgentsWorkflow
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings
 from drmas.records import GenerationSettings

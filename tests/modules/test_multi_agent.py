@@ -11,7 +11,7 @@ from drmas.algorithms import LossConfig
 from drmas.modules.memory import plan_length
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollouts import RolloutConfig, Rollouts
-from drmas.envs.search import SearchWorkflow
+from drmas.workflows.search import SearchWorkflow
 from drmas.modules import MultiAgentRL, PolicyConfig
 from drmas.modules.policy_config import lr_factor
 from drmas.modules.policy_config import OptimSettings, PolicyGeneration, UpdateSettings

@@ -14,11 +14,12 @@ from collections import deque
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from drmas.cli import CONFIGS, run_recipe  # noqa: E402
+from drmas.checkout import CONFIGS  # noqa: E402
+from drmas.cli import run_recipe  # noqa: E402
 from drmas.engines import ENGINES, HFEngine  # noqa: E402
 from drmas.records import Completion  # noqa: E402
-from drmas.envs.code.loaders import embedded_problems  # noqa: E402
-from drmas.envs.games.plan_path import MOVES  # noqa: E402
+from drmas.workflows.code.loaders import embedded_problems  # noqa: E402
+from drmas.workflows.games.plan_path import MOVES  # noqa: E402
 
 WORKFLOWS = {"games": "games", "code": "code"}
 

@@ -14,6 +14,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
+from drmas.checkout import recipe_script
 from drmas.models import resolve_model_path
 from drmas.report import read_validations
 from forked import run_script
@@ -23,7 +24,7 @@ TINY = ["--config", str(ROOT / "configs/tiny_random.yaml")]
 
 
 def run_recipe(recipe: str, tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    argv = [str(ROOT / "recipes" / f"{recipe}.py"), "fit", *TINY,
+    argv = [recipe_script(recipe), "fit", *TINY,
             "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *args]
     proc = run_script(argv, cwd=tmp)
     if check and proc.returncode != 0:

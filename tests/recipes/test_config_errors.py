@@ -7,6 +7,8 @@ import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY
 
+from drmas.checkout import recipe_script
+
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
 MISTAKES = {
@@ -28,7 +30,7 @@ MISTAKES = {
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_a_configuration_mistake_is_one_error_line(mistake, tmp_path):
     recipe, args, expected = MISTAKES[mistake]
-    argv = [str(ROOT / "recipes" / f"{recipe}.py"), "fit", *TINY, "--trainer.logger.init_args.save_dir",
+    argv = [recipe_script(recipe), "fit", *TINY, "--trainer.logger.init_args.save_dir",
             str(tmp_path / "runs"), "--model.engine", "hf", *args]
     proc = run_script(argv, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]

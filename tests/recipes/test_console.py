@@ -9,7 +9,7 @@ pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
 
 def run(tmp, *args):
-    argv = [str(ROOT / "recipes" / "math.py"), "fit", *TINY,
+    argv = [str(ROOT / "recipes" / "math_team.py"), "fit", *TINY,
             "--trainer.logger.init_args.save_dir", str(tmp / "runs"),
             "--model.engine", "hf", "--trainer.max_epochs", "1", "--data.validation.tasks", "1", *args]
     proc = run_script(argv, cwd=tmp)

@@ -11,6 +11,6 @@ def test_the_debate_recipe_trains_three_agents(tmp_path):
     run_recipe("debate", tmp_path, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01")
     s = check_run(tmp_path, ("debater_a", "debater_b", "judge"))
     # a random model writes no box and no verdict: everyone pays the format penalty, nobody wins
-    # (the rewards by the rules are tests/envs/test_debate.py's)
+    # (the rewards by the rules are tests/workflows/test_debate.py's)
     for agent in ("debater_a", "debater_b", "judge"):
         assert all(abs(v + 0.1) < 1e-6 for v in s[f"rollout/{agent}/reward_mean"].values()), agent

@@ -16,7 +16,7 @@ GREEDY = ["--model.engine", "hf", "--model.policies.shared.generation.eval.tempe
 
 
 def evaluate(tmp, subcommand, *args):
-    argv = [str(ROOT / "recipes" / "math.py"), subcommand, *TINY,
+    argv = [str(ROOT / "recipes" / "math_team.py"), subcommand, *TINY,
             "--trainer.logger.init_args.save_dir", str(tmp / "runs"), *GREEDY, *args]
     proc = run_script(argv, cwd=tmp, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,5 +1,0 @@
-"""A debate between two debaters and a judge on math word problems (per-agent final rewards)."""
-
-from drmas.envs.debate.workflow import DebateWorkflow, parse_verdict
-
-__all__ = ["DebateWorkflow", "parse_verdict"]
