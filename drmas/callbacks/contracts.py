@@ -13,7 +13,7 @@ import torch
 
 from drmas.records import PreparedIteration
 
-__all__ = ["ExportedPolicy", "PreparedSource", "TeamModule", "require"]
+__all__ = ["AgentModule", "ExportedPolicy", "IteratedModule", "PolicyModule", "PreparedSource", "require"]
 
 
 @runtime_checkable
@@ -30,12 +30,25 @@ class ExportedPolicy(Protocol):
 
 
 @runtime_checkable
-class TeamModule(Protocol):
-    """What the callbacks read from the LightningModule."""
+class IteratedModule(Protocol):
+    """What :class:`~drmas.callbacks.IterationCheckpoint` reads from the LightningModule."""
 
     iteration: int
     """The RL iteration running now (0 before the first)."""
+
+
+@runtime_checkable
+class PolicyModule(Protocol):
+    """What :class:`~drmas.callbacks.HFCheckpoint` reads from the LightningModule."""
+
+    iteration: int
     policies: Mapping[str, ExportedPolicy]
+
+
+@runtime_checkable
+class AgentModule(Protocol):
+    """What :class:`~drmas.callbacks.RolloutStats` reads from the LightningModule."""
+
     agent_map: dict[str, str]
     """Each agent's policy."""
 

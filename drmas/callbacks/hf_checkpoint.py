@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.atomic import replace_dir, write_text
-from drmas.callbacks.contracts import ExportedPolicy, TeamModule, require
+from drmas.callbacks.contracts import ExportedPolicy, PolicyModule, require
 from drmas.models.lora import save_adapter
 from drmas.ranks import at, portable
 
@@ -88,7 +88,7 @@ class HFCheckpoint(Callback):
     # ------------------------------------------------------------------ hooks
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        require(pl_module, TeamModule, "HFCheckpoint")
+        require(pl_module, PolicyModule, "HFCheckpoint")
         for policy in pl_module.policies.values():
             require(policy, ExportedPolicy, "HFCheckpoint")
 

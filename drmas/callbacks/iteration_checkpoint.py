@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from drmas.atomic import COMPLETE, publish_dir, recover_dir
-from drmas.callbacks.contracts import TeamModule, require
+from drmas.callbacks.contracts import IteratedModule, require
 from drmas.ranks import at, portable
 from drmas.watch import watch
 
@@ -117,7 +117,7 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        require(pl_module, TeamModule, "IterationCheckpoint")
+        require(pl_module, IteratedModule, "IterationCheckpoint")
         if trainer.is_global_zero:  # ended by another rank's failure: no exception reaches the hook above
             watch.at_end(lambda: self.say_resume(pl_module, "stopped by another rank's failure"))
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 import lightning as L
 
 from drmas.algorithms import baseline_inflation
-from drmas.callbacks.contracts import PreparedSource, TeamModule, require
+from drmas.callbacks.contracts import AgentModule, PreparedSource, require
 from drmas.data.rollouts import outcome_scalars
 from drmas.records import PreparedIteration, RolloutResult
 
@@ -39,7 +39,7 @@ class RolloutStats(L.Callback):
     iterations."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        require(pl_module, TeamModule, "RolloutStats")
+        require(pl_module, AgentModule, "RolloutStats")
         require(trainer.datamodule, PreparedSource, "RolloutStats")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -92,8 +92,8 @@ class Workflow(ABC):
 
     @abstractmethod
     def tasks(self, split: str) -> Sequence[Task]:
-        """The tasks of a split (``train``, ``val``, ``test``): :class:`~drmas.records.Task`\ s, each
-        with a unique ``uid`` and its ``source``."""
+        """The tasks of a split (``train``, ``val``, ``test``), each a :class:`~drmas.records.Task`:
+        a unique ``uid`` and its ``source``."""
 
     @abstractmethod
     def rollout(

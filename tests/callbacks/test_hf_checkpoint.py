@@ -20,10 +20,13 @@ def tiny():
 
 
 class Policy(torch.nn.Module):
+    """What HFCheckpoint reads of a policy (drmas.callbacks.contracts.ExportedPolicy)."""
+
     def __init__(self, model, tokenizer) -> None:
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
+        self.adapter, self.trainable = None, True
 
 
 class TinyLM(pl.LightningModule):
@@ -219,3 +222,17 @@ def test_the_export_gathers_and_writes_one_policy_at_a_time(tmp_path, tiny, monk
     assert events == ["gather", "write solver", "gather", "write checker"]
     assert sorted(os.listdir(tmp_path / "hf" / "iter_1")) == ["checker", "solver"]
     assert [n for n in os.listdir(tmp_path / "hf") if n.startswith(".")] == []  # no temporary left
+
+
+def test_a_module_without_what_the_callback_reads_is_refused_naming_it(tiny, tmp_path):
+    model, tok = tiny
+    module = TinyLM(model, tok)
+    del module.iteration
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, max_epochs=1)
+    with pytest.raises(TypeError, match=r"HFCheckpoint reads iteration from TinyLM, which has none "
+                                        r"\(drmas.callbacks.contracts.PolicyModule\)"):
+        HFCheckpoint(dirpath=str(tmp_path)).setup(trainer, module, "fit")
+    module.iteration = 0
+    del module.policies["solver"].trainable
+    with pytest.raises(TypeError, match="HFCheckpoint reads trainable from Policy"):
+        HFCheckpoint(dirpath=str(tmp_path)).setup(trainer, module, "fit")

@@ -240,6 +240,17 @@ def test_tasks_without_a_source_are_one_group():
     assert [t.uid for t in tasks] == ["q0", "q1", "q2"]
 
 
+def test_a_task_type_without_a_source_is_refused_naming_the_workflow():
+    class Bare:
+        uid = "b0"
+
+    rollouts = Rollouts(Listed([Bare()]), RolloutConfig(), ValidationConfig(tasks=3))
+    with pytest.raises(TypeError, match=r"Listed.tasks\('val'\) gave a Bare without source: a task needs"):
+        rollouts.val_task_list()
+    with pytest.raises(TypeError, match=r"Listed.tasks\('train'\) gave a Bare without source"):
+        rollouts.sample_tasks(1)
+
+
 def test_a_tree_only_workflow_cannot_validate():
     class TreeOnly(Listed):
         samplings = ("tree",)
