@@ -36,6 +36,7 @@ import torch
 from drmas.algorithms import compute_advantages
 from drmas.data.batching import make_micro_batches
 from drmas.data.progress import EpisodeBar, show_progress
+from drmas.data.rerouted import Rerouted
 from drmas.data.rollout_config import RolloutConfig, ValidationConfig, rollout_seed
 from drmas.workflows.base import Workflow, check_tasks
 from drmas.metrics import AvgAtK, PassAtK
@@ -283,7 +284,7 @@ class Rollouts:
         top = f"{split}_swapped" if swap else split
         generate = backend.generate_fn(train=False)
         if swap:
-            generate = _Rerouted(generate, self.swapped_agents())
+            generate = Rerouted(generate, self.swapped_agents())
         local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate,
                                     self.validation.k, "parallel", 0)
         at(f"the {split} rollout's gather")
@@ -328,36 +329,6 @@ def outcome_scalars(result: RolloutResult, prefix: str) -> dict[str, float]:
         out[f"{prefix}/{agent}/reward_mean"] = sum(rewards) / max(1, len(rewards))
         out[f"{prefix}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
     return out
-
-
-class _Rerouted:
-    """A generate function whose agents are answered by other agents' policies (the swap
-    probe); its settings and prompt lengths are the partner's too."""
-
-    def __init__(self, generate: GenerateFn, partner: dict[str, str]) -> None:
-        self.generate, self.partner = generate, partner
-        self.train = generate.train
-
-    def __call__(self, agent: str, prompts: Sequence[Any], n: int) -> Any:
-        return self.generate(self.partner[agent], prompts, n)
-
-    def settings(self, agent: str) -> Any:
-        return self.generate.settings(self.partner[agent])
-
-    def context_length(self, agent: str) -> int | None:
-        return self.generate.context_length(self.partner[agent])
-
-    def prompt_tokens(self, agent: str, prompt: Any) -> int | None:
-        return self.generate.prompt_tokens(self.partner[agent], prompt)
-
-    def tool_format(self, agent: str) -> Any:
-        return self.generate.tool_format(self.partner[agent])
-
-    def tokenizer(self, agent: str) -> Any:
-        return self.generate.tokenizer(self.partner[agent])
-
-    def check_stop(self) -> None:
-        self.generate.check_stop()
 
 
 def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResult, float]:

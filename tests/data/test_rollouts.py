@@ -408,7 +408,7 @@ def test_a_rank_whose_rollout_fails_still_meets_the_others_and_every_rank_raises
 
 
 def test_the_swap_probe_keeps_what_the_generate_function_answers():
-    from drmas.data.rollouts import _Rerouted
+    from drmas.data.rerouted import Rerouted
 
     class Generate(ScriptedGenerate):
         def settings(self, agent):
@@ -423,7 +423,7 @@ def test_the_swap_probe_keeps_what_the_generate_function_answers():
         def check_stop(self):
             raise Preempted("stop")
 
-    swapped = _Rerouted(Generate(lambda agent, prompts, n: [[agent] * n for _ in prompts], train=False),
+    swapped = Rerouted(Generate(lambda agent, prompts, n: [[agent] * n for _ in prompts], train=False),
                         {"solver": "verifier", "verifier": "solver"})
     assert swapped("solver", ["p"], 2) == [["verifier", "verifier"]] and swapped.train is False
     assert (swapped.settings("solver") == "settings of verifier"
