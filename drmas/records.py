@@ -98,7 +98,7 @@ class GenerationSettings:
 
 class GenerateFn(Protocol):
     """The ``generate`` function a workflow is given: every member a workflow may use. The
-    trainer's (``drmas.modules.generation.PolicyGenerate``) answers all of them; a scripted one
+    trainer's (``drmas.modules.engine_routing.PolicyGenerate``) answers all of them; a scripted one
     (:class:`ScriptedGenerate`) says it knows no settings or lengths."""
 
     train: bool

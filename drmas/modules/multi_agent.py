@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
 from drmas.engines import Engine, parse_settings, resolve_engine
 from drmas.modules.agent_grads import AgentGradients
-from drmas.modules.generation import EngineRouting
+from drmas.modules.engine_routing import EngineRouting
 from drmas.modules.memory import memory_plan, plan_terms, residue_report
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
 from drmas.modules.preemption import StopSignal
@@ -213,8 +213,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         # every rank stops at the same micro-batch
         self.stop_signal.raise_if_any(self.world_size, self.device)
         policy = self.policies[batch.policy]
-        sampling = policy.config.generation.train
-        logp, entropy = self.token_logprobs(policy, batch, sampling.temperature)
+        generation = policy.config.generation.train
+        logp, entropy = self.token_logprobs(policy, batch, generation.temperature)
         mask = batch.response_mask
         # First PPO epoch: the weights are still those that sampled, so the current log-probs
         # are the old ones; keep them for the later PPO epochs instead of an extra forward pass.
@@ -232,10 +232,10 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         ref = None
         if self.loss.kl_coef > 0:
             with torch.no_grad():
-                ref, _ = self.token_logprobs(policy, batch, sampling.temperature, reference=True)
+                ref, _ = self.token_logprobs(policy, batch, generation.temperature, reference=True)
         loss, metrics = policy_loss(logp, old, batch.advantages, mask, self.loss, entropy=entropy,
                                     importance_weights=importance_weights, ref_logprobs=ref,
-                                    norm_len=sampling.max_new_tokens)
+                                    norm_len=generation.max_new_tokens)
         finite = bool(torch.isfinite(loss))
         if finite and self.agent_grad_norms and batch.agent is not None:
             self._agent_grads.backward(policy.name, batch.agent, policy.trainable_parameters(),

@@ -436,7 +436,7 @@ def test_ranks_draw_differently_and_each_rank_repeats_its_draws(prompts, vllm_en
     does: the same prompts get different completions on two ranks, the same on one rank twice (so a
     resumed run draws what the uninterrupted one drew: the engine process's RNG is not checkpointed)."""
     from drmas.data.rollout_config import rollout_seed
-    from drmas.modules.generation import engine_seed
+    from drmas.modules.engine_routing import engine_seed
 
     params = GenerationSettings(temperature=1.0, max_new_tokens=12)
 

@@ -172,7 +172,7 @@ def test_a_tensor_over_1_gib_reaches_another_process_by_cuda_ipc_within_the_plan
 
 
 def test_the_trainer_hands_its_cached_memory_back_before_engines_wake():
-    from drmas.modules.generation import release_cached_memory
+    from drmas.modules.engine_routing import release_cached_memory
     from drmas.modules.memory import GIB
 
     blocks = [torch.empty(2**30, dtype=torch.uint8, device="cuda") for _ in range(4)]  # what an update frees

@@ -454,7 +454,7 @@ class StrictTemplate(Limited):
         return self.tok
 
     def prompt_tokens(self, agent, prompt):
-        from drmas.modules.generation import encode_prompt
+        from drmas.modules.engine_routing import encode_prompt
 
         return len(encode_prompt(self.tok, prompt))
 

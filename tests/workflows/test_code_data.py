@@ -10,7 +10,7 @@ import pytest
 
 from drmas.workflows.code import Judge, TestCase, embedded_problems, load_code_file
 from drmas.workflows.code.loaders import load_code_source, parse_tests, tasks_from_rows
-from drmas.workflows.programs import SandboxSettings
+from drmas.workflows.sandbox import SandboxSettings
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from scripted import Script
 
 from drmas.algorithms import compute_advantages
 from drmas.workflows.code import CodeTask, CoderTesterWorkflow, TestCase, parse_test_cases
-from drmas.workflows.programs import SandboxSettings
+from drmas.workflows.sandbox import SandboxSettings
 
 ADD = "a, b = map(int, input().split())\nprint(a + b)"
 TASK = CodeTask("add-0", "Read two integers and print their sum.",

@@ -6,7 +6,7 @@ from scripted import Script
 from drmas.algorithms import compute_advantages
 from drmas.workflows.math import ReasonerToolUserWorkflow
 from drmas.workflows.math.reasoner_tool_user import parse_program, program_answer
-from drmas.workflows.programs import SandboxSettings
+from drmas.workflows.sandbox import SandboxSettings
 from drmas.workflows.sandbox import Result
 
 

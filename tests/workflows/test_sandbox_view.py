@@ -20,7 +20,7 @@ from test_sandbox import REPO, _unprivileged_python, user_dirs  # noqa: F401 (a 
 
 from drmas.workflows.code.judge import Judge, pass_rate
 from drmas.workflows.code.loaders import EMBEDDED, embedded_problems, load_code_file
-from drmas.workflows.programs import SandboxSettings
+from drmas.workflows.sandbox import SandboxSettings
 from drmas.workflows.sandbox import features, process, run_python
 from drmas.workflows.sandbox.view import view_spec
 

@@ -15,7 +15,8 @@ from typing import Sequence
 
 from drmas.workflows.code import driver
 from drmas.workflows.code.task import TestCase
-from drmas.workflows.programs import ProgramRunner, SandboxSettings, run_failure
+from drmas.workflows.programs import ProgramRunner, run_failure
+from drmas.workflows.sandbox import SandboxSettings
 
 __all__ = ["MAX_TESTS", "Judge", "Verdict", "pass_rate"]
 

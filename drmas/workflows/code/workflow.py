@@ -32,7 +32,8 @@ from drmas.workflows.code.judge import MAX_TESTS, Judge, Verdict, pass_rate
 from drmas.workflows.code.loaders import embedded_problems, load_code_source
 from drmas.workflows.code.task import CodeTask, TestCase
 from drmas.workflows.episode import Action, EpisodeState, TurnWorkflow
-from drmas.workflows.programs import SandboxSettings, parse_program
+from drmas.workflows.programs import parse_program
+from drmas.workflows.sandbox import SandboxSettings
 from drmas.records import Completion
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class CoderTesterWorkflow(TurnWorkflow):
             val_file: the same for validation.
             test_file: the same for testing.
             sandbox: how programs are judged: ``time_limit_s`` (of a program on one test),
-                memory, workers, ``allow_unconfined`` (:class:`~drmas.workflows.programs.SandboxSettings`).
+                memory, workers, ``allow_unconfined`` (:class:`~drmas.workflows.sandbox.SandboxSettings`).
             max_golden_tests: golden tests judged per program in training (the first ones of
                 each task; 0 = all); validation and test always judge all of them.
             max_tests: test cases read from a tester's reply.

@@ -32,7 +32,8 @@ from typing import Any, Sequence
 from drmas.workflows.base import WORKFLOWS, ChatPrompt, PromptTemplate, split_tasks
 from drmas.workflows.episode import Action, EpisodeState, TurnWorkflow
 from drmas.workflows.games.base import GAMES, Game, make
-from drmas.workflows.programs import ProgramRunner, SandboxSettings, run_failure
+from drmas.workflows.programs import ProgramRunner, run_failure
+from drmas.workflows.sandbox import SandboxSettings
 from drmas.records import Completion
 
 __all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
@@ -124,7 +125,7 @@ class PlanningWorkflow(TurnWorkflow):
             val_size: puzzles in the val split.
             test_size: puzzles in the test split.
             sandbox: how the tool user's programs run: time and memory limits, workers,
-                ``allow_unconfined`` (:class:`~drmas.workflows.programs.SandboxSettings`).
+                ``allow_unconfined`` (:class:`~drmas.workflows.sandbox.SandboxSettings`).
             **options: ``max_turns`` (each turn: the tool user, then the planner), ``alpha``,
                 ``format_penalty``, ``tie_break``, ``templates``, as every turn-based workflow takes
                 them (:class:`~drmas.workflows.episode.TurnWorkflow`).

@@ -34,7 +34,8 @@ from drmas.workflows.math.grading import extract_boxed, same_answer
 from drmas.workflows.math.solver_verifier import EXAMPLE_PROBLEM, EXAMPLE_SOLUTION
 from drmas.workflows.math.splits import math_splits
 from drmas.workflows.math.task import MathTask
-from drmas.workflows.programs import ProgramRunner, SandboxSettings, parse_program, run_failure
+from drmas.workflows.programs import ProgramRunner, parse_program, run_failure
+from drmas.workflows.sandbox import SandboxSettings
 from drmas.workflows.sandbox import Result
 from drmas.records import Completion
 
@@ -124,7 +125,7 @@ class ReasonerToolUserWorkflow(TurnWorkflow):
             val_file: validation problems, likewise; each source is logged as ``val/<source>/...``.
             test_file: test problems, likewise.
             sandbox: how the tool user's programs run: time and memory limits, workers,
-                ``allow_unconfined`` (:class:`~drmas.workflows.programs.SandboxSettings`).
+                ``allow_unconfined`` (:class:`~drmas.workflows.sandbox.SandboxSettings`).
             **options: ``max_turns`` (each turn: the tool user, then the reasoner), ``alpha``,
                 ``format_penalty``, ``tie_break``, ``templates``, as every turn-based workflow takes
                 them (:class:`~drmas.workflows.episode.TurnWorkflow`).

@@ -23,5 +23,7 @@ module here uses the standard library only and imports its siblings relatively.
 from .pool import SandboxPool
 from .result import OUTPUT_CAP, Result, SandboxError, SandboxUnavailable
 from .run import run_python
+from .settings import SandboxSettings
 
-__all__ = ["OUTPUT_CAP", "Result", "SandboxError", "SandboxPool", "SandboxUnavailable", "run_python"]
+__all__ = ["OUTPUT_CAP", "Result", "SandboxError", "SandboxPool", "SandboxSettings", "SandboxUnavailable",
+           "run_python"]
