@@ -161,9 +161,13 @@ def check_tasks(tasks: Sequence[Any], workflow: Any, split: str) -> list[Task]:
     when one is not a :class:`~drmas.records.Task`: a workflow's own task type needs a ``uid`` and
     a ``source`` (None when it has none)."""
     tasks = list(tasks)
+    checked: set[type] = set()  # one task per type: a split can hold many thousands
     for t in tasks:
-        if not isinstance(t, Task):
-            missing = [m for m in ("uid", "source") if not hasattr(t, m)]
+        if type(t) in checked:
+            continue
+        checked.add(type(t))
+        missing = [m for m in ("uid", "source") if not hasattr(t, m)]
+        if missing:
             raise TypeError(f"{type(workflow).__name__}.tasks({split!r}) gave a {type(t).__name__} without "
                             f"{' and '.join(missing)}: a task needs a uid and a source (None when it has "
                             "none; drmas.records.Task)")
