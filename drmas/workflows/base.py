@@ -34,10 +34,10 @@ __all__ = [
     "PromptTemplate",
     "RolloutResult",
     "Workflow",
+    "check_tasks",
     "pick_best",
     "sample_groups",
     "split_tasks",
-    "check_tasks",
 ]
 
 
