@@ -33,6 +33,13 @@ Iteration k, on every rank:
 12  checkpoint           ``IterationCheckpoint``                 ``last.ckpt``, holding all of the above
 ==  ===================  ======================================  ==========================================
 
+With ``--data.rollout.staleness`` N >= 1 (docs/async.md) the same steps run in the same order, but
+step 2 only moves the weights (each rollout reseeds the engines itself), step 3 starts the rollout
+of k+N in a background thread and takes k's own, played during update k-1
+(:class:`~drmas.data.background.Pipeline`), step 7 leaves the engines awake, and before step 9 the
+data module drains the pipeline (waits for the rollout of k+N), so validation, the export and the
+checkpoint find the engines idle and the checkpoint holds the rollouts played ahead.
+
 Why the LR schedulers step at the start (1) and not after the update (8): the checkpoint written
 at the end of iteration k (12) then holds the schedule of the iteration it finished, and a run
 resumed from it steps it once at the start of k+1, exactly as the uninterrupted run does

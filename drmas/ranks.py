@@ -35,11 +35,13 @@ import os
 import pickle
 import re
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 __all__ = ["GATHER_ENV", "HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "agree", "at", "attempt",
            "collective_timeout_s", "flight_recorder", "gather_timeout_s", "heartbeat_s", "init_process_group",
-           "portable", "raise_first", "silent_ranks", "stop_line", "store_host", "watch_state"]
+           "mark_background", "portable", "raise_first", "silent_ranks", "stop_line", "store_host",
+           "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
 GATHER_ENV = "DRMAS_GATHER_TIMEOUT_S"
@@ -169,9 +171,18 @@ def raise_first(failures: Sequence[BaseException | None], rank: int, own: BaseEx
 
 
 class _Where:
-    what = "start-up"
+    main = "start-up"
+    behind = ""  # the background rollout's wait (--data.rollout.staleness), "" when none runs
     iteration = 0
     traces: str | None = None  # where NCCL's flight recorder dumps (flight_recorder)
+
+    @property
+    def what(self) -> str:
+        return self.main + (f" (the background rollout: {self.behind})" if self.behind else "")
+
+    @what.setter
+    def what(self, value: str) -> None:
+        self.main = value
 
 
 watch_state = _Where()
@@ -179,8 +190,20 @@ watch_state = _Where()
 
 def at(what: str) -> None:
     """Name the wait (or the collective work) this rank enters; the line that reports a failure
-    says where it came from."""
-    watch_state.what = what
+    says where it came from. The background rollout's thread (:func:`mark_background`) names its
+    own, beside the rank's."""
+    if getattr(_thread, "background", False):
+        watch_state.behind = what
+    else:
+        watch_state.main = what
+
+
+_thread = threading.local()
+
+
+def mark_background() -> None:
+    """This thread plays rollouts behind the update: its :func:`at` names the background's wait."""
+    _thread.background = True
 
 
 def agree(gather: Callable[[Any], list[Any]], rank: int, failure: BaseException | None) -> None:

@@ -181,6 +181,9 @@ class Sample:
     reward: float = 0.0
     """The score the estimators use (alpha * team + local, set by the workflow)."""
     advantage: float = 0.0
+    version: int = 0
+    """The weights that generated it: those after this many updates of its policy (iterations;
+    the trainer at iteration k holds ``k - 1``, so its staleness there is ``k - 1 - version``)."""
     info: dict = field(default_factory=dict)
 
 

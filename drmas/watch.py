@@ -34,6 +34,7 @@ class Watch:
         self.rank, self.world = 0, 1
         self.side: Any = None
         self.objects: Any = None  # the gloo group of the object gathers and agreements
+        self.behind: Any = None  # the same for the background rollout's gathers (a thread of its own)
         self._stop = threading.Event()
         self._ending = threading.Lock()
         self._failed = self._read = self._beat = ""
@@ -60,6 +61,10 @@ class Watch:
         # object gathers wait for the slowest rank's rollout: a long bound of their own, on gloo
         # (an NCCL object gather pickles through the GPU and shares the tensor collectives' bound)
         self.objects = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=gather_timeout_s()))
+        # a rollout played in the background (--data.rollout.staleness) gathers while the main thread
+        # agrees on the update's steps: on one group their collectives would interleave differently
+        # on each rank; on two, each thread's run in its own fixed order
+        self.behind = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=gather_timeout_s()))
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         try:  # a client of its own: the process group's store object is not shared across threads
             self.store = dist.TCPStore(host, int(port), world, is_master=False,

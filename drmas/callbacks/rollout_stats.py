@@ -8,7 +8,7 @@ import lightning as L
 
 from drmas.algorithms import baseline_inflation
 from drmas.callbacks.contracts import AgentModule, PreparedSource, require
-from drmas.data.rollouts import outcome_scalars
+from drmas.data.gathered import outcome_scalars
 from drmas.records import PreparedIteration, RolloutResult
 
 __all__ = ["RolloutStats", "rollout_scalars"]

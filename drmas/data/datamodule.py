@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
@@ -81,12 +82,35 @@ class RolloutDataModule(L.LightningDataModule):
         if self._hook not in self.trainer.callbacks:
             # first, so validation is logged before the checkpoint of the iteration is written
             self.trainer.callbacks.insert(0, self._hook)
-        self.rollouts.bind(self._backend())
+        backend = self._backend()
+        backend.set_staleness(self.rollouts.config.staleness)
+        self.rollouts.bind(backend)
         if self.validation.swap_probe:
             self.rollouts.swapped_agents()  # one policy per agent, or an error before anything runs
 
     def teardown(self, stage: str) -> None:
+        self.stop_background()
         self.rollouts.workflow.close()
+
+    def stop_background(self) -> None:
+        """Drop the rollouts playing behind the update (the run ends or failed)."""
+        if self.rollouts.pipeline is not None:
+            self.rollouts.pipeline.stop()
+
+    def state_dict(self) -> dict[str, Any]:
+        """With ``staleness`` >= 1: the rollouts played ahead, not yet trained on."""
+        pipeline = self.rollouts.pipeline
+        return {} if pipeline is None else {"pipeline": pipeline.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pipeline = self.rollouts.pipeline
+        if "pipeline" in state and pipeline is None:
+            was = state["pipeline"]["staleness"]
+            raise ValueError(f"the checkpoint was written with --data.rollout.staleness {was} and holds the "
+                             f"rollouts played ahead; this run is synchronous (staleness 0). Resume with "
+                             f"the checkpoint's staleness")
+        if "pipeline" in state:
+            pipeline.load(state["pipeline"])
 
     def _backend(self) -> RolloutBackend:
         return self.trainer.lightning_module
@@ -101,7 +125,12 @@ class RolloutDataModule(L.LightningDataModule):
                 self.validate()  # the "before" numbers, at step 0
             # steps 1-5 of the iteration (drmas.iteration: the whole iteration in order)
             self.current, self._current_started = steps.prepare(backend, self.rollouts), False
-        return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity)
+        # A loader draws a seed for its workers from torch's global generator when it starts; with
+        # rollouts behind the update that draw would race the engine's (the HF engine samples from
+        # that generator), so the loader then draws from a generator of its own.
+        rng = torch.Generator() if self.rollouts.pipeline is not None else None
+        return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity,
+                          generator=rng)
 
     def validate(self) -> dict[str, float]:
         """Validate the current weights and log the scalars at the current iteration."""
@@ -139,7 +168,11 @@ class RolloutDataModule(L.LightningDataModule):
         write_text(path, before + line + "\n")  # whole or not at all: a kill never leaves half a line
 
     def _iteration_end(self, trainer: L.Trainer) -> None:
-        iteration = self._backend().iteration
+        backend = self._backend()
+        iteration = backend.iteration
+        if self.rollouts.pipeline is not None:  # validation, the checkpoint and the next sync: engines idle
+            at("the background rollout (drain)")
+            backend.log_scalars(self.rollouts.pipeline.drain())
         final = trainer.max_epochs is not None and iteration >= trainer.max_epochs
         if final or (self.validation.every and iteration % self.validation.every == 0):
             self.validate()
@@ -156,3 +189,6 @@ class _IterationHooks(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.dm._iteration_end(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, err: BaseException) -> None:
+        self.dm.stop_background()

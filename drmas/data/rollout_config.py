@@ -27,6 +27,10 @@ class RolloutConfig:
     """Trajectories per task (parallel) or candidates per node (tree)."""
     tasks_per_iteration: int = 4
     """Tasks drawn (without replacement within an iteration) per rollout."""
+    staleness: int = 0
+    """How many updates behind the rollouts' weights may be: 0 plays iteration k on the weights after
+    update k-1 (synchronous, on-policy); N >= 1 plays it on those after update k-1-N, in the
+    background during the updates before it, engines awake (docs/async.md)."""
     seed: int = 0
     """Seed of the task sampling and of the engines' draws (iteration k always draws the same)."""
     max_failed_share: float = 0.5
@@ -45,6 +49,8 @@ class RolloutConfig:
         if self.estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}; "
                              f"known: {', '.join(ADVANTAGE_ESTIMATORS)}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0 (0: synchronous), got {self.staleness}")
         if self.group_size < 1 or self.tasks_per_iteration < 1:
             raise ValueError("group_size and tasks_per_iteration must be >= 1")
         if not 0.0 <= self.max_failed_share <= 1.0:

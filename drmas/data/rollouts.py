@@ -24,8 +24,6 @@ the one to resume from).
 from __future__ import annotations
 
 import inspect
-import logging
-import math
 import random
 import time
 from collections import defaultdict
@@ -34,19 +32,18 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from drmas.algorithms import compute_advantages
+from drmas.data.background import Pipeline, Played
 from drmas.data.batching import make_micro_batches
+from drmas.data.gathered import drop_nonfinite, gather, outcome_scalars
 from drmas.data.progress import EpisodeBar, show_progress
 from drmas.data.rerouted import Rerouted
 from drmas.data.rollout_config import RolloutConfig, ValidationConfig, rollout_seed
 from drmas.workflows.base import Workflow, check_tasks
 from drmas.metrics import AvgAtK, PassAtK
-from drmas.ranks import at, portable, raise_first
+from drmas.ranks import at
 from drmas.records import BatchSpec, Sample, GenerateFn, MicroBatch, PreparedIteration, RolloutResult
 
-__all__ = ["OutageError", "RolloutBackend", "RolloutConfig", "Rollouts", "ValidationConfig",
-           "outcome_scalars"]
-
-log = logging.getLogger(__name__)
+__all__ = ["OutageError", "RolloutBackend", "RolloutConfig", "Rollouts", "ValidationConfig"]
 
 
 class OutageError(RuntimeError):
@@ -63,8 +60,9 @@ class RolloutBackend(Protocol):
     world_size: int
     """Data-parallel ranks, each playing its own share of the tasks with its own engines."""
 
-    def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` in rank order (``[obj]`` with one process); a collective."""
+    def gather_objects(self, obj: Any, background: bool = False) -> list[Any]:
+        """Every rank's ``obj`` in rank order (``[obj]`` with one process); a collective
+        (``background``: the background rollout's, on a process group of its own)."""
 
     def bind_agents(self, agents: Sequence[str]) -> dict[str, str]:
         """Resolve and check the agent -> policy map for these agents; return it."""
@@ -78,6 +76,13 @@ class RolloutBackend(Protocol):
 
     def sync_weights(self, seed: int | None = None) -> None:
         """Make the rollout engines serve the policies' current weights, and draw from ``seed``."""
+
+    def reseed(self, seed: int) -> None:
+        """Reseed the engines from ``seed`` (no weights move: the background rollout's start)."""
+
+    def set_staleness(self, staleness: int) -> None:
+        """Rollouts will lag ``staleness`` updates behind (0: synchronous), engines awake during the
+        update; refuse the settings that cannot train so (a ValueError naming the setting)."""
 
     def engine_cache_stats(self) -> tuple[int, int]:
         """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
@@ -120,6 +125,8 @@ class Rollouts:
         self.agent_map: dict[str, str] = {}
         self.last_validation: RolloutResult | None = None
         """The samples and episodes of the last :meth:`validate` (every rank's)."""
+        self.pipeline = Pipeline(config.staleness) if config.staleness else None
+        """The rollouts played ahead in the background (``staleness`` >= 1), else None."""
 
     def bind(self, backend: RolloutBackend) -> None:
         """Resolve the workflow's agents to the backend's policies (errors name the agent)."""
@@ -141,37 +148,63 @@ class Rollouts:
 
     def prepare(self, backend: RolloutBackend, iteration: int) -> PreparedIteration:
         """Sync the weights, play this rank's share of the iteration's tasks, gather every rank's
-        samples, score them, and pack this rank's micro-batches."""
+        samples, score them, and pack this rank's micro-batches. With ``staleness`` N >= 1 the
+        rollout was played in the background on older weights (:class:`~drmas.data.background.Pipeline`)."""
         if not self.agent_map:
             self.bind(backend)
-        c = self.config
+        if self.pipeline is not None:
+            return self.pipeline.prepare(self, backend, iteration)
         # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed), for
         # the workflow and the engines: a rollout draws the same whether the run was resumed or not
-        seed = rollout_seed(c.seed, backend.rank, iteration)
         t0 = time.perf_counter()
-        backend.sync_weights(seed=seed)
+        backend.sync_weights(seed=rollout_seed(self.config.seed, backend.rank, iteration))
+        t1 = time.perf_counter()
+        return self.finish(backend, self.play(backend, iteration, iteration - 1), {"time/sync_s": t1 - t0})
+
+    def play(self, backend: RolloutBackend, iteration: int, version: int, background: bool = False) -> Played:
+        """Play this rank's share of the iteration's tasks on the engines' weights (those after
+        ``version`` updates), gather every rank's samples and check them. ``background``: in the
+        pipeline's thread, which reseeds the engines itself and gathers on a process group of its own."""
+        seed = rollout_seed(self.config.seed, backend.rank, iteration)
+        if background:
+            backend.reseed(seed)
         t1 = time.perf_counter()
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
         backend.engine_cache_stats()  # from here on: this rollout's requests only
         local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
-                                    c.group_size, c.sampling, seed)
+                                    self.config.group_size, self.config.sampling, seed)
         at("the rollout's gather")
-        result, (prompt, cached) = _gather(backend, local, failure, backend.engine_cache_stats())
+        result, (prompt, cached) = gather(backend, local, failure, backend.engine_cache_stats(), background)
         scalars = self.check_failures(result, f"iteration {iteration}")
         scalars.update(self.workflow.scalars(result.counts))
-        result, scalars["rollout/nonfinite_rewards"] = _drop_nonfinite(result, iteration)
-        t2 = time.perf_counter()
+        result, scalars["rollout/nonfinite_rewards"] = drop_nonfinite(result, iteration)
         for s in result.samples:
-            s.policy = self.agent_map[s.agent]
-        adv = compute_advantages(result.samples, self.config.estimator, self.config.scale)
-        for s, a in zip(result.samples, adv.tolist()):
-            s.advantage = a
-        t3 = time.perf_counter()
-        timings = {"time/sync_s": t1 - t0, "time/rollout_s": t2 - t1, "time/advantage_s": t3 - t2}
+            s.policy, s.version = self.agent_map[s.agent], version
         if prompt:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
-        return PreparedIteration(iteration, result, self.micro_batches(result.samples, backend), timings,
-                                 scalars)
+        end = time.perf_counter()
+        return Played(iteration, result, scalars, end - t1, end)
+
+    def finish(self, backend: RolloutBackend, played: Played, timings: dict[str, float]) -> PreparedIteration:
+        """Advantages (the whole rollout is one weight version, so each group is) and this rank's
+        micro-batches of a played rollout; ``train/<policy>/staleness_*`` when rollouts lag."""
+        t2 = time.perf_counter()
+        samples, k = played.result.samples, played.iteration
+        adv = compute_advantages(samples, self.config.estimator, self.config.scale)
+        for s, a in zip(samples, adv.tolist()):
+            s.advantage = a
+        scalars = dict(played.scalars)
+        if self.config.staleness:
+            lags: dict[str, list[int]] = defaultdict(list)
+            for s in samples:
+                lags[s.policy].append(k - 1 - s.version)
+            for name, lag in lags.items():
+                if backend.batch_spec(name).trainable:  # a frozen policy's weights never age
+                    scalars[f"train/{name}/staleness_mean"] = sum(lag) / len(lag)
+                    scalars[f"train/{name}/staleness_max"] = float(max(lag))
+        timings = {**timings, "time/rollout_s": played.rollout_s,
+                   "time/advantage_s": time.perf_counter() - t2}
+        return PreparedIteration(k, played.result, self.micro_batches(samples, backend), timings, scalars)
 
     def check_failures(self, result: RolloutResult, where: str, prefix: str = "rollout") -> dict[str, float]:
         """``<prefix>/failed_actions`` (and per agent, where any failed) and ``<prefix>/failed_episodes``
@@ -205,7 +238,7 @@ class Rollouts:
               sampling: str, seed: int) -> tuple[RolloutResult, BaseException | None]:
         """The workflow's rollout of this rank's ``tasks``, with a progress bar over its episodes
         where one is shown; and what stopped it, if anything did (a SIGTERM, an engine failure):
-        raised only once every rank has heard of it, in :func:`_gather`."""
+        raised only once every rank has heard of it, in :func:`~drmas.data.gathered.gather`."""
         if not tasks:
             return RolloutResult([], []), None
         bar = EpisodeBar(len(tasks) * (n if sampling == "parallel" else 1), desc,
@@ -288,7 +321,7 @@ class Rollouts:
         local, failure = self._play(backend, f"{top} ({split})" if swap else split, mine, generate,
                                     self.validation.k, "parallel", 0)
         at(f"the {split} rollout's gather")
-        result, _ = _gather(backend, local, failure)
+        result, _ = gather(backend, local, failure)
         self.last_validation = result
         # only when some failed
         failures = {k: v for k, v in self.check_failures(result, top, top).items() if v}
@@ -311,65 +344,3 @@ class Rollouts:
             scalars[f"{prefix}/pass@{k}"] = float(pas.compute())
         scalars.update(outcome_scalars(result, top))
         return scalars
-
-
-def outcome_scalars(result: RolloutResult, prefix: str) -> dict[str, float]:
-    """``<prefix>/success_rate`` and ``turns_mean`` over the episodes, and per agent
-    ``<prefix>/<agent>/reward_mean`` (finite rewards) and ``valid_ratio``: what training rollouts
-    and validation both log."""
-    out: dict[str, float] = {}
-    if result.episodes:
-        out[f"{prefix}/success_rate"] = sum(e.success for e in result.episodes) / len(result.episodes)
-        out[f"{prefix}/turns_mean"] = sum(e.turns for e in result.episodes) / len(result.episodes)
-    per_agent: dict[str, list[Sample]] = defaultdict(list)
-    for s in result.samples:
-        per_agent[s.agent].append(s)
-    for agent, samples in per_agent.items():
-        rewards = [s.reward for s in samples if math.isfinite(s.reward)]
-        out[f"{prefix}/{agent}/reward_mean"] = sum(rewards) / max(1, len(rewards))
-        out[f"{prefix}/{agent}/valid_ratio"] = sum(s.valid for s in samples) / len(samples)
-    return out
-
-
-def _drop_nonfinite(result: RolloutResult, iteration: int) -> tuple[RolloutResult, float]:
-    """``result`` without the samples whose reward is NaN or infinite (a broken reward function
-    would otherwise poison every advantage of their group), and how many were dropped."""
-    kept = [s for s in result.samples if math.isfinite(s.reward)]
-    dropped = len(result.samples) - len(kept)
-    if dropped:
-        agents = sorted({s.agent for s in result.samples if not math.isfinite(s.reward)})
-        log.warning("iteration %d: %d sample(s) of %s with a NaN or infinite reward dropped (not trained on)",
-                    iteration, dropped, ", ".join(agents))
-        result = RolloutResult(kept, result.episodes)
-    return result, float(dropped)
-
-
-def _gather(backend: RolloutBackend, local: RolloutResult, failure: BaseException | None = None,
-            stats: tuple[int, int] = (0, 0)) -> tuple[RolloutResult, tuple[int, int]]:
-    """All ranks' samples and episodes in rank order, and their engines' cache counts summed, in
-    one collective (``local`` and ``stats`` themselves with one rank).
-
-    A rank whose rollout stopped (``failure``: a SIGTERM, an engine or environment error) still
-    joins the collective and hands over what stopped it; then every rank raises the lowest failed
-    rank's exception (the same type everywhere, so a SIGTERM on one rank stops every rank as
-    preempted, and two ranks failing differently still stop alike). A rank that raised before the
-    gather would leave the others waiting in it until the process group's timeout.
-    """
-    if backend.world_size == 1:
-        if failure is not None:
-            raise failure
-        return local, stats
-    parts = backend.gather_objects((local, stats, portable(failure, backend.rank)))
-    failures = [err for _, _, err in parts]
-    if any(err is not None for err in failures):
-        first = next(r for r, err in enumerate(failures) if err is not None)
-        log.error("rank %d stopped its rollout with %s: %s; every rank stops", first,
-                  type(failures[first]).__name__, failures[first])
-        raise_first(failures, backend.rank, failure)
-    counts: dict[str, float] = defaultdict(float)
-    for r, _, _ in parts:
-        for key, value in r.counts.items():
-            counts[key] += value
-    return (RolloutResult([s for r, _, _ in parts for s in r.samples],
-                          [e for r, _, _ in parts for e in r.episodes], dict(counts)),
-            (sum(n for _, (n, _), _ in parts), sum(c for _, (_, c), _ in parts)))

@@ -34,6 +34,11 @@ class Placement:
     """This rank's sampling seed."""
     sharded: bool = False
     """The trained model is sharded (FSDP): an engine cannot generate with it directly."""
+    overlapped: bool = False
+    """The engine generates while the trainer updates (``--data.rollout.staleness`` >= 1): it cannot
+    generate with the trained model's tensors either."""
+    cpus: tuple[int, ...] | None = None
+    """The cores an engine in a process of its own runs on (None: the rank's share of the node's)."""
 
 
 class EngineError(RuntimeError):
@@ -54,6 +59,9 @@ class Engine(ABC):
     settings_type: ClassVar[type | None] = None
     """The dataclass of this engine's settings: ``--model.engine_settings`` (one mapping for every
     policy) and a policy's own ``engine_settings`` over it; None: the engine takes none."""
+    in_process: ClassVar[bool] = True
+    """Whether it generates in the trainer's process (a thread of it, when rollouts play behind the
+    update); False: in processes of its own, which get cores of their own then (on CPU)."""
     auto_preference: ClassVar[int | None] = None
     """Its place in ``--model.engine auto``'s choice: the available engine with the highest
     preference is taken; None: chosen only by name. Read from the class itself, not inherited:

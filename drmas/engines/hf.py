@@ -150,9 +150,15 @@ class HFEngine(Engine):
     def create(cls, policy: Any, settings: Any, place: Placement, pool: dict[str, Any],
                team: dict[str, Any]) -> tuple[Engine, bool]:
         """The trained model itself; a sharded one cannot generate (each rank decodes a different
-        number of steps, which the shards' collectives cannot follow), so the engine then keeps
-        an unsharded copy that ``sync_weights`` fills tensor by tensor."""
-        if not place.sharded:
+        number of steps, which the shards' collectives cannot follow), nor one the trainer updates
+        while the engine generates (``place.overlapped``), so the engine then keeps an unsharded
+        copy that ``sync_weights`` fills tensor by tensor."""
+        own_copy = place.sharded or (place.overlapped and policy.trainable)
+        if own_copy and policy.adapter is not None:
+            raise ValueError(f"policy {policy.name!r} trains a LoRA adapter, which the hf engine generates "
+                             f"with on the trained model itself: with rollouts behind the update "
+                             f"(--data.rollout.staleness) use --model.engine vllm")
+        if not own_copy:
             return cls(policy.model, policy.tokenizer, adapter=policy.adapter), True
         model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]
         return cls(model.to(place.device).eval().requires_grad_(False), policy.tokenizer,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-__all__ = ["device_env", "local_ranks", "rank_cores"]
+__all__ = ["device_env", "local_ranks", "overlap_cores", "pin_process", "rank_cores"]
 
 
 def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,
@@ -23,6 +23,30 @@ def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int]
         return [cores[local_rank % len(cores)]]
     share = len(cores) // local_ranks
     return cores[local_rank * share:(local_rank + 1) * share]
+
+
+def overlap_cores(cores: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``(trainer's, engines')``: a rank's cores split in two halves when its engines play rollouts
+    while it trains (``--data.rollout.staleness``), so neither slows the other by taking its cores;
+    one core cannot be split (both then share it)."""
+    cores = list(cores)
+    if len(cores) < 2:
+        return cores, cores
+    half = len(cores) // 2
+    return cores[:half], cores[half:]
+
+
+def pin_process(cores: Sequence[int]) -> None:
+    """Run this process on ``cores`` alone, each of its threads (those started later inherit it), with
+    as many compute threads as cores."""
+    import torch
+
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    torch.set_num_threads(len(cores))
 
 
 def local_ranks(world_size: int) -> int:

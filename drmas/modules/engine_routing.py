@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from drmas.engines import Engine, EngineError, Placement, policy_settings
 from drmas.engines.base import finish_gathers, start_gathers
+from drmas.engines.placement import local_ranks, overlap_cores, pin_process, rank_cores
 from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 from drmas.tool_calls import fallback_messages, resolve_format
@@ -25,7 +26,30 @@ class EngineRouting:
 
     def _placement(self) -> Placement:
         return Placement(self.rank, self.local_rank, self.world_size, self.device, self.rank,
-                         self._sharded)
+                         self._sharded, self.staleness > 0, self._engine_cpus)
+
+    def set_staleness(self, staleness: int) -> None:
+        """Rollouts lag ``staleness`` updates (``--data.rollout.staleness``): engines stay awake and
+        keep weights of their own; the loss then needs the behaviour policy's importance weights."""
+        if staleness and self.loss.importance_cap is None:
+            raise ValueError(f"--data.rollout.staleness {staleness} trains on samples of older weights: the "
+                             "loss corrects for them with truncated importance weights, so "
+                             "--model.loss.importance_cap must be set (2.0 is the default; docs/async.md)")
+        self.staleness = staleness
+
+    def _split_cores(self) -> None:
+        """On CPU with rollouts behind the update, engines in processes of their own: the trainer keeps
+        half of the rank's cores, the engines get the other half
+        (:func:`~drmas.engines.placement.overlap_cores`)."""
+        if not self.staleness or self.device.type != "cpu" or self._engine_class.in_process:
+            return  # an engine in a thread of the trainer's shares its cores
+        trainer, engines = overlap_cores(rank_cores(self.local_rank, local_ranks(self.world_size)))
+        if trainer != engines:
+            self._engine_cpus = tuple(engines)
+            pin_process(trainer)
+            if self.rank == 0:
+                print(f"rollouts behind the update: the trainer on cores {trainer}, its engines on "
+                      f"{engines}", flush=True)
 
     def _agree(self, failure: BaseException | None) -> None:
         """A collective: raise this rank's ``failure``, or another rank's, on every rank alike."""
@@ -83,9 +107,13 @@ class EngineRouting:
             except Exception as err:
                 failure = err
         self._agree(failure)
-        if seed is not None:  # engines drawing from an RNG of their own: a stream per engine
-            for k, engine in enumerate(self.engines.values()):
-                engine.reseed(engine_seed(seed, k))
+        if seed is not None:
+            self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        """Reseed every engine from ``seed`` (engines drawing from an RNG of their own: a stream each)."""
+        for k, engine in enumerate(self.engines.values()):
+            engine.reseed(engine_seed(seed, k))
 
     def engine_cache_stats(self) -> tuple[int, int]:
         stats = [e.take_cache_stats() for e in self.engines.values()]

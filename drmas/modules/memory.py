@@ -79,18 +79,23 @@ def plan_length(engine: Any, settings: Any, config: Any) -> int:
 
 
 def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[str, Any], ranks: int,
-               device_bytes: int, offload: bool, sharded: bool, kl: bool) -> dict[str, Any]:
+               device_bytes: int, offload: bool, sharded: bool, kl: bool,
+               awake: bool = False) -> dict[str, Any]:
     """:func:`memory_plan`'s arguments for these policies and their engines (an ``Engine`` class and
-    its settings)."""
-    copy = engine.keeps_copy(sharded)
+    its settings). ``awake``: the engines play rollouts during the update (``--data.rollout.staleness``),
+    so the update's peak holds their whole fractions, not what they keep asleep, and an engine that
+    could generate with the trained tensors keeps a copy of its own."""
+    copy = engine.keeps_copy(sharded or awake)
+    fractions = engine.device_fractions(team, settings)
+    asleep = [f * device_bytes for f in fractions] if awake else engine.asleep_bytes(team, settings)
     transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model))
                    for p in policies.values())
     parameters = {n: sum(t.numel() for t in p.model.parameters()) for n, p in policies.items()}
     return dict(policies=[policy_memory(p, kl, plan_length(engine, settings, p.config), copy)
                           for p in policies.values()],
                 ranks=ranks, device_bytes=device_bytes,
-                engine_fractions=engine.device_fractions(team, settings),
-                offload=offload, engine_asleep=engine.asleep_bytes(team, settings), transfer_bytes=transfer,
+                engine_fractions=fractions, offload=offload,
+                engine_asleep=asleep, transfer_bytes=transfer,
                 host_bytes=engine.asleep_host_bytes(team, settings, parameters))
 
 

@@ -114,6 +114,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
+        self.staleness = 0  # set by the rollout side (set_staleness) before the engines are built
+        self._engine_cpus: tuple[int, ...] | None = None  # engine processes' cores, when not the rank's
 
     # ---- agents, engines, generation ------------------------------------------------------
 
@@ -133,12 +135,14 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def world_size(self) -> int:
         return self._trainer.world_size if self._trainer is not None else 1
 
-    def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` in rank order; a collective (``[obj]`` with one process)."""
+    def gather_objects(self, obj: Any, background: bool = False) -> list[Any]:
+        """Every rank's ``obj`` in rank order; a collective (``[obj]`` with one process), on the
+        background rollout's gloo group when ``background``."""
         if self.world_size == 1:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(out, obj, group=watch.objects)  # gloo, --gather_timeout_s
+        group = watch.behind if background else watch.objects  # gloo, --gather_timeout_s
+        torch.distributed.all_gather_object(out, obj, group=group)
         return out
 
     # ---- training -------------------------------------------------------------------------
@@ -172,12 +176,13 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         except ValueError as err:
             failure = err
         self._agree(failure)
+        self._split_cores()
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
         self._plan = plan_terms(self.policies, self._engine_class, self._engine_settings, self._team,
                                 self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
                                 getattr(self.trainer.strategy, "cpu_offload", False), self._sharded,
-                                self.loss.kl_coef > 0)
+                                self.loss.kl_coef > 0, awake=self.staleness > 0)
         plan, fits = memory_plan(**self._plan)
         rank_zero_info(plan)
         if not fits:
@@ -324,8 +329,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         # the rollout is done: engines give their accelerator memory to the update (those that
-        # can sleep; a no-op for the rest) until the next sync_weights wakes them
-        for engine in self.engines.values():
+        # can sleep; a no-op for the rest) until the next sync_weights wakes them; rollouts
+        # played behind the update keep them awake
+        for engine in self.engines.values() if not self.staleness else ():
             engine.sleep()
         if self._plan is not None and self.trainer.is_global_zero:  # once: what sleep really left
             for line in residue_report({n: e.asleep_measured for n, e in self.engines.items()

@@ -57,7 +57,7 @@ def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     assert checked == sum(len(s.response_ids) for s in plan.samples)
 
 
-def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
+def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1, staleness=0):
     L.seed_everything(seed)  # the engine samples from the global generator
     # temperature 0.1: tiny-random's next-token distribution is uniform over 49k tokens, where no
     # few steps can move the mass of the ~9% of tokens holding a "y"; at 0.1 a few dozen tokens
@@ -77,8 +77,8 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1):
     wf = AgentsWorkflow(conversation if frozen_critic else short_answers, list(agents), tasks_file,
                         val_share=0, window_ms=10**7)
     dm = RolloutDataModule(wf,
-                           rollout=RolloutConfig(estimator="drmas",
-                                                 group_size=8, tasks_per_iteration=4, seed=seed),
+                           rollout=RolloutConfig(estimator="drmas", group_size=8, tasks_per_iteration=4,
+                                                 seed=seed, staleness=staleness),
                            validation=ValidationConfig(tasks=0))
     trainer = L.Trainer(accelerator="cpu", max_epochs=iterations, reload_dataloaders_every_n_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -23,9 +23,9 @@ def _checkpoint(tmp) -> str:
     return os.path.join(run_dir(tmp), "checkpoints", "last.ckpt")
 
 
-def _resumes_to_the_end(tmp, folder) -> None:
+def _resumes_to_the_end(tmp, folder, *args: str) -> None:
     """``--ckpt_path last`` from the last whole iteration (1) to the end (3), on both ranks."""
-    proc = run_faulty("none", 0, tmp, *RUN, "--ckpt_path", "last")
+    proc = run_faulty("none", 0, tmp, *RUN, *args, "--ckpt_path", "last")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"--ckpt_path last: resuming from {os.path.join(folder, 'last.ckpt')}" in proc.stdout
     assert sorted(scalars(run_dir(tmp))["rollout/success_rate"]) == [2, 3]  # iteration 2 again, then 3
@@ -67,6 +67,31 @@ def test_rank_1s_failing_optimiser_step_stops_every_rank_naming_it(tmp_path):
     error = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
     _every_rank_names(tmp_path, proc, 1, "the optimiser step", error)
     _resumes_to_the_end(tmp_path, folder)
+
+
+LAG = ("--data.rollout.staleness", "1")
+
+
+def test_rank_1s_failing_step_under_rollouts_behind_the_update_stops_every_rank_naming_it(tmp_path):
+    """Staleness 1: iteration 3's rollout plays behind the update on both ranks, gathering on its own
+    process group, while the update's steps agree on theirs; rank 1's step fails, and both end as in
+    a synchronous run, the rollout behind stopped."""
+    proc, folder = _fails(tmp_path, "step_error", "1", *LAG)
+    error = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+    _every_rank_names(tmp_path, proc, 1, "the optimiser step", error)
+    assert "the background rollout of iteration(s) 3 was stopped with the run" in proc.stderr
+    _resumes_to_the_end(tmp_path, folder, *LAG)
+
+
+def test_rank_1s_engine_failing_behind_the_update_stops_every_rank_naming_it(tmp_path):
+    """Staleness 1: rank 1's engine fails in iteration 3's rollout, behind update 2: the ranks agree
+    on it in the rollout's gather and raise it where the trainer waits for the rollout, before
+    iteration 2's checkpoint (which would hold that rollout)."""
+    proc, folder = _fails(tmp_path, "engine_error", "1", *LAG)
+    error = (r"EngineError: the hf engine of policy 'shared' failed generating for agent '\w+' "
+             r"\(\d+ prompts x \d+\): RuntimeError: CUDA error: device lost")
+    _every_rank_names(tmp_path, proc, 1, re.escape("the background rollout (drain)"), error)
+    _resumes_to_the_end(tmp_path, folder, *LAG)
 
 
 def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):

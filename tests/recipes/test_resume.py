@@ -77,6 +77,29 @@ def test_a_run_killed_mid_update_resumes_with_ckpt_path_last(tmp_path, uninterru
     assert_continues(tmp_path, uninterrupted, first=3)
 
 
+def test_rollouts_one_update_behind_killed_mid_update_resume_exactly(tmp_path):
+    """``--data.rollout.staleness 1`` (vLLM: its process's draws are the rollout's alone): killed in
+    iteration 2's update while iteration 3's rollout plays behind it. The checkpoint of iteration 1
+    holds iteration 2's rollout (played on the initial weights); the resumed run trains on it and
+    logs the uninterrupted run's scalars, the lag's included."""
+    args = [*COMMON, "--model.engine", "vllm", "--trainer.max_epochs", "3", "--data.rollout.staleness", "1"]
+    full = tmp_path / "full"
+    full.mkdir()
+    _run("search", full, *args)
+    killed = run_faulty("kill_update", 2, tmp_path, *args)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert saved_iteration(str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")) == 1
+    _run("search", tmp_path, *args, "--ckpt_path", "last")
+    a, b = scalars(run_dir(full)), scalars(run_dir(tmp_path))
+    assert sorted(b["train/shared/lr"]) == [2, 3]
+    for k in (2, 3):
+        for tag in (*TAGS, "train/shared/staleness_max", "train/shared/importance_weight_mean",
+                    "train/shared/engine_logprob_gap_max"):
+            assert b[tag][k] == pytest.approx(a[tag][k], rel=1e-5, abs=1e-7), (tag, k)
+    assert [a["train/shared/staleness_max"][k] for k in (1, 2, 3)] == [0, 1, 1]
+    assert b["val/avg@2"][3] == pytest.approx(a["val/avg@2"][3])
+
+
 def test_sigterm_stops_at_the_next_micro_batch_and_the_run_resumes(tmp_path, uninterrupted):
     stamp = tmp_path / "sent"
     proc = run_faulty("sigterm_update", 3, tmp_path, env={"FAULT_STAMP": str(stamp)})

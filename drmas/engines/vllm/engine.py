@@ -54,6 +54,7 @@ class VLLMEngine(Engine):
     """
 
     settings_type = VLLMSettings
+    in_process = False
     auto_preference = 10  # over HF's 0: where vLLM is installed, ``auto`` takes it
 
     @classmethod
@@ -158,8 +159,8 @@ class VLLMEngine(Engine):
         """An engine of the policy's own; a LoRA policy gets a view of an engine in ``pool``, one
         per shared base (as many adapter slots as policies share it), else one of its own."""
         c = policy.config
-        kwargs = dict(settings=settings, seed=place.seed, device=place.device,
-                      cpus=rank_cores(place.local_rank, local_ranks(place.world_size)))
+        cores = place.cpus or rank_cores(place.local_rank, local_ranks(place.world_size))
+        kwargs = dict(settings=settings, seed=place.seed, device=place.device, cpus=list(cores))
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
             engine._rank = place.rank
