@@ -64,9 +64,9 @@ def main() -> None:
     p.add_argument("--validation-tasks", type=int, default=16, help="0: no validation")
     args = p.parse_args()
     sys.path.insert(0, ROOT)
-    from drmas.hardware import describe_cpu
+    from drmas.hardware import machine
 
-    print(describe_cpu(), flush=True)
+    print(machine(), flush=True)
     results = {}
     for staleness in (0, 1):
         with tempfile.TemporaryDirectory() as tmp:

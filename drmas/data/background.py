@@ -115,6 +115,8 @@ class Pipeline:
         self.background = Background()
         self.ready: dict[int, Played] = {}
         """Played, not yet trained on: what a checkpoint keeps (:meth:`state`)."""
+        self.last: int | None = None
+        """The run's last iteration (``--trainer.max_epochs``): no rollout is played past it."""
         self._waited = 0.0
 
     def prepare(self, rollouts: Any, backend: Any, iteration: int) -> Any:
@@ -125,7 +127,8 @@ class Pipeline:
         self._collect()  # nothing, but for an iteration that stopped before its drain
         backend.sync_weights()  # the weights after update k-1 (engines built at k = 1)
         t1 = time.perf_counter()
-        for j in range(iteration, iteration + self.staleness + 1):
+        last = iteration + self.staleness if self.last is None else min(self.last, iteration + self.staleness)
+        for j in range(iteration, max(iteration, last) + 1):
             if j not in self.ready and j not in self.background.submitted:
                 self.background.submit(j, functools.partial(rollouts.play, backend, j, iteration - 1,
                                                             background=True))

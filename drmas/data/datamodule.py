@@ -84,6 +84,9 @@ class RolloutDataModule(L.LightningDataModule):
             self.trainer.callbacks.insert(0, self._hook)
         backend = self._backend()
         backend.set_staleness(self.rollouts.config.staleness)
+        if self.rollouts.pipeline is not None:  # no rollout played past the last iteration
+            last = self.trainer.max_epochs
+            self.rollouts.pipeline.last = last if last is not None and last > 0 else None
         self.rollouts.bind(backend)
         if self.validation.swap_probe:
             self.rollouts.swapped_agents()  # one policy per agent, or an error before anything runs

@@ -59,13 +59,17 @@ class Engine(ABC):
     settings_type: ClassVar[type | None] = None
     """The dataclass of this engine's settings: ``--model.engine_settings`` (one mapping for every
     policy) and a policy's own ``engine_settings`` over it; None: the engine takes none."""
-    in_process: ClassVar[bool] = True
-    """Whether it generates in the trainer's process (a thread of it, when rollouts play behind the
-    update); False: in processes of its own, which get cores of their own then (on CPU)."""
     auto_preference: ClassVar[int | None] = None
     """Its place in ``--model.engine auto``'s choice: the available engine with the highest
     preference is taken; None: chosen only by name. Read from the class itself, not inherited:
     a subclass registered under a name of its own takes part only if it sets one."""
+
+    @classmethod
+    def own_process(cls, overlapped: bool) -> bool:
+        """Whether it generates in a process of its own (``overlapped``: while the trainer updates,
+        ``--data.rollout.staleness``); such engines get cores of their own then, on CPU. Default:
+        False, in a thread of the trainer's process."""
+        return False
 
     @classmethod
     def available(cls) -> bool:

@@ -149,20 +149,31 @@ class HFEngine(Engine):
     @classmethod
     def create(cls, policy: Any, settings: Any, place: Placement, pool: dict[str, Any],
                team: dict[str, Any]) -> tuple[Engine, bool]:
-        """The trained model itself; a sharded one cannot generate (each rank decodes a different
-        number of steps, which the shards' collectives cannot follow), nor one the trainer updates
-        while the engine generates (``place.overlapped``), so the engine then keeps an unsharded
-        copy that ``sync_weights`` fills tensor by tensor."""
-        own_copy = place.sharded or (place.overlapped and policy.trainable)
-        if own_copy and policy.adapter is not None:
+        """The trained model itself. A sharded one cannot generate (each rank decodes a different
+        number of steps, which the shards' collectives cannot follow), so the engine then keeps an
+        unsharded copy that ``sync_weights`` fills tensor by tensor. A trained policy whose rollouts
+        play while the trainer updates it (``place.overlapped``) is served by an HF engine in a
+        process of its own (:class:`~drmas.engines.hf_process.HFProcessEngine`)."""
+        overlapped = place.overlapped and policy.trainable  # a frozen policy's tensors never change
+        if overlapped and policy.adapter is not None:
             raise ValueError(f"policy {policy.name!r} trains a LoRA adapter, which the hf engine generates "
                              f"with on the trained model itself: with rollouts behind the update "
                              f"(--data.rollout.staleness) use --model.engine vllm")
-        if not own_copy:
+        if overlapped:  # in a process of its own, on cores of its own (docs/async.md)
+            from drmas.engines.hf_process import HFProcessEngine
+            from drmas.engines.placement import local_ranks, rank_cores
+
+            cores = place.cpus or rank_cores(place.local_rank, local_ranks(place.world_size))
+            return HFProcessEngine(policy, cores, place.device), False
+        if not place.sharded:
             return cls(policy.model, policy.tokenizer, adapter=policy.adapter), True
         model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]
         return cls(model.to(place.device).eval().requires_grad_(False), policy.tokenizer,
                    copy_weights=True), False
+
+    @classmethod
+    def own_process(cls, overlapped: bool) -> bool:
+        return overlapped
 
     @classmethod
     def keeps_copy(cls, sharded: bool) -> bool:

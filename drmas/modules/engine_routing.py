@@ -41,7 +41,7 @@ class EngineRouting:
         """On CPU with rollouts behind the update, engines in processes of their own: the trainer keeps
         half of the rank's cores, the engines get the other half
         (:func:`~drmas.engines.placement.overlap_cores`)."""
-        if not self.staleness or self.device.type != "cpu" or self._engine_class.in_process:
+        if not self.staleness or self.device.type != "cpu" or not self._engine_class.own_process(True):
             return  # an engine in a thread of the trainer's shares its cores
         trainer, engines = overlap_cores(rank_cores(self.local_rank, local_ranks(self.world_size)))
         if trainer != engines:

@@ -95,19 +95,20 @@ def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[
                           for p in policies.values()],
                 ranks=ranks, device_bytes=device_bytes,
                 engine_fractions=fractions, offload=offload,
-                engine_asleep=asleep, transfer_bytes=transfer,
+                engine_asleep=asleep, transfer_bytes=transfer, awake=awake,
                 host_bytes=engine.asleep_host_bytes(team, settings, parameters))
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
                 offload: bool = False, engine_asleep: list[float] = (), transfer_bytes: float = 0.0,
-                host_bytes: float = 0.0) -> tuple[str, bool]:
+                host_bytes: float = 0.0, awake: bool = False) -> tuple[str, bool]:
     """The plan as a table (GiB per device) and whether it fits.
 
     Engines sleep during the update and the policies' gradients are freed after each step, so the
     two peaks are the update (weights + grads + optimiser + logits of every policy + what each engine
     holds asleep, ``engine_asleep`` in bytes) and the rollout (weights + optimiser + each engine's
-    fraction of the device, ``engine_fractions``, + one transfer's staging buffer).
+    fraction of the device, ``engine_fractions``, + one transfer's staging buffer). ``awake``: the
+    engines play rollouts through the update (``engine_asleep`` then holds their whole fractions).
     """
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
@@ -129,7 +130,8 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
              f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} "
              f"{'logits':>8s} {'engine':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
-    lines.append(f"update peak {update / GIB:.2f} GiB (engines asleep {asleep / GIB:.2f}); "
+    lines.append(f"update peak {update / GIB:.2f} GiB (engines {'awake' if awake else 'asleep'} "
+                 f"{asleep / GIB:.2f}); "
                  f"rollout peak {rollout / GIB:.2f} GiB (engines {engines / GIB:.2f} GiB = "
                  f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'}; weight transfer "
                  f"{transfer_bytes / GIB:.2f})")

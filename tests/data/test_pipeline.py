@@ -89,6 +89,17 @@ def test_iteration_k_trains_on_the_weights_after_update_k_minus_1_minus_n(stalen
     assert backend.seeds == list(range(1, 6 + staleness))
 
 
+def test_no_rollout_is_played_past_the_last_iteration():
+    rollouts = Rollouts(SolverVerifierWorkflow(max_turns=1),
+                        RolloutConfig(staleness=2, group_size=2, tasks_per_iteration=1),
+                        ValidationConfig(tasks=0))
+    rollouts.pipeline.last = 3
+    backend = VersionedBackend(right_on_even)
+    plans, _ = run(rollouts, backend, 3)
+    assert [p.iteration for p in plans] == [1, 2, 3] and backend.seeds == [1, 2, 3]
+    assert rollouts.pipeline.ready == {} and rollouts.pipeline.state()["staleness"] == 2
+
+
 def test_a_group_never_mixes_weight_versions_when_updates_land_mid_rollout():
     """Updates happen while the rollout plays (its generate calls are slow); the engines keep the
     weights of the sync, so every (task, agent) group is one version."""

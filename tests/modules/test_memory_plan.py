@@ -29,6 +29,29 @@ def test_plan_counts_sharded_state_logits_and_engines():
     assert f"shared{'':6s} {4 * state / GIB:8.2f} {4 * state / GIB:8.2f} {8 * state / GIB:8.2f}" in text
 
 
+def test_engines_awake_through_the_update_count_their_whole_share_and_keep_a_copy():
+    """Rollouts behind the update (--data.rollout.staleness): the engines' fractions count at the
+    update's peak too, and an engine that could use the trained tensors keeps a copy."""
+    from drmas.engines import HFEngine, VLLMEngine
+    from drmas.engines.vllm.settings import VLLMSettings
+    from drmas.modules.memory import plan_terms
+    from drmas.modules.policy import Policy, PolicyConfig
+
+    policies = {"p": Policy("p", PolicyConfig(model="tiny-random"))}
+    team = {"p": policies["p"].config}
+    vllm = VLLMSettings(gpu_memory_utilization=0.3)
+    terms = plan_terms(policies, VLLMEngine, vllm, team, 1, 80 * GIB, False, False, False, awake=True)
+    assert terms["engine_asleep"] == [0.3 * 80 * GIB] and terms["awake"]
+    text, _ = memory_plan(**terms)
+    assert "(engines awake 24.00)" in text
+    asleep = plan_terms(policies, VLLMEngine, vllm, team, 1, 80 * GIB, False, False, False)
+    assert asleep["engine_asleep"] == [GIB] and "(engines asleep 1.00)" in memory_plan(**asleep)[0]
+    hf = plan_terms(policies, HFEngine, None, team, 1, 80 * GIB, False, False, False, awake=True)
+    assert hf["policies"][0].engine_copy_bytes > 0
+    assert plan_terms(policies, HFEngine, None, team, 1, 80 * GIB, False, False, False)[
+        "policies"][0].engine_copy_bytes == 0
+
+
 def test_plan_refuses_what_cannot_fit_and_offloading_fits_it():
     big = PolicyMemory("big", parameters=8 * 10**9, vocab_size=151_936, chunk_tokens=0,
                        tokens_per_micro_batch=8192, reference=True)

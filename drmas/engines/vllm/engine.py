@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
-import threading
-import time
-from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
 import torch
 
 from drmas import console
-from drmas.children import Child
-from drmas.engines.base import (ENGINES, Engine, Placement, check_request,
-                                per_prompt)
+from drmas.engines.base import ENGINES, Engine, Placement, check_request, per_prompt
+from drmas.engines.served import EngineProcessError, ServedEngine
 from drmas.engines.vllm.adapter import VLLMAdapter
 from drmas.engines.vllm.runtime import vllm_available
 from drmas.engines.vllm.settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
@@ -28,7 +22,6 @@ from drmas.engines.vllm.settings import (VLLMSettings, builds_alone, check_gpu_f
 from drmas.engines.placement import local_ranks, rank_cores
 from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
-from drmas.ranks import gather_timeout_s
 from drmas.records import Completion, GenerationSettings
 
 __all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
@@ -38,12 +31,8 @@ ASLEEP_BYTES = 2**30
 """Device memory an engine process keeps asleep (CUDA context, what sleep does not release): an estimate."""
 
 
-class EngineProcessError(RuntimeError):
-    """The engine process failed a request, or is gone."""
-
-
 @ENGINES.register("vllm")
-class VLLMEngine(Engine):
+class VLLMEngine(ServedEngine):
     """One vLLM engine in a process of its own; see the module docstring for why each setting is
     what it is.
 
@@ -54,12 +43,16 @@ class VLLMEngine(Engine):
     """
 
     settings_type = VLLMSettings
-    in_process = False
+    kind = "vLLM"
     auto_preference = 10  # over HF's 0: where vLLM is installed, ``auto`` takes it
 
     @classmethod
     def available(cls) -> bool:
         return vllm_available()
+
+    @classmethod
+    def own_process(cls, overlapped: bool) -> bool:
+        return True
 
     @classmethod
     def context_limit(cls, settings: VLLMSettings) -> int | None:
@@ -86,22 +79,10 @@ class VLLMEngine(Engine):
         self.llm_kwargs = llm_kwargs(model_path, settings, seed, self.on_gpu, max_loras, max_lora_rank,
                                      quiet=console.QUIET)
         self.transfer_buffer = transfer_buffer_bytes(settings.transfer_buffer_mib, self.on_gpu)
-        self.name = name or os.path.basename(model_path)
         cores = list(cpus) if cpus is not None else rank_cores()
-        ours, theirs = socket.socketpair()
-        try:
-            self.process = Child("drmas.engines.vllm.process:serve",
-                                 [str(theirs.fileno()), "quiet" if console.QUIET else ""],
-                                 name=f"vLLM engine {self.name}", threads=len(cores), cpus=cores,
-                                 env=engine_process_env(self.device_asked, cores),
-                                 unset=("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                        "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"),
-                                 pass_fds=[theirs.fileno()])
-        finally:
-            theirs.close()
-        self.conn: Connection | None = Connection(ours.detach())
-        self._lock = threading.Lock()  # one request at a time on the socket, whichever thread asks
-        self.cores = cores
+        self._spawn("drmas.engines.vllm.process:serve", ["quiet" if console.QUIET else ""],
+                    name or os.path.basename(model_path), cores, engine_process_env(self.device_asked, cores),
+                    {"llm_kwargs": self.llm_kwargs}, self.on_gpu)
         self._transfer: Any = None
         self._asleep = False
         self._adapters: dict[str, tuple[str, int, str]] = {}  # adapter -> (version name, lora id, dir)
@@ -110,12 +91,8 @@ class VLLMEngine(Engine):
         self.users = 0  # VLLMAdapter views sharing this engine; the last one closes it
         self.frozen = False  # set by create for a policy that does not train
         self.context_length = settings.max_model_len
-        self.pid = self.process.pid
         self._rank: int | None = None  # set by create: the start-up line names the rank
-        self._building = True
-        self._info: dict[str, Any] = {}
         try:  # the engine builds in the background (see ready) while this process imports vLLM too
-            self.conn.send(("build", {"llm_kwargs": self.llm_kwargs}))
             from drmas.engines.vllm.runtime import import_vllm
 
             import_vllm()  # a missing or broken vLLM named in this process, with the install hint
@@ -123,18 +100,7 @@ class VLLMEngine(Engine):
             self.close()
             raise
 
-    def ready(self) -> None:
-        """Wait until the engine process has built its ``LLM`` (a failure raised here)."""
-        with self._lock:
-            if not self._building:
-                return
-            try:
-                self._info = self._receive("build")
-            except BaseException:
-                self.close()
-                raise
-            finally:
-                self._building = False
+    def _built(self) -> None:
         if self._rank is not None:
             self._announce(self._rank)
 
@@ -215,46 +181,6 @@ class VLLMEngine(Engine):
         cores = f"{self.cores[0]}-{self.cores[-1]}" if len(self.cores) > 1 else str(self.cores[0])
         print(f"[rank {rank}] vLLM engine of policy {self.name}: {self.device}, process {self.pid} "
               f"(trainer {os.getpid()}), cores {cores}, kernels {self._info['kernels']}", flush=True)
-
-    def _call(self, method: str, **kwargs: Any) -> Any:
-        """One request to the engine process; its failure, or its death, raised here."""
-        self.ready()
-        if self.conn is None:
-            raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
-        with self._lock:
-            try:
-                self.conn.send((method, kwargs))
-            except OSError:
-                pass  # it died: _receive names its exit
-            return self._receive(method)
-
-    def _receive(self, method: str) -> Any:
-        """The engine process's answer to ``method``."""
-        if self.conn is None:
-            raise EngineProcessError(f"the vLLM engine process of {self.name} is closed")
-        bound, start = gather_timeout_s(self.on_gpu), time.monotonic()
-        try:
-            while not self.conn.poll(1.0):
-                if not self.process.alive():
-                    raise EOFError
-                if time.monotonic() - start > bound:  # frozen or hung: the other ranks would wait too
-                    self.process.close(grace_s=0)
-                    raise EngineProcessError(
-                        f"the vLLM engine process of {self.name} (pid {self.process.pid}) did not answer "
-                        f"{method!r} within {bound:.0f} s (--gather_timeout_s); it was stopped")
-            status, *reply = self.conn.recv()
-        except (EOFError, OSError) as err:
-            try:  # its end of the socket closes as it dies: reap it for the exit code
-                code = self.process.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                code = None
-            raise EngineProcessError(f"the vLLM engine process of {self.name} (pid {self.process.pid}) "
-                                     f"ended (exit code {code}) during {method!r}") from err
-        if status == "error":
-            message, trace = reply
-            raise EngineProcessError(f"{message} (in the vLLM engine process of {self.name}; its traceback:\n"
-                                     f"{trace})")
-        return reply[0]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
@@ -371,20 +297,7 @@ class VLLMEngine(Engine):
 
     def close(self) -> None:
         """End the engine process (it also ends with this process, however that ends)."""
-        if getattr(self, "conn", None) is not None:
-            try:
-                self.conn.send(("close", {}))
-            except OSError:
-                pass
-            self.conn.close()
-            self.conn = None
-        if getattr(self, "process", None) is not None:
-            if not getattr(self, "_building", False):  # built: it exits on "close"; building: at once
-                try:
-                    self.process.proc.wait(timeout=30.0)
-                except subprocess.TimeoutExpired:
-                    pass
-            self.process.close()
+        super().close()
         if getattr(self, "_lora_dir", None) is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_dir = None

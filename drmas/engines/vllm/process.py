@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
-import traceback
-from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
 import torch
@@ -219,8 +216,8 @@ def serve(fd: str, quiet: str = "") -> None:
     """Answer requests on the socket ``fd`` until the trainer closes it (``quiet``: the trainer's
     console silences third-party notes, so this process does too). The trainer's environment for it
     (``engine_process_env``) keeps vLLM's worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
-    conn = Connection(int(fd))
     from drmas import console
+    from drmas.engines.served import serve as serve_requests
     from drmas.engines.vllm.runtime import import_vllm
 
     if quiet:
@@ -228,25 +225,9 @@ def serve(fd: str, quiet: str = "") -> None:
 
     with contextlib.suppress(ImportError):  # at once, while the trainer prepares: the build names a failure
         import_vllm()
-    server = None
-    while True:
-        try:
-            method, kwargs = conn.recv()
-        except (EOFError, OSError):  # the trainer is gone or closed us
-            return
-        if method == "close":  # not answered: the trainer has closed its end already
-            return
-        try:
-            if server is None:
-                server = EngineServer(**kwargs)
-                result = server.describe()
-            else:
-                result = getattr(server, method)(**kwargs)
-            reply: tuple[Any, ...] = ("ok", result)
-        except Exception as err:  # answered, not raised: the trainer names the policy and decides
-            reply = ("error", f"{type(err).__name__}: {err}", traceback.format_exc())
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
-        sys.stdout.flush()
+
+    def build(**kwargs: Any) -> tuple[EngineServer, dict[str, Any]]:
+        server = EngineServer(**kwargs)
+        return server, server.describe()
+
+    serve_requests(fd, build)

@@ -14,9 +14,9 @@ worker-side engine (``WeightTransferEngine``: receives and loads, created by the
   leaves them out: a rank's transfer waits on nobody, and a rank whose transfer fails is agreed
   on with the others afterwards like any sync failure (never a peer stuck in a barrier).
 - CPU: ``drmas_shm``, registered here with both of vLLM's factories: the trainer writes each
-  chunk of tensors into a shared-memory file that the engine process mapped once, and the
-  worker loads them from it with the same layerwise reload the ``ipc`` backend uses. The file
-  is unlinked as soon as both sides mapped it, so a killed run leaves nothing in ``/dev/shm``.
+  chunk of tensors into a shared-memory file that the engine process mapped once
+  (:mod:`drmas.engines.shared_weights`), and the worker loads them from it with the same layerwise
+  reload the ``ipc`` backend uses.
 
 Both take their buffer size from one rule (:func:`trainer_engine`): ``transfer_buffer_mib``,
 raised to the largest tensor when smaller (vLLM's packed IPC producer refuses a tensor larger
@@ -32,8 +32,6 @@ plugin entry point is needed.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -44,14 +42,11 @@ from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo, T
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
 from drmas.engines.base import full_state_items
+from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
 
 __all__ = ["BACKEND", "ProcessClient", "StateSource", "register", "trainer_engine"]
 
 BACKEND = "drmas_shm"
-_ALIGN = 64  # every tensor starts on a cache line, so a view of any dtype is aligned
-_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float16, torch.bfloat16,
-                                                       torch.float64, torch.int64, torch.int32,
-                                                       torch.int8, torch.uint8, torch.bool)}
 
 
 class StateSource(WeightSource):
@@ -122,11 +117,6 @@ class SharedMemoryTrainerInitInfo(TrainerInitInfo):
     during a sync."""
 
 
-def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    nbytes = torch.Size(shape).numel() * dtype.itemsize
-    return buffer[offset: offset + nbytes].view(dtype).view(shape)
-
-
 class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]):
     """Worker side: loads each chunk from the mapped file, in checkpoint format (layerwise reload,
     as vLLM's ``ipc`` backend does)."""
@@ -136,7 +126,7 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
     buffer: torch.Tensor | None = None
 
     def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
-        self.buffer = torch.from_file(init_info.path, shared=True, size=init_info.size, dtype=torch.uint8)
+        self.buffer = map_shared(init_info.path, init_info.size)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -152,9 +142,7 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
         if self.buffer is None:
             raise RuntimeError("update_weights before init_weight_transfer_engine")
         info = update_info
-        weights = [(name, _view(self.buffer, offset, _DTYPES[dtype], shape))
-                   for name, dtype, shape, offset
-                   in zip(info.names, info.dtype_names, info.shapes, info.offsets)]
+        weights = chunk_views(self.buffer, info.names, info.dtype_names, info.shapes, info.offsets)
         self.model.load_weights(weights)  # copies out of the buffer, which the next chunk reuses
 
     def shutdown(self) -> None:
@@ -173,55 +161,19 @@ class SharedMemoryTrainerEngine(TrainerWeightTransferEngine[SharedMemoryTrainerI
         if source is None:
             raise ValueError("the drmas_shm weight transfer sends a WeightSource")
         engine = cls(client=client, source=source, is_sender=True)
-        engine.size = _aligned(init_info.buffer_bytes)
-        fd, path = tempfile.mkstemp(prefix="drmas-weights-", dir=_shared_dir(engine.size))
-        try:
-            os.ftruncate(fd, engine.size)
-            engine.buffer = torch.from_file(path, shared=True, size=engine.size, dtype=torch.uint8)
-            client.init_weight_transfer_engine(asdict(SharedMemoryInitInfo(path, engine.size)))
-        finally:
-            os.close(fd)
-            os.unlink(path)  # both sides hold their mapping; nothing is left behind if a process dies
+        size = aligned(init_info.buffer_bytes)
+        with shared_file(size) as (engine.buffer, path):
+            client.init_weight_transfer_engine(asdict(SharedMemoryInitInfo(path, size)))
         return engine
 
     def send_weights(self) -> None:
         assert self.source is not None
         self.client.start_weight_update()
-        chunk: dict[str, list[Any]] = _empty()
-        used = 0
-        for name, tensor in self.source:
-            nbytes = tensor.numel() * tensor.element_size()
-            if used + nbytes > self.size and chunk["names"]:
-                self.client.update_weights(chunk)
-                chunk, used = _empty(), 0
-            _view(self.buffer, used, tensor.dtype, list(tensor.shape)).copy_(tensor)
-            for key, value in zip(chunk, (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape),
-                                          used)):
-                chunk[key].append(value)
-            used += _aligned(nbytes)
-        if chunk["names"]:
-            self.client.update_weights(chunk)
+        send_chunks(self.source, self.buffer, self.client.update_weights)
         self.client.finish_weight_update()
 
     def shutdown(self) -> None:
         self.buffer = None
-
-
-def _empty() -> dict[str, list[Any]]:
-    return {"names": [], "dtype_names": [], "shapes": [], "offsets": []}
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
-def _shared_dir(size: int) -> str | None:
-    """``/dev/shm`` where it has room for the buffer (memory, not disk), else the temp directory."""
-    try:
-        stat = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return "/dev/shm" if stat.f_bavail * stat.f_frsize > 2 * size else None
 
 
 def register() -> None:

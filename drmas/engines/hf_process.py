@@ -1,0 +1,116 @@
+"""The HF engine in a process of its own: what ``--model.engine hf`` runs for a trained policy when
+rollouts play behind the update (``--data.rollout.staleness`` >= 1).
+
+In a thread of the trainer's process, HF generate would share the trainer's cores, thread pools and
+torch's global random generator with the update (the same run twice gave different log-probs).
+Here the process holds its own copy of the policy (loaded from the policy's model, then given the
+trainer's weights at every sync through a shared-memory file,
+:mod:`drmas.engines.shared_weights`), runs on cores of its own, and draws from its own generator,
+reseeded before every rollout: runs are reproducible and resume exactly, as with vLLM. It generates
+with :class:`~drmas.engines.hf.HFEngine`, so its samples and log-probs are those of the in-process
+engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from drmas.engines.base import check_request, full_state_items, per_prompt
+from drmas.engines.placement import device_env
+from drmas.engines.served import ServedEngine
+from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
+from drmas.records import Completion, GenerationSettings
+
+__all__ = ["HFProcessEngine", "HFServer", "serve"]
+
+BUFFER_BYTES = 64 * 2**20
+"""The shared file's size, raised to the largest tensor where that is larger."""
+
+
+class HFServer:
+    """The engine process's side: an :class:`~drmas.engines.hf.HFEngine` on its own copy of the model."""
+
+    def __init__(self, model: str, dtype: str, device: str) -> None:
+        from drmas.engines.hf import HFEngine
+        from drmas.models import load_causal_lm
+
+        network, tokenizer = load_causal_lm(model, dtype=dtype)
+        network = network.to(device).eval().requires_grad_(False)
+        self.engine = HFEngine(network, tokenizer, copy_weights=True)
+        self.state = self.engine.model.state_dict()
+        self.buffer: torch.Tensor | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"threads": torch.get_num_threads()}
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
+                 stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int]) -> list[list[Completion]]:
+        return self.engine.generate(prompts, n, params, stops, max_new_tokens)
+
+    def reseed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # this process's generator: the rollout's draws alone
+
+    def map_weights(self, path: str, size: int) -> None:
+        self.buffer = map_shared(path, size)
+
+    def load_chunk(self, **layout: Any) -> None:
+        if self.buffer is None:
+            raise RuntimeError("load_chunk before map_weights")
+        with torch.no_grad():
+            for name, tensor in chunk_views(self.buffer, **layout):
+                self.state[name].copy_(tensor)
+
+
+def serve(fd: str) -> None:
+    """The engine process: answer the trainer's requests (:func:`drmas.engines.served.serve`)."""
+    from drmas.engines.served import serve as serve_requests
+
+    def build(**kwargs: Any) -> tuple[HFServer, dict[str, Any]]:
+        server = HFServer(**kwargs)
+        return server, server.describe()
+
+    serve_requests(fd, build)
+
+
+class HFProcessEngine(ServedEngine):
+    """The trainer's side: requests to the engine process, and the weights through shared memory."""
+
+    kind = "HF"
+
+    def __init__(self, policy: Any, cpus: Sequence[int], device: torch.device = torch.device("cpu")) -> None:
+        """``device``: the trainer's; the process takes the same GPU (``cuda:0`` of the one it is
+        shown). --- GPU path: not exercised by the CPU test suite. ---"""
+        self._buffer: torch.Tensor | None = None
+        on_gpu = device.type == "cuda"
+        self._spawn("drmas.engines.hf_process:serve", [], policy.name, cpus, device_env(device),
+                    {"model": policy.config.model, "dtype": policy.config.dtype,
+                     "device": "cuda:0" if on_gpu else "cpu"}, on_gpu)
+        self.context_length = getattr(policy.model.config, "max_position_embeddings", None)
+
+    def _built(self) -> None:
+        print(f"HF engine of policy {self.name}: process {self.pid}, cores {self.cores}, "
+              f"{self._info['threads']} threads", flush=True)
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
+                 stops: Sequence[Sequence[str]] | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
+        check_request(prompts, n, params)
+        if not prompts:
+            return []
+        stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
+        return self._call("generate", prompts=[list(p) for p in prompts], n=n, params=params, stops=stops,
+                          max_new_tokens=budgets)
+
+    def reseed(self, seed: int) -> None:
+        self._call("reseed", seed=seed)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Send ``model``'s state dict (gathered from the shards where sharded) chunk by chunk."""
+        if self._buffer is None:
+            largest = max(t.numel() * t.element_size() for t in model.state_dict().values())
+            size = aligned(max(BUFFER_BYTES, largest))
+            with shared_file(size) as (self._buffer, path):
+                self._call("map_weights", path=path, size=size)
+        send_chunks(full_state_items(model), self._buffer, lambda layout: self._call("load_chunk", **layout))
