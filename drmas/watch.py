@@ -38,6 +38,7 @@ class Watch:
         self._stop = threading.Event()
         self._ending = threading.Lock()
         self._failed = self._read = self._beat = ""
+        self._posted = ""  # this rank's own failure line, once posted
         self._limit = 30.0
         self._last_words: list[Callable[[], None]] = []
 
@@ -102,6 +103,8 @@ class Watch:
                 host = store_host()
                 if self._stop.is_set() or (self.rank == 0 and host == "rank 0"):
                     return
+                if self._posted:  # the others read this rank's own line and left: end with it
+                    ranks._exit(f"{self._posted}; rank {self.rank} stopped in {watch_state.what}")
                 line = f"drmas: {host} is gone (the rendezvous store it hosts stopped answering) {_at()}"
             if line is None or line.startswith(f"drmas: rank {self.rank} "):
                 continue
@@ -168,6 +171,7 @@ class Watch:
         if own:
             try:
                 self.store.compare_set(self._failed, "", line)
+                self._posted = line
             except Exception:
                 pass
 

@@ -42,6 +42,7 @@ class ServedEngine(Engine):
     conn: Connection | None = None
     process: Child | None = None
     _building = False
+    _in_flight: str | None = None  # the request awaiting its answer, if any
 
     def _spawn(self, target: str, args: Sequence[str], name: str, cores: Sequence[int], env: dict[str, str],
                build: dict[str, Any], on_gpu: bool = False) -> None:
@@ -84,11 +85,15 @@ class ServedEngine(Engine):
         if self.conn is None:
             raise EngineProcessError(f"the {self.kind} engine process of {self.name} is closed")
         with self._lock:
+            self._in_flight = method
             try:
                 self.conn.send((method, kwargs))
             except OSError:
                 pass  # it died: _receive names its exit
-            return self._receive(method)
+            try:
+                return self._receive(method)
+            finally:
+                self._in_flight = None
 
     def _receive(self, method: str) -> Any:
         """The engine process's answer to ``method``."""
@@ -118,7 +123,14 @@ class ServedEngine(Engine):
         return reply[0]
 
     def close(self) -> None:
-        """End the engine process (it also ends with this process, however that ends)."""
+        """End the engine process (it also ends with this process, however that ends). One still
+        answering a request of another thread (a rollout behind the update, when the run stops) is
+        stopped at once, and named, rather than waited for."""
+        busy = self._in_flight
+        if busy is not None and self.process is not None and self.process.alive():
+            print(f"drmas: the {self.kind} engine process of {self.name} (pid {self.pid}) was stopped "
+                  f"during {busy!r}", file=sys.stderr, flush=True)
+            self.process.close(grace_s=0)
         if self.conn is not None:
             try:
                 self.conn.send(("close", {}))

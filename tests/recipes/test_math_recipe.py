@@ -52,8 +52,9 @@ def test_reasoner_tool_user_tree_sampling_with_the_hf_engine(tmp_path):
 def test_a_team_of_two_policies_trains_on_rollouts_one_update_behind(tmp_path):
     """``--data.rollout.staleness 1`` with one policy per agent: each policy trains from iteration 2
     on samples of its weights one update before, never older; the trainer's waits are logged."""
-    run(tmp_path, "--model.engine", "hf", "--model.policies", "{solver: {}, verifier: {}}",
-        "--data.rollout.staleness", "1", "--trainer.max_epochs", "3", "--trainer.precision", "32-true")
+    policies = "{solver: {model: tiny-random}, verifier: {model: tiny-random}}"
+    run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--data.rollout.staleness", "1",
+        "--trainer.max_epochs", "3", "--trainer.precision", "32-true")
     s = check_run(tmp_path, SOLVER_VERIFIER, iterations=3, policy="solver")
     for policy in SOLVER_VERIFIER:
         assert [s[f"train/{policy}/staleness_max"][k] for k in (1, 2, 3)] == [0, 1, 1]
