@@ -129,8 +129,8 @@ class RolloutDataModule(L.LightningDataModule):
             # steps 1-5 of the iteration (drmas.iteration: the whole iteration in order)
             self.current, self._current_started = steps.prepare(backend, self.rollouts), False
         # A loader draws a seed for its workers from torch's global generator when it starts; with
-        # rollouts behind the update that draw would race the engine's (the HF engine samples from
-        # that generator), so the loader then draws from a generator of its own.
+        # rollouts behind the update that draw would race the background's (a frozen policy's HF
+        # engine samples from that generator in the background thread), so it draws from its own.
         rng = torch.Generator() if self.rollouts.pipeline is not None else None
         return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity,
                           generator=rng)

@@ -381,7 +381,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
     import signal
 
     from drmas.engines import VLLMEngine, VLLMSettings
-    from drmas.engines.vllm.engine import EngineProcessError
+    from drmas.engines.served import EngineProcessError
 
     model, tok = tiny
     before = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
@@ -492,7 +492,7 @@ def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refu
     """A buffer below the largest tensor (the embedding) is raised to it and the weights still arrive
     whole; a state dict without one layer's weight is refused, naming the layer (vLLM itself would
     only warn, and serve that layer's old weights)."""
-    from drmas.engines.vllm.engine import EngineProcessError
+    from drmas.engines.served import EngineProcessError
 
     model, tok = tiny
     before = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]

@@ -24,7 +24,7 @@ from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 from drmas.records import Completion, GenerationSettings
 
-__all__ = ["EngineProcessError", "VLLMAdapter", "VLLMEngine", "vllm_available"]
+__all__ = ["VLLMAdapter", "VLLMEngine", "vllm_available"]
 
 
 ASLEEP_BYTES = 2**30
