@@ -54,13 +54,13 @@ def test_a_team_of_two_policies_trains_on_rollouts_one_update_behind(tmp_path):
     on samples of its weights one update before, never older; the trainer's waits are logged."""
     policies = "{solver: {model: tiny-random}, verifier: {model: tiny-random}}"
     run(tmp_path, "--model.engine", "hf", "--model.policies", policies, "--data.rollout.staleness", "1",
-        "--trainer.max_epochs", "3", "--trainer.precision", "32-true")
-    s = check_run(tmp_path, SOLVER_VERIFIER, iterations=3, policy="solver")
+        "--trainer.precision", "32-true")
+    s = check_run(tmp_path, SOLVER_VERIFIER, policy="solver")
     for policy in SOLVER_VERIFIER:
-        assert [s[f"train/{policy}/staleness_max"][k] for k in (1, 2, 3)] == [0, 1, 1]
+        assert [s[f"train/{policy}/staleness_max"][k] for k in (1, 2)] == [0, 1]
         assert s[f"train/{policy}/staleness_mean"] == s[f"train/{policy}/staleness_max"]
         assert all(v > 0 for v in s[f"train/{policy}/grad_norm"].values())
-    assert sorted(s["time/trainer_wait_s"]) == sorted(s["time/engine_idle_s"]) == [1, 2, 3]
+    assert sorted(s["time/trainer_wait_s"]) == sorted(s["time/engine_idle_s"]) == [1, 2]
 
 
 @needs_vllm
