@@ -10,9 +10,8 @@ One engine per process, always: vLLM's CuMem allocator (which sleep mode switche
 process-wide singleton whose ``sleep`` walks every allocation in the process, and a second
 ``LLM`` with it in one process fails at construction. :func:`build` refuses a second engine.
 
-The protocol: the trainer sends ``(method, kwargs)``; the process answers ``("ok", result)`` or
-``("error", message, traceback)``. The trainer closing its end (or dying: the process is killed
-with it, see drmas.children) ends the process.
+The protocol and the request loop are :mod:`drmas.engines.served`'s, which the HF engine's process
+(:mod:`drmas.engines.hf_process`) uses too; :class:`EngineServer` answers the requests here.
 """
 
 from __future__ import annotations
