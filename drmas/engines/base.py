@@ -39,6 +39,20 @@ class Placement:
     generate with the trained model's tensors either."""
     cpus: tuple[int, ...] | None = None
     """The cores an engine in a process of its own runs on (None: the rank's share of the node's)."""
+    engine_device: torch.device | None = None
+    """The GPU this rank's engines run on when it is not the trainer's (``--model.engine_placement
+    split``); None: the trainer's device."""
+
+    @property
+    def split(self) -> bool:
+        """The engines run on a GPU of their own (in processes of their own, weights sent over NCCL
+        or through the host)."""
+        return self.engine_device is not None
+
+    @property
+    def engines_on(self) -> torch.device:
+        """The device this rank's engines run on."""
+        return self.engine_device if self.engine_device is not None else self.device
 
 
 class EngineError(RuntimeError):
@@ -121,9 +135,10 @@ class Engine(ABC):
     """What the engine holds on the device asleep, measured after its first sleep, and how it was read."""
 
     @classmethod
-    def transfer_bytes(cls, settings: Any, largest: int) -> float:
+    def transfer_bytes(cls, settings: Any, largest: int, split: bool = False) -> float:
         """The device memory one weight sync takes on the trainer's side at its peak (bytes), for a
-        policy whose largest tensor has ``largest`` elements."""
+        policy whose largest tensor has ``largest`` elements; ``split``: to engines on a GPU of
+        their own."""
         return 0.0
 
     @classmethod

@@ -152,19 +152,22 @@ class HFEngine(Engine):
         """The trained model itself. A sharded one cannot generate (each rank decodes a different
         number of steps, which the shards' collectives cannot follow), so the engine then keeps an
         unsharded copy that ``sync_weights`` fills tensor by tensor. A trained policy whose rollouts
-        play while the trainer updates it (``place.overlapped``) is served by an HF engine in a
-        process of its own (:class:`~drmas.engines.hf_process.HFProcessEngine`)."""
-        overlapped = place.overlapped and policy.trainable  # a frozen policy's tensors never change
-        if overlapped and policy.adapter is not None:
+        play while the trainer updates it (``place.overlapped``), and every policy's on a GPU of the
+        engines' own (``place.split``), is served by an HF engine in a process of its own
+        (:class:`~drmas.engines.hf_process.HFProcessEngine`)."""
+        # a frozen policy's tensors never change: it plays behind the update with them
+        apart = place.split or (place.overlapped and policy.trainable)
+        if apart and policy.adapter is not None:
             raise ValueError(f"policy {policy.name!r} trains a LoRA adapter, which the hf engine generates "
                              f"with on the trained model itself: with rollouts behind the update "
-                             f"(--data.rollout.staleness) use --model.engine vllm")
-        if overlapped:  # in a process of its own, on cores of its own (docs/async.md)
+                             f"(--data.rollout.staleness) or engines on a GPU of their own "
+                             f"(--model.engine_placement split) use --model.engine vllm")
+        if apart:  # in a process of its own, on cores (and maybe a GPU) of its own (docs/async.md)
             from drmas.engines.hf_process import HFProcessEngine
             from drmas.engines.placement import local_ranks, rank_cores
 
             cores = place.cpus or rank_cores(place.local_rank, local_ranks(place.world_size))
-            return HFProcessEngine(policy, cores, place.device), False
+            return HFProcessEngine(policy, cores, place.engines_on), False
         if not place.sharded:
             return cls(policy.model, policy.tokenizer, adapter=policy.adapter), True
         model = load_causal_lm(policy.config.model, dtype=policy.config.dtype)[0]

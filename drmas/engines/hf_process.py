@@ -1,5 +1,7 @@
 """The HF engine in a process of its own: what ``--model.engine hf`` runs for a trained policy when
-rollouts play behind the update (``--data.rollout.staleness`` >= 1).
+rollouts play behind the update (``--data.rollout.staleness`` >= 1), and for every policy when the
+engines run on a GPU of their own (``--model.engine_placement split``: the weights then go through
+the host's shared memory, not over NCCL).
 
 In a thread of the trainer's process, HF generate would share the trainer's cores, thread pools and
 torch's global random generator with the update (the same run twice gave different log-probs).
@@ -80,8 +82,8 @@ class HFProcessEngine(ServedEngine):
     kind = "HF"
 
     def __init__(self, policy: Any, cpus: Sequence[int], device: torch.device = torch.device("cpu")) -> None:
-        """``device``: the trainer's; the process takes the same GPU (``cuda:0`` of the one it is
-        shown). --- GPU path: not exercised by the CPU test suite. ---"""
+        """``device``: the engines' (the trainer's, or a GPU of their own); the process is shown that GPU
+        alone and takes it as ``cuda:0``. --- GPU path: not exercised by the CPU test suite. ---"""
         self._buffer: torch.Tensor | None = None
         on_gpu = device.type == "cuda"
         self._spawn("drmas.engines.hf_process:serve", [], policy.name, cpus, device_env(device),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-__all__ = ["device_env", "local_ranks", "overlap_cores", "pin_process", "rank_cores"]
+__all__ = ["device_env", "engine_gpu", "local_ranks", "overlap_cores", "pin_process", "rank_cores"]
 
 
 def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,
@@ -67,3 +67,23 @@ def device_env(device: Any, visible: str | None = None) -> dict[str, str]:
         raise ValueError(f"the trainer runs on {device} but CUDA_VISIBLE_DEVICES={visible!r} shows "
                          f"{len(ids)} GPU(s)")
     return {"CUDA_VISIBLE_DEVICES": ids[index] if ids else str(index)}
+
+
+def engine_gpu(device: Any, trainer_ids: Sequence[int], count: int, local_rank: int) -> Any:
+    """The GPU a rank's engines run on under ``--model.engine_placement split``: the ``local_rank``-th
+    of the node's GPUs that no trainer rank takes (``trainer_ids``: the trainer's device indices on
+    this node, of the ``count`` this process sees). Refused, with the numbers, on CPU or when the
+    node has fewer free GPUs than trainer ranks."""
+    import torch
+
+    if getattr(device, "type", "cpu") != "cuda":
+        raise ValueError(f"--model.engine_placement split puts each rank's engines on a GPU of their own, "
+                         f"but this run trains on {device}: on CPU, rollouts behind the update "
+                         "(--data.rollout.staleness) give the engine processes cores of their own")
+    free = [i for i in range(count) if i not in set(trainer_ids)]
+    if len(free) < len(trainer_ids):
+        raise ValueError(f"--model.engine_placement split gives each trainer rank a GPU of its own for its "
+                         f"engines: this node shows {count} GPU(s) and the trainer takes {len(trainer_ids)} "
+                         f"({list(trainer_ids)}), leaving {len(free)}; train on at most {count // 2} "
+                         "(--trainer.devices)")
+    return torch.device("cuda", free[local_rank])

@@ -8,9 +8,13 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
 from drmas.engines import Engine, EngineError, Placement, policy_settings
 from drmas.engines.base import finish_gathers, start_gathers
-from drmas.engines.placement import local_ranks, overlap_cores, pin_process, rank_cores
+from drmas.engines.placement import engine_gpu, local_ranks, overlap_cores, pin_process, rank_cores
+from drmas.modules.memory import memory_plan, plan_terms
 from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 from drmas.tool_calls import fallback_messages, resolve_format
@@ -26,7 +30,7 @@ class EngineRouting:
 
     def _placement(self) -> Placement:
         return Placement(self.rank, self.local_rank, self.world_size, self.device, self.rank,
-                         self._sharded, self.staleness > 0, self._engine_cpus)
+                         self._sharded, self.staleness > 0, self._engine_cpus, self._engine_device)
 
     def set_staleness(self, staleness: int) -> None:
         """Rollouts lag ``staleness`` updates (``--data.rollout.staleness``): engines stay awake and
@@ -37,10 +41,43 @@ class EngineRouting:
                              "--model.loss.importance_cap must be set (2.0 is the default; docs/async.md)")
         self.staleness = staleness
 
-    def _split_cores(self) -> None:
-        """On CPU with rollouts behind the update, engines in processes of their own: the trainer keeps
-        half of the rank's cores, the engines get the other half
-        (:func:`~drmas.engines.placement.overlap_cores`)."""
+    def _place_engines(self) -> None:
+        """Every rank's engines placed (:meth:`_choose_places`) and checked by their class, agreed by
+        every rank before any rank builds an engine; then, on GPUs, the memory plan (refused when it
+        does not fit)."""
+        failure = None
+        try:
+            self._choose_places()
+            self._engine_class.check_placement(self._placement())
+        except ValueError as err:
+            failure = err
+        self._agree(failure)
+        if self.device.type != "cuda":  # the plan is about accelerator memory
+            return
+        self._plan = plan_terms(self.policies, self._engine_class, self._engine_settings, self._team,
+                                self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
+                                getattr(self.trainer.strategy, "cpu_offload", False), self._sharded,
+                                self.loss.kl_coef > 0, awake=self.staleness > 0,
+                                split=self._engine_device is not None)
+        plan, fits = memory_plan(**self._plan)
+        rank_zero_info(plan)
+        if not fits:
+            raise ValueError(plan)
+
+    def _choose_places(self) -> None:
+        """Where this rank's engines run: ``--model.engine_placement split``, on a GPU the trainer
+        leaves free (:func:`~drmas.engines.placement.engine_gpu`; engines in processes of their own
+        only); else on the trainer's device, on cores of their own on CPU when they play behind the
+        update (:func:`~drmas.engines.placement.overlap_cores`)."""
+        if self.engine_placement == "split":
+            if not self._engine_class.own_process(True):
+                raise ValueError(f"--model.engine_placement split runs engines in processes of their own, "
+                                 f"which the {self.engine_name} engine does not")
+            count = torch.cuda.device_count() if self.device.type == "cuda" else 0
+            self._engine_device = engine_gpu(self.device, self.trainer.device_ids, count, self.local_rank)
+            print(f"[rank {self.rank}] engines on {self._engine_device} (--model.engine_placement split), "
+                  f"the trainer on {self.device}", flush=True)
+            return
         if not self.staleness or self.device.type != "cpu" or not self._engine_class.own_process(True):
             return  # an engine in a thread of the trainer's shares its cores
         trainer, engines = overlap_cores(rank_cores(self.local_rank, local_ranks(self.world_size)))
@@ -191,8 +228,6 @@ def release_cached_memory(device: Any) -> None:
     allocator otherwise, and an engine waking its weights and KV cache could run out of memory."""
     if getattr(device, "type", "cpu") == "cuda":
         import gc
-
-        import torch
 
         gc.collect()
         torch.cuda.empty_cache()

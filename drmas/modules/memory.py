@@ -80,35 +80,39 @@ def plan_length(engine: Any, settings: Any, config: Any) -> int:
 
 def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[str, Any], ranks: int,
                device_bytes: int, offload: bool, sharded: bool, kl: bool,
-               awake: bool = False) -> dict[str, Any]:
+               awake: bool = False, split: bool = False) -> dict[str, Any]:
     """:func:`memory_plan`'s arguments for these policies and their engines (an ``Engine`` class and
     its settings). ``awake``: the engines play rollouts during the update (``--data.rollout.staleness``),
     so the update's peak holds their whole fractions, not what they keep asleep, and an engine that
-    could generate with the trained tensors keeps a copy of its own."""
-    copy = engine.keeps_copy(sharded or awake)
-    fractions = engine.device_fractions(team, settings)
-    asleep = [f * device_bytes for f in fractions] if awake else engine.asleep_bytes(team, settings)
-    transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model))
+    could generate with the trained tensors keeps a copy of its own. ``split``: the engines run on a
+    GPU of their own (``--model.engine_placement split``): the trainer's holds none of them, only
+    the sending side of each weight transfer."""
+    copy = engine.keeps_copy(sharded or awake) and not split
+    fractions = [] if split else engine.device_fractions(team, settings)
+    asleep = ([] if split else [f * device_bytes for f in fractions] if awake
+              else engine.asleep_bytes(team, settings))
+    transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model), split)
                    for p in policies.values())
     parameters = {n: sum(t.numel() for t in p.model.parameters()) for n, p in policies.items()}
     return dict(policies=[policy_memory(p, kl, plan_length(engine, settings, p.config), copy)
                           for p in policies.values()],
                 ranks=ranks, device_bytes=device_bytes,
                 engine_fractions=fractions, offload=offload,
-                engine_asleep=asleep, transfer_bytes=transfer, awake=awake,
-                host_bytes=engine.asleep_host_bytes(team, settings, parameters))
+                engine_asleep=asleep, transfer_bytes=transfer, awake=awake, split=split,
+                host_bytes=0.0 if split else engine.asleep_host_bytes(team, settings, parameters))
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
                 offload: bool = False, engine_asleep: list[float] = (), transfer_bytes: float = 0.0,
-                host_bytes: float = 0.0, awake: bool = False) -> tuple[str, bool]:
+                host_bytes: float = 0.0, awake: bool = False, split: bool = False) -> tuple[str, bool]:
     """The plan as a table (GiB per device) and whether it fits.
 
     Engines sleep during the update and the policies' gradients are freed after each step, so the
     two peaks are the update (weights + grads + optimiser + logits of every policy + what each engine
     holds asleep, ``engine_asleep`` in bytes) and the rollout (weights + optimiser + each engine's
     fraction of the device, ``engine_fractions``, + one transfer's staging buffer). ``awake``: the
-    engines play rollouts through the update (``engine_asleep`` then holds their whole fractions).
+    engines play rollouts through the update (``engine_asleep`` then holds their whole fractions);
+    ``split``: they run on a GPU of their own (none here, only the weight transfer's sending side).
     """
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
@@ -130,8 +134,9 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
              f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} "
              f"{'logits':>8s} {'engine':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]
-    lines.append(f"update peak {update / GIB:.2f} GiB (engines {'awake' if awake else 'asleep'} "
-                 f"{asleep / GIB:.2f}); "
+    where = ("on a GPU of their own" if split else
+             f"{'awake' if awake else 'asleep'} {asleep / GIB:.2f}")
+    lines.append(f"update peak {update / GIB:.2f} GiB (engines {where}); "
                  f"rollout peak {rollout / GIB:.2f} GiB (engines {engines / GIB:.2f} GiB = "
                  f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'}; weight transfer "
                  f"{transfer_bytes / GIB:.2f})")

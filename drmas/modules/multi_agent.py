@@ -23,13 +23,12 @@ from typing import Any, Sequence
 import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
 from drmas.engines import Engine, parse_settings, resolve_engine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.engine_routing import EngineRouting
-from drmas.modules.memory import memory_plan, plan_terms, residue_report
+from drmas.modules.memory import residue_report
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import capture_rng, epoch_scalars, load_state, restore_rank_rng, save_state
@@ -49,6 +48,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         agents: dict[str, str] | None = None,
         engine: str = "auto",
         engine_settings: dict[str, Any] | None = None,
+        engine_placement: str = "shared",
         loss: LossConfig = LossConfig(),  # noqa: B008 (frozen)
         prefix_sharing: bool = True,
         agent_grad_norms: bool = False,
@@ -63,6 +63,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             engine_settings: the engine's own settings, the keys of the dataclass it declares
                 (``Engine.settings_type``), e.g. ``{max_model_len: 4096, kv_cache_gib: 2.0}``; a
                 policy's ``engine_settings`` override them for its engine. Unknown keys are refused.
+            engine_placement: ``shared``: each rank's engines run on its own device (GPU: asleep
+                through the update); ``split``: on a GPU of their own, the node's GPUs that the
+                trainer leaves free (docs/scaling.md).
             loss: the policy loss's terms, the same for every policy: ``clip_low``,
                 ``clip_high``, ``dual_clip``, ``agg``, ``kl_coef``, ``entropy_coef``,
                 ``importance_cap`` (:class:`~drmas.algorithms.losses.LossConfig`).
@@ -81,6 +84,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         if not policies:
             raise ValueError("at least one policy is needed")
         self.engine_name, self._engine_class = resolve_engine(engine)
+        if engine_placement not in ("shared", "split"):
+            raise ValueError(f"--model.engine_placement must be shared or split, got {engine_placement!r}")
+        self.engine_placement = engine_placement
         # the engine parses its own settings: their type depends on which engine `auto` picks here
         self._engine_settings = parse_settings(self.engine_name, self._engine_class,
                                                dict(engine_settings or {}))
@@ -116,6 +122,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.history: list[dict[str, float]] = []
         self.staleness = 0  # set by the rollout side (set_staleness) before the engines are built
         self._engine_cpus: tuple[int, ...] | None = None  # engine processes' cores, when not the rank's
+        self._engine_device: torch.device | None = None  # the engines' GPU, when not the trainer's
 
     # ---- agents, engines, generation ------------------------------------------------------
 
@@ -170,23 +177,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             for policy in self.policies.values():
                 print(policy.describe(self.engine_name), flush=True)
         self.stop_signal.install(self.trainer)
-        failure = None
-        try:  # every rank its own placement, agreed before any rank builds an engine
-            self._engine_class.check_placement(self._placement())
-        except ValueError as err:
-            failure = err
-        self._agree(failure)
-        self._split_cores()
-        if self.device.type != "cuda":  # the plan is about accelerator memory
-            return
-        self._plan = plan_terms(self.policies, self._engine_class, self._engine_settings, self._team,
-                                self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
-                                getattr(self.trainer.strategy, "cpu_offload", False), self._sharded,
-                                self.loss.kl_coef > 0, awake=self.staleness > 0)
-        plan, fits = memory_plan(**self._plan)
-        rank_zero_info(plan)
-        if not fits:
-            raise ValueError(plan)
+        self._place_engines()
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
@@ -331,7 +322,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         # the rollout is done: engines give their accelerator memory to the update (those that
         # can sleep; a no-op for the rest) until the next sync_weights wakes them; rollouts
         # played behind the update keep them awake
-        for engine in self.engines.values() if not self.staleness else ():
+        for engine in self.engines.values() if not self.staleness else ():  # (split: no-op)
             engine.sleep()
         if self._plan is not None and self.trainer.is_global_zero:  # once: what sleep really left
             for line in residue_report({n: e.asleep_measured for n, e in self.engines.items()

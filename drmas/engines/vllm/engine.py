@@ -16,8 +16,8 @@ from drmas.engines.base import ENGINES, Engine, Placement, check_request, per_pr
 from drmas.engines.served import EngineProcessError, ServedEngine
 from drmas.engines.vllm.adapter import VLLMAdapter
 from drmas.engines.vllm.runtime import vllm_available
-from drmas.engines.vllm.settings import (VLLMSettings, builds_alone, check_gpu_fractions, check_kv_caches,
-                                         engine_fractions, engine_key, engine_process_env,
+from drmas.engines.vllm.settings import (NCCL_BUFFERS, VLLMSettings, builds_alone, check_gpu_fractions,
+                                         check_kv_caches, engine_fractions, engine_key, engine_process_env,
                                          engine_sizes, host_copy_bytes, llm_kwargs, transfer_buffer_bytes)
 from drmas.engines.placement import local_ranks, rank_cores
 from drmas.hardware import engine_dtype
@@ -38,8 +38,9 @@ class VLLMEngine(ServedEngine):
 
     ``settings``: :class:`VLLMSettings` (``gpu_memory_utilization`` applies on GPU, ``kv_cache_gib``
     on CPU, ``llm_args`` go to ``vllm.LLM`` as given). ``device``: where the trainer that
-    owns the engine runs (the engine process takes the same GPU); ``cpus``: the cores the
-    process runs on (default: this rank's share of this process's cores).
+    owns the engine runs (the engine process takes the same GPU), or with ``split`` the GPU of the
+    engine's own; ``cpus``: the cores the process runs on (default: this rank's share of this
+    process's cores).
     """
 
     settings_type = VLLMSettings
@@ -68,16 +69,19 @@ class VLLMEngine(ServedEngine):
         device: torch.device | str | None = None,
         cpus: Sequence[int] | None = None,
         name: str = "",
+        split: bool = False,
     ) -> None:
         settings = settings if settings is not None else VLLMSettings()
         self.device_asked = torch.device(device if device is not None else
                                          "cuda" if torch.cuda.is_available() else "cpu")
         self.on_gpu = self.device_asked.type == "cuda"
+        self.split = split and self.on_gpu  # on a GPU of its own: never asleep, weights over NCCL
+        self.sleeps = self.on_gpu and not self.split
         if not self.on_gpu and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             print(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} overrides "
                   f"kv_cache_gib={settings.kv_cache_gib}", flush=True)
         self.llm_kwargs = llm_kwargs(model_path, settings, seed, self.on_gpu, max_loras, max_lora_rank,
-                                     quiet=console.QUIET)
+                                     quiet=console.QUIET, split=self.split)
         self.transfer_buffer = transfer_buffer_bytes(settings.transfer_buffer_mib, self.on_gpu)
         cores = list(cpus) if cpus is not None else rank_cores()
         self._spawn("drmas.engines.vllm.process:serve", ["quiet" if console.QUIET else ""],
@@ -126,7 +130,8 @@ class VLLMEngine(ServedEngine):
         per shared base (as many adapter slots as policies share it), else one of its own."""
         c = policy.config
         cores = place.cpus or rank_cores(place.local_rank, local_ranks(place.world_size))
-        kwargs = dict(settings=settings, seed=place.seed, device=place.device, cpus=list(cores))
+        kwargs = dict(settings=settings, seed=place.seed, device=place.engines_on, cpus=list(cores),
+                      split=place.split)
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
             engine._rank = place.rank
@@ -165,11 +170,14 @@ class VLLMEngine(ServedEngine):
         return host_copy_bytes(team, settings, parameters)
 
     @classmethod
-    def transfer_bytes(cls, settings: VLLMSettings, largest: int) -> float:
+    def transfer_bytes(cls, settings: VLLMSettings, largest: int, split: bool = False) -> float:
         """A GPU transfer's peak on the trainer's side: its buffer (raised to the largest tensor, of
-        ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype."""
+        ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype; over
+        NCCL (``split``) two such buffers in flight (vLLM's packed broadcast, double-buffered), each
+        filled up to one tensor past its size."""
         tensor = largest * getattr(torch, engine_dtype(settings.dtype)).itemsize
-        return max(transfer_buffer_bytes(settings.transfer_buffer_mib, True), tensor) + tensor
+        buffer = max(transfer_buffer_bytes(settings.transfer_buffer_mib, True), tensor)
+        return NCCL_BUFFERS * (buffer + tensor) + tensor if split else buffer + tensor
 
     @classmethod
     def builds_alone(cls, device: torch.device) -> bool:
@@ -231,7 +239,7 @@ class VLLMEngine(ServedEngine):
 
         if self._asleep and self.sleep_level == 1:  # weights kept on the host: back whole, then overwritten
             self.wake()
-        if self.on_gpu and not self._asleep and self.sleep_level == 2:
+        if self.sleeps and not self._asleep and self.sleep_level == 2:
             # every weight is replaced: a fresh engine (after a resume) takes the transfer with only
             # its weights awake, as every later sync does, not with its KV cache beside them
             self.sleep()
@@ -239,7 +247,7 @@ class VLLMEngine(ServedEngine):
             self._wake(["weights"])
         if self._transfer is None:
             self._transfer = trainer_engine(model, self.dtype, self._call, self.on_gpu, self.transfer_buffer,
-                                            self.name)
+                                            self.name, self.split)
         self._transfer.source.model = model  # the same engine may be handed another model object
         self._transfer.send_weights()
         if self._asleep:
@@ -284,12 +292,12 @@ class VLLMEngine(ServedEngine):
         return 1 if self._lora_dir is not None or self.frozen else 2
 
     def sleep(self) -> None:
-        """GPU: free the engine's memory for the update (see :attr:`sleep_level`) until the next sync;
-        a no-op on CPU, where vLLM has no sleep mode.
+        """On the trainer's GPU: free the engine's memory for the update (see :attr:`sleep_level`) until
+        the next sync; a no-op on CPU, where vLLM has no sleep mode, and on a GPU of its own.
 
         --- GPU path: not exercised by the CPU test suite. ---
         """
-        if self.on_gpu and not self._asleep:
+        if self.sleeps and not self._asleep:
             self._call("sleep", level=self.sleep_level)
             self._asleep = True
             if self.asleep_measured is None:  # once: what this process really keeps (for the plan)

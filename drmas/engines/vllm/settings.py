@@ -14,10 +14,9 @@ from drmas.engines.base import policy_settings
 from drmas.engines.placement import device_env
 from drmas.hardware import engine_dtype
 
-__all__ = ["OWNED_LLM_ARGS", "VLLMSettings", "builds_alone", "check_gpu_fractions", "check_kv_caches",
-           "eager",
-           "engine_fractions", "engine_key", "engine_process_env", "engine_sizes", "host_copy_bytes",
-           "llm_kwargs", "transfer_buffer_bytes"]
+__all__ = ["NCCL_BUFFERS", "OWNED_LLM_ARGS", "VLLMSettings", "builds_alone", "check_gpu_fractions",
+           "check_kv_caches", "eager", "engine_fractions", "engine_key", "engine_process_env", "engine_sizes",
+           "host_copy_bytes", "llm_kwargs", "transfer_backend", "transfer_buffer_bytes"]
 
 
 OWNED_LLM_ARGS = {
@@ -27,7 +26,7 @@ OWNED_LLM_ARGS = {
     "kv_cache_memory_bytes": "set engine_settings.kv_cache_gib",
     "enforce_eager": "set engine_settings.enforce_eager",
     "seed": "each rollout reseeds the engine from --data.rollout.seed",
-    "enable_sleep_mode": "drmas sleeps engines on GPUs through the update",
+    "enable_sleep_mode": "drmas sleeps engines on the trainer's GPU through the update",
     "weight_transfer_config": "drmas sends the weights",
     "logprobs_mode": "the loss needs processed log-probs",
     "enable_lora": "set by the policies' lora sections", "max_loras": "set by the policies' lora sections",
@@ -160,19 +159,31 @@ def engine_sizes(team: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
     return _per_engine(team, lambda c: policy_settings(vllm, c).kv_cache_gib)
 
 
+NCCL_BUFFERS = 2
+"""Chunks the packed NCCL broadcast of a weight transfer keeps in flight (vLLM's default), each up to
+one tensor past the transfer buffer's size."""
+
+
+def transfer_backend(on_gpu: bool, split: bool = False) -> str:
+    """vLLM's weight-transfer backend of an engine: on the trainer's GPU CUDA IPC; on a GPU of its own
+    (``--model.engine_placement split``) an NCCL broadcast; on CPU drmas's shared memory."""
+    return ("nccl" if split else "ipc") if on_gpu else "drmas_shm"
+
+
 def llm_kwargs(model: str, settings: VLLMSettings, seed: int, on_gpu: bool, max_loras: int = 0,
-               max_lora_rank: int = 16, quiet: bool = False) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of one engine process, from its settings. On GPUs sleep mode is on
-    (it switches on vLLM's CuMem allocator: one engine per process) and weights arrive by CUDA IPC;
-    on CPU, where vLLM has no sleep mode, through drmas's shared-memory transfer; ``llm_args``
-    beside them (never over them: :data:`OWNED_LLM_ARGS` are refused)."""
+               max_lora_rank: int = 16, quiet: bool = False, split: bool = False) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of one engine process, from its settings. On the trainer's GPU sleep
+    mode is on (it switches on vLLM's CuMem allocator: one engine per process); on a GPU of its own
+    (``split``) the engine never sleeps; on CPU vLLM has no sleep mode. Weights arrive through
+    :func:`transfer_backend`'s backend; ``llm_args`` beside them (never over them:
+    :data:`OWNED_LLM_ARGS` are refused)."""
     kwargs: dict[str, Any] = dict(
         model=model, dtype=engine_dtype(settings.dtype), max_model_len=settings.max_model_len, seed=seed,
         enforce_eager=eager(settings.enforce_eager, on_gpu), logprobs_mode="processed_logprobs",
-        use_tqdm_on_load=not quiet, weight_transfer_config={"backend": "ipc" if on_gpu else "drmas_shm"},
+        use_tqdm_on_load=not quiet, weight_transfer_config={"backend": transfer_backend(on_gpu, split)},
     )
     if on_gpu:
-        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=True)
+        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=not split)
     else:
         kwargs.update(kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30))
     if max_loras:

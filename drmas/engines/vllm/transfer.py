@@ -13,6 +13,15 @@ worker-side engine (``WeightTransferEngine``: receives and loads, created by the
   feeding one engine; here each rank feeds its own engine process, so :class:`StandaloneIPCTrainer`
   leaves them out: a rank's transfer waits on nobody, and a rank whose transfer fails is agreed
   on with the others afterwards like any sync failure (never a peer stuck in a barrier).
+- A GPU of the engine's own (``--model.engine_placement split``): vLLM's ``nccl`` backend, as
+  vLLM documents it for a trainer on other GPUs than the engine: one NCCL group per rank and engine
+  process, the trainer's rank its one sender (group rank 0) and the engine's worker rank 1, met
+  through a TCP store on this node's loopback, and a packed, double-buffered broadcast of bounded
+  chunks. vLLM runs the engine's side of each call (the group's start, each ``update_weights``) in a
+  thread beside the trainer's side of the same NCCL call; when the engine's side fails there, the
+  trainer's side waits for a peer that never comes (vLLM's PyNccl communicator has no abort), so
+  :class:`ProcessClient` ends the rank at once with its line (:meth:`drmas.watch.Watch.end`), as any
+  one-rank failure ends.
 - CPU: ``drmas_shm``, registered here with both of vLLM's factories: the trainer writes each
   chunk of tensors into a shared-memory file that the engine process mapped once
   (:mod:`drmas.engines.shared_weights`), and the worker loads them from it with the same layerwise
@@ -32,6 +41,7 @@ plugin entry point is needed.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -43,8 +53,9 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from drmas.engines.base import full_state_items
 from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
+from drmas.engines.vllm.settings import NCCL_BUFFERS
 
-__all__ = ["BACKEND", "ProcessClient", "StateSource", "register", "trainer_engine"]
+__all__ = ["BACKEND", "ProcessClient", "StateSource", "nccl_init_info", "register", "trainer_engine"]
 
 BACKEND = "drmas_shm"
 
@@ -71,19 +82,37 @@ class StateSource(WeightSource):
 
 
 class ProcessClient:
-    """vLLM's ``VLLMWeightSyncClient`` over a function that runs one request in the engine process."""
+    """vLLM's ``VLLMWeightSyncClient`` over a function that runs one request in the engine process.
+    ``concurrent``: the two calls vLLM makes beside the trainer's side of one NCCL call (see the module
+    docstring) end this rank when they fail, through ``end`` (default :meth:`drmas.watch.Watch.end`)."""
 
-    def __init__(self, call: Callable[..., Any]) -> None:
-        self.call = call
+    def __init__(self, call: Callable[..., Any], concurrent: bool = False,
+                 end: Callable[[BaseException], None] | None = None) -> None:
+        self.call, self.concurrent, self._end = call, concurrent, end
+
+    def _beside(self, method: str, **kwargs: Any) -> None:
+        try:
+            self.call(method, **kwargs)
+        except BaseException as err:
+            if not self.concurrent:
+                raise
+            end = self._end
+            if end is None:
+                from drmas.watch import watch
+
+                end = watch.end
+            end(RuntimeError(f"{err} (the trainer's side of the NCCL weight transfer cannot be "
+                             "interrupted: this rank ends)"))
+            raise
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.call("init_weight_transfer_engine", init_info=init_info)
+        self._beside("init_weight_transfer_engine", init_info=init_info)
 
     def start_weight_update(self) -> None:
         self.call("start_weight_update")
 
     def update_weights(self, update_info: Any) -> None:
-        self.call("update_weights", update_info=update_info)
+        self._beside("update_weights", update_info=update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.call("finish_weight_update")
@@ -196,14 +225,32 @@ def transfer_size(source: StateSource, asked: int, name: str = "") -> int:
     return largest
 
 
+def nccl_init_info(size: int, port: int | None = None) -> Any:
+    """The trainer's side of one engine's NCCL group (``split``): this rank its one sender (group rank
+    0; every rank sends to its own engine), the engine's single worker rank 1, met at a free port of
+    this node's loopback (``port``: that one), chunks of ``size`` bytes, :data:`NCCL_BUFFERS` in
+    flight."""
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    if port is None:
+        with socket.socket() as sock:  # free now; the store binds it at once, in the same call
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    return NCCLTrainerInitInfo(rank=0, master_address="127.0.0.1", master_port=port, world_size=2,
+                               packed=True, packed_buffer_size_bytes=size, packed_num_buffers=NCCL_BUFFERS)
+
+
 def trainer_engine(model: torch.nn.Module, dtype: torch.dtype, call: Callable[..., Any], on_gpu: bool,
-                   buffer_bytes: int, name: str = "") -> TrainerWeightTransferEngine:
-    """The trainer side of one engine process's transfer, rendezvoused (``ipc`` on GPUs, ``drmas_shm``
-    on CPU), with a buffer of :func:`transfer_size`. ``rank=0``: every trainer rank is the one
-    sender to its own engine process."""
+                   buffer_bytes: int, name: str = "", split: bool = False) -> TrainerWeightTransferEngine:
+    """The trainer side of one engine process's transfer, rendezvoused (``ipc`` on the trainer's GPU,
+    ``nccl`` on a GPU of the engine's own, ``drmas_shm`` on CPU: :func:`transfer_backend`), with a
+    buffer of :func:`transfer_size`. ``rank=0``: every trainer rank is the one sender to its own
+    engine process."""
     register()
-    source, client = StateSource(model, dtype), ProcessClient(call)
+    source, client = StateSource(model, dtype), ProcessClient(call, concurrent=split and on_gpu)
     size = transfer_size(source, buffer_bytes, name)
+    if on_gpu and split:  # --- GPU path: not exercised by the CPU test suite ---
+        return WeightTransferTrainerFactory.trainer_init(nccl_init_info(size), client=client, source=source)
     if on_gpu:  # --- GPU path: not exercised by the CPU test suite ---
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
