@@ -77,20 +77,20 @@ def test_a_run_killed_mid_update_resumes_with_ckpt_path_last(tmp_path, uninterru
     assert_continues(tmp_path, uninterrupted, first=3)
 
 
-def test_rollouts_one_update_behind_killed_mid_update_resume_exactly(tmp_path):
-    """``--data.rollout.staleness 1`` (vLLM: its process's draws are the rollout's alone): killed in
-    iteration 2's update while iteration 3's rollout plays behind it. The checkpoint of iteration 1
-    holds iteration 2's rollout (played on the initial weights); the resumed run trains on it and
-    logs the uninterrupted run's scalars, the lag's included."""
-    args = [*COMMON, "--model.engine", "vllm", "--trainer.max_epochs", "3", "--data.rollout.staleness", "1"]
-    full = tmp_path / "full"
-    full.mkdir()
-    _run("search", full, *args)
-    killed = run_faulty("kill_update", 2, tmp_path, *args)
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert saved_iteration(str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")) == 1
-    _run("search", tmp_path, *args, "--ckpt_path", "last")
-    a, b = scalars(run_dir(full)), scalars(run_dir(tmp_path))
+BEHIND = [*COMMON, "--model.engine", "vllm", "--trainer.max_epochs", "3", "--data.rollout.staleness", "1"]
+"""Rollouts one update behind (vLLM: its process's draws are the rollout's alone), 3 iterations."""
+
+
+@pytest.fixture(scope="module")
+def behind(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("behind")
+    _run("search", tmp, *BEHIND)
+    return scalars(run_dir(tmp))
+
+
+def assert_continues_behind(tmp, a) -> None:
+    """The resumed run logs iterations 2-3 as the uninterrupted one did, the lag's scalars included."""
+    b = scalars(run_dir(tmp))
     assert sorted(b["train/shared/lr"]) == [2, 3]
     for k in (2, 3):
         for tag in (*TAGS, "train/shared/staleness_max", "train/shared/importance_weight_mean",
@@ -98,6 +98,35 @@ def test_rollouts_one_update_behind_killed_mid_update_resume_exactly(tmp_path):
             assert b[tag][k] == pytest.approx(a[tag][k], rel=1e-5, abs=1e-7), (tag, k)
     assert [a["train/shared/staleness_max"][k] for k in (1, 2, 3)] == [0, 1, 1]
     assert b["val/avg@2"][3] == pytest.approx(a["val/avg@2"][3])
+
+
+def test_rollouts_one_update_behind_killed_mid_update_resume_exactly(tmp_path, behind):
+    """Killed in iteration 2's update while iteration 3's rollout plays behind it. The checkpoint of
+    iteration 1 holds iteration 2's rollout (played on the initial weights); the resumed run trains
+    on it and logs the uninterrupted run's scalars, the lag's included."""
+    killed = run_faulty("kill_update", 2, tmp_path, *BEHIND)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert saved_iteration(str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")) == 1
+    _run("search", tmp_path, *BEHIND, "--ckpt_path", "last")
+    assert_continues_behind(tmp_path, behind)
+
+
+def test_rollouts_one_update_behind_preempted_mid_update_stop_as_a_synchronous_run_does(tmp_path, behind):
+    """SIGTERM in iteration 2's update: the run stops at the next micro-batch with the synchronous
+    path's line and exit code, drops the rollout of iteration 3 playing behind it (said), leaves no
+    engine process, and resumes as if uninterrupted."""
+    proc = run_faulty("sigterm_update", 2, tmp_path, *BEHIND)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    ckpt = str(tmp_path / "runs/search/version_0/checkpoints/last.ckpt")
+    assert (f"drmas: preempted (SIGTERM) during iteration 2; the last checkpoint is {ckpt} (iteration 1); "
+            f"resume with --ckpt_path {ckpt} (or --ckpt_path last)") in proc.stderr
+    assert ("the background rollout of iteration(s) 3 was stopped with the run (not trained on; a resumed "
+            "run plays it again from its checkpoint)") in proc.stderr
+    assert saved_iteration(ckpt) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    engines = [pid for _, pid, _ in engine_processes(proc).values()]
+    assert len(engines) == 1 and not os.path.exists(f"/proc/{engines[0]}")  # closed and reaped at exit
+    _run("search", tmp_path, *BEHIND, "--ckpt_path", "last")
+    assert_continues_behind(tmp_path, behind)
 
 
 def test_sigterm_stops_at_the_next_micro_batch_and_the_run_resumes(tmp_path, uninterrupted):
