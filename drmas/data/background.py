@@ -38,9 +38,13 @@ class Played:
     """Seconds from the first request to the checked, gathered samples."""
     finished_at: float | None = field(default=None, compare=False)
     """``time.perf_counter()`` when it finished (None once it went through a checkpoint)."""
+    started_at: float | None = field(default=None, compare=False)
+    """``time.perf_counter()`` when it started (None once it went through a checkpoint)."""
+    busy: dict[str, float] = field(default_factory=dict, compare=False)
+    """Seconds each policy's engine answered this rollout's requests (this rank's)."""
 
     def __getstate__(self) -> dict[str, Any]:  # a clock reading means nothing in another process
-        return {**self.__dict__, "finished_at": None}
+        return {**self.__dict__, "finished_at": None, "started_at": None}
 
 
 class Background:
@@ -148,16 +152,25 @@ class Pipeline:
 
     def drain(self) -> dict[str, float]:
         """Wait for every rollout started behind the update (the iteration's end); return
-        ``time/trainer_wait_s`` (the trainer waiting on the engines this iteration) and
+        ``time/trainer_wait_s`` (the trainer waiting on the engines this iteration),
         ``time/engine_idle_s`` (the engines idle, waiting on the trainer, since their rollout
-        finished)."""
+        finished) and, per policy, ``train/<policy>/engine_busy_s`` (its engine answering the rollout
+        played behind the update) and ``train/<policy>/engine_idle_s`` (from that rollout's start to
+        now, the rest: waiting on the trainer, or on the other agents' engines and the
+        environment)."""
         t0 = time.perf_counter()
         played = self._collect()
         now = time.perf_counter()
         finished = [p.finished_at for p in played if p.finished_at is not None]
         idle = max(0.0, now - max(finished)) if finished else 0.0
         waited, self._waited = self._waited + now - t0, 0.0
-        return {"time/trainer_wait_s": waited, "time/engine_idle_s": idle}
+        out = {"time/trainer_wait_s": waited, "time/engine_idle_s": idle}
+        for p in played:
+            if p.started_at is not None:
+                for policy, busy in p.busy.items():
+                    out[f"train/{policy}/engine_busy_s"] = busy
+                    out[f"train/{policy}/engine_idle_s"] = max(0.0, now - p.started_at - busy)
+        return out
 
     def state(self) -> dict[str, Any]:
         """The rollouts played but not trained on (call after :meth:`drain`): a resumed run trains

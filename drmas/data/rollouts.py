@@ -87,6 +87,10 @@ class RolloutBackend(Protocol):
     def engine_cache_stats(self) -> tuple[int, int]:
         """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
 
+    def engine_busy(self) -> dict[str, float]:
+        """Seconds each policy's engine spent answering requests since the last call (requests that
+        overlap count once)."""
+
     def batch_spec(self, policy: str) -> BatchSpec:
         """What packing this policy's samples into micro-batches needs (pad id, micro-batch size, PPO
         epochs)."""
@@ -170,7 +174,7 @@ class Rollouts:
             backend.reseed(seed)
         t1 = time.perf_counter()
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
-        backend.engine_cache_stats()  # from here on: this rollout's requests only
+        backend.engine_cache_stats(), backend.engine_busy()  # from here on: this rollout's requests only
         local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
                                     self.config.group_size, self.config.sampling, seed)
         at("the rollout's gather")
@@ -183,7 +187,7 @@ class Rollouts:
         if prompt:
             scalars["rollout/prefix_cache_hit_rate"] = cached / prompt
         end = time.perf_counter()
-        return Played(iteration, result, scalars, end - t1, end)
+        return Played(iteration, result, scalars, end - t1, end, t1, backend.engine_busy())
 
     def finish(self, backend: RolloutBackend, played: Played, timings: dict[str, float]) -> PreparedIteration:
         """Advantages (the whole rollout is one weight version, so each group is) and this rank's

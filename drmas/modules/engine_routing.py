@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 from typing import Any, Sequence
 
 import torch
@@ -19,8 +21,8 @@ from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 from drmas.tool_calls import fallback_messages, resolve_format
 
-__all__ = ["EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed", "release_cached_memory",
-           "run_engine"]
+__all__ = ["BusyClock", "EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed",
+           "release_cached_memory", "run_engine"]
 
 
 class EngineRouting:
@@ -152,6 +154,9 @@ class EngineRouting:
         for k, engine in enumerate(self.engines.values()):
             engine.reseed(engine_seed(seed, k))
 
+    def engine_busy(self) -> dict[str, float]:
+        return {name: self._busy[name].take() if name in self._busy else 0.0 for name in self.policies}
+
     def engine_cache_stats(self) -> tuple[int, int]:
         stats = [e.take_cache_stats() for e in self.engines.values()]
         return sum(s[0] for s in stats), sum(s[1] for s in stats)
@@ -192,8 +197,9 @@ class PolicyGenerate:
         config = policy.config
         ids = [encode_prompt(policy.tokenizer, p, config.chat_template_kwargs, config.tool_format)
                for p in prompts]
-        outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent,
-                          ids, n, params, stops, budgets)
+        with self.module._busy.setdefault(policy.name, BusyClock()):
+            outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent,
+                              ids, n, params, stops, budgets)
         # what the agent's parser reads: the prefill it was given, then the response
         return [[dataclasses.replace(c, text=p.prefill + c.text) for c in completions]
                 for p, completions in zip(prompts, outs)]
@@ -220,6 +226,35 @@ class PolicyGenerate:
 
     def tokenizer(self, agent: str) -> Any:
         return self._policy(agent).tokenizer
+
+
+class BusyClock:
+    """Seconds of requests in flight (``with clock:`` around each): requests that overlap, from the
+    episode loop's threads, count once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open, self._since, self._total = 0, 0.0, 0.0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if not self._open:
+                self._since = time.perf_counter()
+            self._open += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._open -= 1
+            if not self._open:
+                self._total += time.perf_counter() - self._since
+
+    def take(self) -> float:
+        """The seconds since the last call (a request still in flight counts up to now)."""
+        with self._lock:
+            now = time.perf_counter()
+            total = self._total + (now - self._since if self._open else 0.0)
+            self._total, self._since = 0.0, now
+            return total
 
 
 def release_cached_memory(device: Any) -> None:

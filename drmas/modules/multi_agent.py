@@ -116,6 +116,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.engines: dict[str, Engine] = {}
         self._engine_pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
         self._synced: dict[str, int] = {}
+        self._busy: dict[str, Any] = {}  # policy -> its engine's BusyClock
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))

@@ -152,6 +152,9 @@ class SearchBackend:
     def engine_cache_stats(self):
         return (0, 0)
 
+    def engine_busy(self):
+        return {}
+
     def bind_agents(self, agents):
         return {a: "shared" for a in agents}
 

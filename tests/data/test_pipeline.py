@@ -11,6 +11,7 @@ from drmas.data.background import Background, Pipeline
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollout_config import ValidationConfig
 from drmas.data.rollouts import RolloutConfig, Rollouts
+from drmas.modules.engine_routing import BusyClock
 from drmas.records import Completion, ScriptedGenerate
 from drmas.workflows.math import SolverVerifierWorkflow
 from test_rollouts import ScriptedBackend
@@ -24,6 +25,7 @@ class VersionedBackend(ScriptedBackend):
     def __init__(self, fn, delay=0.002):
         super().__init__(fn)
         self.weights, self.engine, self.delay, self.seeds, self.threads = 0, 0, delay, [], set()
+        self.clocks = {}  # policy -> the BusyClock the trainer keeps per engine
 
     def sync_weights(self, seed=None):
         super().sync_weights(seed)
@@ -37,11 +39,15 @@ class VersionedBackend(ScriptedBackend):
     def update(self):
         self.weights += 1
 
+    def engine_busy(self):
+        return {p: clock.take() for p, clock in self.clocks.items()}
+
     def generate_fn(self, train):
         def generate(agent, prompts, n):
             self.threads.add(threading.current_thread().name)
             served = self.engine
-            time.sleep(self.delay)
+            with self.clocks.setdefault(self.bind_agents(None)[agent], BusyClock()):
+                time.sleep(self.delay)
             return [[Completion([7, 7], [1] * (i + 1), [-served - 0.5] * (i + 1), self.fn(agent, i), "stop")
                      for i in range(n)] for _ in prompts]
 
@@ -83,8 +89,11 @@ def test_iteration_k_trains_on_the_weights_after_update_k_minus_1_minus_n(stalen
     assert backend.threads == {"drmas-rollout"}  # every rollout played behind the trainer
     assert rollouts.pipeline.background.submitted == [] and sorted(rollouts.pipeline.ready) == list(
         range(6, 6 + staleness))
-    assert all(set(d) == {"time/trainer_wait_s", "time/engine_idle_s"} and min(d.values()) >= 0
+    engines = {f"train/{p}/engine_{w}_s" for p in ("p_solve", "p_check") for w in ("busy", "idle")}
+    assert all(set(d) == {"time/trainer_wait_s", "time/engine_idle_s", *engines} and min(d.values()) >= 0
                for d in drains)
+    # each engine answered at least one request (the turn's prompts together), of the delay
+    assert all(d[f"train/{p}/engine_busy_s"] >= 0.002 for d in drains for p in ("p_solve", "p_check"))
     # the same draws as a synchronous run: each rollout reseeded from (seed, rank, its iteration)
     assert backend.seeds == list(range(1, 6 + staleness))
 
@@ -184,3 +193,22 @@ def test_stopping_drops_the_queued_rollouts_and_says_so(caplog):
 def test_staleness_is_checked():
     with pytest.raises(ValueError, match="staleness must be >= 0"):
         RolloutConfig(staleness=-1)
+
+
+def test_an_engines_busy_time_counts_overlapping_requests_once(monkeypatch):
+    from drmas.modules import engine_routing
+
+    now = [0.0]
+    monkeypatch.setattr(engine_routing.time, "perf_counter", lambda: now[0])
+    clock = BusyClock()
+    with clock:  # 0-4 s, with a second request 1-3 s inside it: 4 s busy, not 6
+        now[0] = 1.0
+        with clock:
+            now[0] = 3.0
+        now[0] = 4.0
+    now[0] = 10.0  # idle 4-10
+    with clock:
+        now[0] = 11.0
+        assert clock.take() == 5.0  # 4 + the second in flight so far
+        now[0] = 12.5
+    assert clock.take() == 1.5 and clock.take() == 0.0

@@ -34,6 +34,9 @@ class ScriptedBackend:
     def engine_cache_stats(self):
         return (0, 0)  # a scripted engine keeps no prefix cache
 
+    def engine_busy(self):
+        return {}
+
     def bind_agents(self, agents):
         return {"solver": "p_solve", "verifier": "p_check"}
 

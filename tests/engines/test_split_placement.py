@@ -45,7 +45,8 @@ def test_an_engine_on_a_gpu_of_its_own_never_sleeps_and_takes_weights_over_nccl(
     shared = llm_kwargs("m", settings, 0, True)
     assert shared["weight_transfer_config"] == {"backend": "ipc"} and shared["enable_sleep_mode"] is True
     # on CPU split has no meaning (refused before any engine is built): the shared-memory transfer
-    assert llm_kwargs("m", settings, 0, False, split=True)["weight_transfer_config"] == {"backend": "drmas_shm"}
+    cpu = llm_kwargs("m", settings, 0, False, split=True)
+    assert cpu["weight_transfer_config"] == {"backend": "drmas_shm"}
 
 
 def test_the_nccl_group_is_the_rank_and_its_engine_on_loopback_double_buffered():

@@ -380,6 +380,9 @@ class Backend:
     def engine_cache_stats(self):
         return (0, 0)
 
+    def engine_busy(self):
+        return {}
+
     def batch_spec(self, policy):
         from drmas.records import BatchSpec
 
