@@ -56,6 +56,9 @@ class Run:
     iterations: int
     validations: int = 2
     """How many times the run validates (before training, then every val_every and at the end)."""
+    precision: str | None = None
+    """``--trainer.precision`` pinned for every machine (e.g. ``32-true``: a study that continues on
+    any CPU kind); None: the default of the machine the run starts on."""
 
     @property
     def run_dir(self) -> str:
@@ -131,7 +134,7 @@ class Study:
             shutil.rmtree(run.logs)
         os.makedirs(run.logs, exist_ok=True)
         record = run.record
-        here = default_precision()
+        here = run.precision or default_precision()
         if not record:
             record = {"name": run.name, "machine": machine(), "precision": here, "args": run.args,
                       "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -139,7 +142,7 @@ class Study:
         elif record["precision"] != here:
             raise StudyStopped(
                 f"{run.name} started in {record['precision']} on {record['machine']}; "
-                f"this machine's default is {here} ({machine()}). "
+                f"this run now asks for {here} ({machine()}). "
                 "Continuing it here would put two precisions in one curve: continue the "
                 f"study on a machine like the first, or delete {run.logs} to run it again here.")
         cmd = [sys.executable, recipe_script(run.recipe), "fit", *run.args,

@@ -12,6 +12,7 @@ from drmas.algorithms.advantages import (
     estimators_for,
     group_advantages,
     register_estimator,
+    singleton_prompts,
 )
 from drmas.algorithms.losses import (AGGREGATIONS, LOSSES, LossConfig, aggregate, policy_loss,
                                      register_aggregation, register_loss, truncated_importance_weights)
@@ -35,5 +36,6 @@ __all__ = [
     "register_estimator",
     "register_loss",
     "sample_reward",
+    "singleton_prompts",
     "truncated_importance_weights",
 ]

@@ -11,6 +11,7 @@ and ``turn`` (:class:`Scored`; ``drmas.records.Sample`` is one).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
@@ -252,3 +253,19 @@ def baseline_inflation(samples: Sequence[Any]) -> dict[Hashable, float]:
             second = sum((r - mean) ** 2 for r in rs) / len(rs)  # = std_k^2 + (mean_k - mean)^2
             factors.setdefault(agent, []).append(math.sqrt(second / var))
     return {agent: sum(f) / len(f) for agent, f in factors.items()}
+
+
+def singleton_prompts(samples: Sequence[Any]) -> dict[tuple[Hashable, int], float]:
+    """Per ``(agent, turn)``: the share of samples whose prompt no other sample of the same task
+    shares at that agent and turn, i.e. samples that grouping by (task, agent, turn, prompt) would
+    leave alone in their group, with no baseline to compare against (AT-GRPO's argument against
+    trajectory-level groups in multi-turn teams). With parallel sampling, one sample per trajectory
+    and step: no other trajectory of the task reached that prompt; with tree sampling the K
+    candidates of a step share it (0)."""
+    counts = Counter((s.task_uid, s.agent, s.turn, tuple(s.prompt_ids)) for s in samples)
+    total: Counter = Counter()
+    alone: Counter = Counter()
+    for s in samples:
+        total[s.agent, s.turn] += 1
+        alone[s.agent, s.turn] += counts[s.task_uid, s.agent, s.turn, tuple(s.prompt_ids)] == 1
+    return {key: alone[key] / n for key, n in total.items()}

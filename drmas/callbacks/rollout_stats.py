@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import lightning as L
 
-from drmas.algorithms import baseline_inflation
+from drmas.algorithms import baseline_inflation, singleton_prompts
 from drmas.callbacks.contracts import AgentModule, PreparedSource, require
 from drmas.data.gathered import outcome_scalars
 from drmas.records import PreparedIteration, RolloutResult
@@ -18,10 +18,14 @@ def rollout_scalars(result: RolloutResult) -> dict[str, float]:
     """``rollout/success_rate``, ``rollout/turns_mean``, ``rollout/<agent>/{reward_mean,valid_ratio}``
     (as validation computes them), and per agent ``advantage_abs_mean``, ``response_tokens_mean``,
     ``samples`` and ``baseline_inflation`` (what one baseline per task would do to its advantages,
-    whichever estimator trains: :func:`~drmas.algorithms.baseline_inflation`)."""
+    whichever estimator trains: :func:`~drmas.algorithms.baseline_inflation`), and per agent and
+    turn ``singleton_prompts_turn<t>`` (the share of its samples whose prompt no other trajectory of
+    the task reached: :func:`~drmas.algorithms.singleton_prompts`)."""
     out = outcome_scalars(result, "rollout")
     for agent, factor in baseline_inflation(result.samples).items():
         out[f"rollout/{agent}/baseline_inflation"] = factor
+    for (agent, turn), share in singleton_prompts(result.samples).items():
+        out[f"rollout/{agent}/singleton_prompts_turn{turn}"] = share
     by_agent = defaultdict(list)
     for s in result.samples:
         by_agent[s.agent].append(s)

@@ -1,0 +1,232 @@
+"""Stronger-MAS's claim with the real trainer: AT-GRPO (tree sampling, one group per (task, agent,
+turn) node) against trajectory-level GRPO (parallel sampling, one group per task) on Plan-Path,
+the planner and the tool user sharing one SmolLM2-135M policy; resumable across sessions
+(``bench/study.py``).
+
+    python bench/at_grpo.py select   # the setting: 15 iterations of both arms per candidate, in order
+    python bench/at_grpo.py          # then 2 arms x 3 seeds x 30 iterations at the chosen setting
+
+Matched: both arms train at most the same samples per iteration. ``--data.rollout.group_size 4``
+is 4 trajectories per puzzle in the parallel arm and 4 candidates per (agent, turn) step in the
+tree arm, over the same 4 puzzles per iteration (the same draws: they depend on the seed and the
+iteration only): 4 x 4 x 2 agents x T turns samples at most in each; a solved episode stops early,
+so the realised counts differ and are reported. The tree arm executes the best of its candidates,
+so its rollout success is a best-of-4 and not comparable: the arms are compared on validation,
+which both play the same way (4 samples of each of the first 32 val puzzles, parallel).
+
+The criterion, fixed before any run: the first candidate setting (cheapest first) where either
+arm's val avg@2 after 15 iterations reaches 0.125, four times the untrained model's 0.031
+(docs/games.md), on a selection seed (10) apart from the final ones; if none does, the last
+candidate, said so. Neither arm is tuned: both take each candidate's settings as they are.
+
+Both pin float32 (``--trainer.precision 32-true --model.engine_settings.dtype float32``), so the
+study continues on any CPU kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from learning import gains  # noqa: E402
+from study import Run, Study, StudyStopped  # noqa: E402
+
+from drmas.atomic import write_text  # noqa: E402
+
+ARMS = {"at_grpo": ["--data.rollout.sampling", "tree", "--data.rollout.estimator", "at_grpo"],
+        "grpo": ["--data.rollout.sampling", "parallel", "--data.rollout.estimator", "grpo"]}
+COMMON = ["--model.engine_settings.dtype", "float32", "--data.rollout.group_size", "4",
+          "--data.rollout.tasks_per_iteration", "4", "--data.validation.tasks", "32",
+          "--data.workflow.init_args.game", "plan_path", "--data.workflow.init_args.size", "4"]
+LR = "--model.policies.shared.optim.lr"
+TURNS = "--data.workflow.init_args.max_turns"
+CANDIDATES = {  # cheapest first; the configs' lr 1e-6 barely moved validation in 20 iterations
+    "t2-lr5e-6": [TURNS, "2", LR, "5.0e-6"],
+    "t2-lr2e-5": [TURNS, "2", LR, "2.0e-5"],
+    "t3-lr2e-5": [TURNS, "3", LR, "2.0e-5"],
+}
+SELECT_SEED, SELECT_ITERATIONS, THRESHOLD = 10, 15, 0.125
+AGENTS = ("planner", "tool_user")
+
+
+def arm_run(arm: str, setting: list[str], seed: int, logs: str, iterations: int, k: int, every: int) -> Run:
+    validations = 1 + iterations // every + (iterations % every > 0)
+    return Run(f"{arm}-seed{seed}", "games",
+               [*COMMON, *setting, *ARMS[arm], "--data.validation.k", str(k), "--data.validation.every",
+                str(every), "--seed_everything", str(seed), "--data.rollout.seed", str(seed)],
+               logs, iterations, validations, precision="32-true")
+
+
+def final_avg(run: Run) -> float:
+    from drmas.report import question_scores, read_validations
+
+    records = read_validations(run.run_dir)
+    scores = question_scores(records[max(records)], None, f"avg@{records[max(records)]['k']}")
+    return sum(scores) / len(scores)
+
+
+def select(out: str) -> str:
+    """Run the candidates in order until one meets the criterion; write ``selection.md``; return
+    the chosen candidate's name."""
+    lines = ["| candidate | flags | AT-GRPO val avg@2 | GRPO val avg@2 | meets 0.125 |",
+             "|---|---|---|---|---|"]
+    chosen = None
+    for name, setting in CANDIDATES.items():
+        runs = [arm_run(arm, setting, SELECT_SEED, os.path.join(out, "select", name, arm), SELECT_ITERATIONS,
+                        2, SELECT_ITERATIONS) for arm in ARMS]
+        Study(runs).run_all()
+        scores = [final_avg(r) for r in runs]
+        meets = max(scores) >= THRESHOLD
+        lines.append(f"| {name} | `{' '.join(setting)}` | {scores[0]:.3f} | {scores[1]:.3f} | "
+                     f"{'yes' if meets else 'no'} |")
+        if meets:
+            chosen = name
+            break
+    verdict = (f"chosen: **{chosen}** (the first to meet the criterion)" if chosen else
+               f"no candidate met the criterion: the last, **{list(CANDIDATES)[-1]}**, is taken")
+    chosen = chosen or list(CANDIDATES)[-1]
+    write_text(os.path.join(out, "selection.md"),
+               f"Selection: seed {SELECT_SEED}, {SELECT_ITERATIONS} iterations, val 32 puzzles x 2, "
+               f"criterion: val avg@2 >= {THRESHOLD} in either arm\n\n"
+               + "\n".join(lines) + f"\n\n{verdict}\n")
+    return chosen
+
+
+def chosen_setting(out: str) -> str:
+    path = os.path.join(out, "selection.md")
+    if not os.path.exists(path):
+        raise SystemExit(f"no {path}: run `python bench/at_grpo.py select` first")
+    text = open(path).read()
+    return next(name for name in CANDIDATES if f"**{name}**" in text)
+
+
+def series(run_dirs: list[str], tag: str) -> dict[int, list[float]]:
+    from drmas.plots import read_scalars
+
+    by_step: dict[int, list[float]] = {}
+    for d in run_dirs:
+        for step, v in read_scalars(d).get(tag, []):
+            by_step.setdefault(step, []).append(v)
+    return by_step
+
+
+def trained_samples(run_dirs: list[str]) -> list[float]:
+    """Samples of both agents per iteration, over every iteration of every run."""
+    from drmas.plots import read_scalars
+
+    out = []
+    for d in run_dirs:
+        scalars = read_scalars(d)
+        per_agent = [dict(scalars.get(f"rollout/{a}/samples", [])) for a in AGENTS]
+        out += [sum(c.get(step, 0.0) for c in per_agent) for step in sorted(set().union(*per_agent))]
+    return out
+
+
+def summary(runs: dict[str, list[Run]], k: int) -> str:
+    lines = ["| arm | samples / iteration | rollout success, it. 1-5 -> last 5 | "
+             f"val avg@{k} first -> last [gain interval] | val pass@{k} first -> last [gain interval] |",
+             "|---|---|---|---|---|"]
+    for arm, group in runs.items():
+        dirs = [r.run_dir for r in group]
+        success = series(dirs, "rollout/success_rate")
+        steps = sorted(success)
+        early = statistics.mean(v for s in steps[:5] for v in success[s])
+        late = statistics.mean(v for s in steps[-5:] for v in success[s])
+        samples = statistics.mean(trained_samples(dirs))
+        cells = []
+        for metric in (f"avg@{k}", f"pass@{k}"):
+            first, last, ci = gains(dirs, metric, None)
+            cells.append(f"{first:.3f} -> {last:.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else
+                         f"{first:.3f} -> {last:.3f}")
+        lines.append(f"| {arm} | {samples:.1f} | {early:.3f} -> {late:.3f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def singletons(group: list[Run]) -> str:
+    """The parallel arm's share of samples alone in their (task, agent, turn, prompt) group, by turn."""
+    from drmas.plots import read_scalars
+
+    shares: dict[str, list[float]] = {}
+    for r in group:
+        for tag, points in read_scalars(r.run_dir).items():
+            if "/singleton_prompts_turn" in tag:
+                agent, turn = tag.split("/")[1], tag.rsplit("turn", 1)[1]
+                shares.setdefault(f"{agent}, turn {turn}", []).extend(v for _, v in points)
+    lines = ["| agent, turn | share of samples whose prompt no other trajectory reached (mean over "
+             "iterations and seeds) |", "|---|---|"]
+    lines += [f"| {key} | {statistics.mean(v):.3f} |" for key, v in sorted(shares.items())]
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[Run]], k: int, path: str) -> None:
+    """Rollout success and val avg@k per iteration, the mean over seeds, both arms on each panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    for n, (tag, title) in enumerate([("rollout/success_rate", "rollout success (AT-GRPO: best of 4)"),
+                                      (f"val/avg@{k}", f"val avg@{k}")]):
+        ax = fig.add_subplot(1, 2, n + 1)
+        for c, (arm, group) in enumerate(runs.items()):
+            by_step = series([r.run_dir for r in group], tag)
+            steps = sorted(by_step)
+            ax.plot(steps, [statistics.mean(by_step[s]) for s in steps], color=f"C{c}", label=arm,
+                    marker="o" if n else None)
+        ax.set_title(title)
+        ax.set_xlabel("RL iteration")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("phase", nargs="?", choices=["select", "study"], default="study")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--val_k", type=int, default=4)
+    p.add_argument("--val_every", type=int, default=15)
+    p.add_argument("--out", default="bench/results/at_grpo", help="finished runs here are kept in git")
+    args = p.parse_args(argv)
+    out = os.path.abspath(args.out)
+    try:
+        if args.phase == "select":
+            print(f"chosen: {select(out)}; written: {out}/selection.md")
+            return
+        name = chosen_setting(out)
+        runs: dict[str, list[Run]] = {arm: [] for arm in ARMS}
+        order = []  # seed by seed, so an unfinished study already holds pairs
+        for seed in args.seeds:
+            for arm in ARMS:
+                run = arm_run(arm, CANDIDATES[name], seed, os.path.join(out, arm, f"seed{seed}"),
+                              args.iterations, args.val_k, args.val_every)
+                runs[arm].append(run)
+                order.append(run)
+        Study(order).run_all()
+    except StudyStopped as stop:
+        raise SystemExit(f"study stopped: {stop}") from None
+    from drmas.report import write_report
+
+    for arm, group in runs.items():
+        write_report([r.run_dir for r in group], os.path.join(out, arm))
+    machines = sorted({r.record["machine"] + ", " + r.record["precision"] for r in order})
+    flags = " ".join(CANDIDATES[name])
+    text = (f"# AT-GRPO vs trajectory GRPO, Plan-Path 4x4, setting {name} (`{flags}`)\n\n"
+            f"{args.iterations} iterations, seeds {args.seeds}; machine(s): {'; '.join(machines)}\n\n"
+            f"{summary(runs, args.val_k)}\n\nGRPO arm (parallel sampling):\n\n{singletons(runs['grpo'])}\n")
+    write_text(os.path.join(out, "at_grpo.md"), text)
+    plot(runs, args.val_k, os.path.join(out, "curves.png"))
+    print(text)
+    print(f"written: {out}/at_grpo.md, curves.png, <arm>/report.md")
+
+
+if __name__ == "__main__":
+    main()
