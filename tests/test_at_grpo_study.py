@@ -1,0 +1,69 @@
+"""bench/at_grpo.py from hand-made finished runs: the selection's criterion, the per-arm table
+(samples trained per iteration, rollout success early and late, val avg@k and pass@k before and
+after) and the parallel arm's share of singleton prompts by turn."""
+
+import json
+import os
+import sys
+
+from torch.utils.tensorboard import SummaryWriter
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+import at_grpo  # noqa: E402
+
+
+def finished_run(logs, iterations, success, samples, singles, first, last, k=2):
+    """A run as the study leaves it: ``run.json`` finished, events and validation records in
+    ``games/version_0``. ``first``/``last``: each val puzzle's correct count of k."""
+    run_dir = logs / "games" / "version_0"
+    w = SummaryWriter(str(run_dir))
+    for step in range(1, iterations + 1):
+        w.add_scalar("rollout/success_rate", success(step), step)
+        w.add_scalar("rollout/planner/samples", samples, step)
+        w.add_scalar("rollout/tool_user/samples", samples, step)
+        for turn, share in singles.items():
+            w.add_scalar(f"rollout/planner/singleton_prompts_turn{turn}", share, step)
+    w.close()
+    def record(it, correct):
+        tasks = [{"uid": str(i), "source": "plan_path-4", "correct": x} for i, x in enumerate(correct)]
+        return {"iteration": it, "k": k, "tasks": tasks}
+
+    (run_dir / "validation.jsonl").write_text(json.dumps(record(0, first)) + "\n"
+                                              + json.dumps(record(iterations, last)) + "\n")
+    (logs / "run.json").write_text(json.dumps({"machine": "here", "precision": "32-true", "finished": "now"}))
+
+
+def test_selection_takes_the_first_candidate_that_meets_the_criterion(tmp_path, capsys):
+    names = list(at_grpo.CANDIDATES)
+    for arm in at_grpo.ARMS:  # the first candidate: 1 of 16 right (0.0625 < 0.125) in both arms
+        finished_run(tmp_path / "select" / names[0] / arm, 15, lambda s: 0.0, 8, {}, [0] * 8, [1] + [0] * 7)
+    # the second: GRPO 0.0625, AT-GRPO 2 of 16 (0.125, the threshold itself)
+    finished_run(tmp_path / "select" / names[1] / "grpo", 15, lambda s: 0.0, 8, {}, [0] * 8, [1] + [0] * 7)
+    finished_run(tmp_path / "select" / names[1] / "at_grpo", 15, lambda s: 0.0, 8, {}, [0] * 8, [2] + [0] * 7)
+    at_grpo.main(["select", "--out", str(tmp_path)])
+    text = (tmp_path / "selection.md").read_text()
+    assert f"| {names[0]} | `{' '.join(at_grpo.CANDIDATES[names[0]])}` | 0.062 | 0.062 | no |" in text
+    assert f"| {names[1]} |" in text and "| 0.125 | 0.062 | yes |" in text and names[2] not in text
+    assert f"chosen: **{names[1]}**" in text and at_grpo.chosen_setting(str(tmp_path)) == names[1]
+
+
+def test_the_table_of_both_arms_and_the_singleton_shares(tmp_path):
+    (tmp_path / "selection.md").write_text(f"chosen: **{list(at_grpo.CANDIDATES)[0]}**\n")
+    for seed in (0, 1):
+        # AT-GRPO: success 0 for 5 iterations then 1; val 0 -> 2 of 2 on every puzzle
+        finished_run(tmp_path / "at_grpo" / f"seed{seed}", 10, lambda s: float(s > 5), 10, {0: 0.0, 1: 0.0},
+                     [0] * 4, [2] * 4)
+        # GRPO: success 0.5 throughout; val 1 -> 1 of 2; half the turn-1 prompts alone
+        finished_run(tmp_path / "grpo" / f"seed{seed}", 10, lambda s: 0.5, 7, {0: 0.0, 1: 0.5},
+                     [1] * 4, [1] * 4)
+    at_grpo.main(["--seeds", "0", "1", "--iterations", "10", "--val_k", "2", "--out", str(tmp_path)])
+    text = (tmp_path / "at_grpo.md").read_text()
+    # samples: both agents' counts summed per iteration; avg@2 0 -> 1 (gain +1 on every puzzle),
+    # pass@2 0 -> 1
+    assert ("| at_grpo | 20.0 | 0.000 -> 1.000 | 0.000 -> 1.000 [+1.000, +1.000] | "
+            "0.000 -> 1.000 [+1.000, +1.000] |") in text
+    assert "| grpo | 14.0 | 0.500 -> 0.500 | 0.500 -> 0.500 [+0.000, +0.000] | 1.000 -> 1.000" in text
+    assert "| planner, turn 0 | 0.000 |" in text and "| planner, turn 1 | 0.500 |" in text
+    assert "machine(s): here, 32-true" in text
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
