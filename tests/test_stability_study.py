@@ -51,3 +51,22 @@ def test_the_verdict_table_of_finished_runs(tmp_path, capsys):
     report = (tmp_path / "grpo_step" / "report.md").read_text()  # each estimator's full report
     assert ("| shared/verifier | 12 | 2.000 | 2.900 | 4.000 |" in report
             and "- `seed1/search/version_0`" in report)
+
+
+def test_the_inflation_search_table_gives_each_agents_share_bound_and_factors(tmp_path, capsys):
+    import inflation
+
+    run_dir = tmp_path / "debate-1-round" / "debate" / "version_0"
+    w = SummaryWriter(str(run_dir))
+    for step, (judge, debaters, factor) in enumerate([(4, 12, 1.5), (4, 4, 1.2)], start=1):
+        w.add_scalar("rollout/judge/samples", judge, step)
+        w.add_scalar("rollout/debater_a/samples", debaters, step)
+        w.add_scalar("rollout/judge/baseline_inflation", factor, step)
+    w.close()
+    (tmp_path / "debate-1-round" / "run.json").write_text(
+        json.dumps({"machine": "here", "precision": "32-true", "finished": "now"}))
+    inflation.main(["--only", "debate-1-round", "--out", str(tmp_path)])
+    text = (tmp_path / "inflation.md").read_text()
+    # the judge's share: 4/16 then 4/8, mean 0.375, bound 1/sqrt(0.375) = 1.63; one factor >= 1.3
+    assert "| debate-1-round | judge | 0.38 | 1.63 | 1.50, 1.20 | 1.35 | 1 of 2 |" in text
+    assert "| debate-1-round | debater_a | 0.62 | 1.26 | - | - | 0 of 0 |" in text
