@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from learning import gains  # noqa: E402
-from study import Run, Study, StudyStopped  # noqa: E402
+from study import Run, Study, StudyStopped, finish_panel  # noqa: E402
 
 from drmas.atomic import write_text  # noqa: E402
 
@@ -179,10 +179,7 @@ def plot(runs: dict[str, list[Run]], k: int, path: str) -> None:
             steps = sorted(by_step)
             ax.plot(steps, [statistics.mean(by_step[s]) for s in steps], color=f"C{c}", label=arm,
                     marker="o" if n else None)
-        ax.set_title(title)
-        ax.set_xlabel("RL iteration")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        finish_panel(ax, title)
     fig.tight_layout()
     fig.savefig(path)
 

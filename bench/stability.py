@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from study import Run, Study, StudyStopped  # noqa: E402
+from study import Run, Study, StudyStopped, finish_panel  # noqa: E402
 
 from drmas.atomic import write_text  # noqa: E402
 
@@ -101,11 +101,7 @@ def plot(runs: dict[str, list[Run]], name: str, ylabel: str, path: str) -> None:
                     by_step.setdefault(step, []).append(v)
             steps = sorted(by_step)
             ax.plot(steps, [statistics.mean(by_step[i]) for i in steps], color=f"C{c}", label=agent)
-        ax.set_title(estimator)
-        ax.set_xlabel("RL iteration")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        finish_panel(ax, estimator, ylabel)
     fig.tight_layout()
     fig.savefig(path)
 

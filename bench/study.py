@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 from drmas.atomic import write_text  # noqa: E402
 from drmas.checkout import recipe_script  # noqa: E402
 
-__all__ = ["Run", "Study", "StudyStopped"]
+__all__ = ["Run", "Study", "StudyStopped", "finish_panel"]
 
 
 class StudyStopped(Exception):
@@ -190,3 +190,13 @@ class Study:
         if final > done:
             print(f"    {run.name}: iteration {final}/{run.iterations} "
                   f"({time.perf_counter() - last:.0f} s)", flush=True)
+
+
+def finish_panel(ax, title: str, ylabel: str | None = None) -> None:
+    """A study's plot panel: its title, the RL iterations on x, a light grid and the legend."""
+    ax.set_title(title)
+    ax.set_xlabel("RL iteration")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
