@@ -174,7 +174,8 @@ class Rollouts:
             backend.reseed(seed)
         t1 = time.perf_counter()
         mine = self.sample_tasks(iteration)[backend.rank :: backend.world_size]
-        backend.engine_cache_stats(), backend.engine_busy()  # from here on: this rollout's requests only
+        backend.engine_cache_stats()  # from here on: this rollout's requests only
+        backend.engine_busy()
         local, failure = self._play(backend, f"iteration {iteration}", mine, backend.generate_fn(train=True),
                                     self.config.group_size, self.config.sampling, seed)
         at("the rollout's gather")

@@ -80,7 +80,8 @@ def engine_gpu(device: Any, trainer_ids: Sequence[int], count: int, local_rank: 
         raise ValueError(f"--model.engine_placement split puts each rank's engines on a GPU of their own, "
                          f"but this run trains on {device}: on CPU, rollouts behind the update "
                          "(--data.rollout.staleness) give the engine processes cores of their own")
-    free = [i for i in range(count) if i not in set(trainer_ids)]
+    taken = set(trainer_ids)
+    free = [i for i in range(count) if i not in taken]
     if len(free) < len(trainer_ids):
         raise ValueError(f"--model.engine_placement split gives each trainer rank a GPU of its own for its "
                          f"engines: this node shows {count} GPU(s) and the trainer takes {len(trainer_ids)} "
