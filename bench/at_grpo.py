@@ -55,12 +55,15 @@ SELECT_SEED, SELECT_ITERATIONS, THRESHOLD = 10, 15, 0.125
 AGENTS = ("planner", "tool_user")
 
 
-def arm_run(arm: str, setting: list[str], seed: int, logs: str, iterations: int, k: int, every: int) -> Run:
+def arm_run(arm: str, setting: list[str], seed: int, logs: str, iterations: int, k: int, every: int,
+            precision: str | None = "32-true") -> Run:
+    """One arm's run; ``setting`` is the candidate's flags after ``COMMON``, or a config file's
+    flags alone (``precision`` None: the machine's default)."""
     validations = 1 + iterations // every + (iterations % every > 0)
     return Run(f"{arm}-seed{seed}", "games",
-               [*COMMON, *setting, *ARMS[arm], "--data.validation.k", str(k), "--data.validation.every",
+               [*setting, *ARMS[arm], "--data.validation.k", str(k), "--data.validation.every",
                 str(every), "--seed_everything", str(seed), "--data.rollout.seed", str(seed)],
-               logs, iterations, validations, precision="32-true")
+               logs, iterations, validations, precision=precision)
 
 
 def final_avg(run: Run) -> float:
@@ -78,8 +81,8 @@ def select(out: str) -> str:
              "|---|---|---|---|---|"]
     chosen = None
     for name, setting in CANDIDATES.items():
-        runs = [arm_run(arm, setting, SELECT_SEED, os.path.join(out, "select", name, arm), SELECT_ITERATIONS,
-                        2, SELECT_ITERATIONS) for arm in ARMS]
+        runs = [arm_run(arm, [*COMMON, *setting], SELECT_SEED, os.path.join(out, "select", name, arm),
+                        SELECT_ITERATIONS, 2, SELECT_ITERATIONS) for arm in ARMS]
         Study(runs).run_all()
         scores = [final_avg(r) for r in runs]
         meets = max(scores) >= THRESHOLD
@@ -191,20 +194,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--val_k", type=int, default=4)
     p.add_argument("--val_every", type=int, default=15)
+    p.add_argument("--config", default=None,
+                   help="a config's games setting in place of the chosen candidate's (the GPU config: "
+                        "Plan-Path 10x10, K = 4, T = 4), in the machine's default precision")
     p.add_argument("--out", default="bench/results/at_grpo", help="finished runs here are kept in git")
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
+    if args.config and (args.phase == "select" or args.out == p.get_default("out")):
+        p.error("--config runs the study at the config's setting: give it an --out of its own (no select)")
     try:
         if args.phase == "select":
             print(f"chosen: {select(out)}; written: {out}/selection.md")
             return
-        name = chosen_setting(out)
+        if args.config:
+            name, precision = os.path.basename(args.config), None
+            setting = ["--config", os.path.abspath(args.config)]
+        else:
+            name = chosen_setting(out)
+            setting, precision = [*COMMON, *CANDIDATES[name]], "32-true"
         runs: dict[str, list[Run]] = {arm: [] for arm in ARMS}
         order = []  # seed by seed, so an unfinished study already holds pairs
         for seed in args.seeds:
             for arm in ARMS:
-                run = arm_run(arm, CANDIDATES[name], seed, os.path.join(out, arm, f"seed{seed}"),
-                              args.iterations, args.val_k, args.val_every)
+                run = arm_run(arm, setting, seed, os.path.join(out, arm, f"seed{seed}"),
+                              args.iterations, args.val_k, args.val_every, precision)
                 runs[arm].append(run)
                 order.append(run)
         Study(order).run_all()
@@ -215,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     for arm, group in runs.items():
         write_report([r.run_dir for r in group], os.path.join(out, arm))
     machines = sorted({r.record["machine"] + ", " + r.record["precision"] for r in order})
-    flags = " ".join(CANDIDATES[name])
-    text = (f"# AT-GRPO vs trajectory GRPO, Plan-Path 4x4, setting {name} (`{flags}`)\n\n"
+    flags = " ".join(setting if args.config else CANDIDATES[name])
+    text = (f"# AT-GRPO vs trajectory GRPO on Plan-Path, setting {name} (`{flags}`)\n\n"
             f"{args.iterations} iterations, seeds {args.seeds}; machine(s): {'; '.join(machines)}\n\n"
             f"{summary(runs, args.val_k)}\n\nGRPO arm (parallel sampling):\n\n{singletons(runs['grpo'])}\n")
     write_text(os.path.join(out, "at_grpo.md"), text)

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -67,3 +68,20 @@ def test_the_table_of_both_arms_and_the_singleton_shares(tmp_path):
     assert "| planner, turn 0 | 0.000 |" in text and "| planner, turn 1 | 0.500 |" in text
     assert "machine(s): here, 32-true" in text
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_config_replaces_the_chosen_setting_in_a_study_of_its_own(tmp_path):
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                          "qwen3_8b.yaml")
+    with pytest.raises(SystemExit) as refused:  # the default folder holds the CPU study: no mixing
+        at_grpo.main(["--config", config])
+    assert refused.value.code == 2
+    run = at_grpo.arm_run("grpo", ["--config", config], 0, str(tmp_path), 10, 2, 5, None)
+    # no CPU candidate's flags; the arm's flags after the config's, so they override its tree
+    assert run.args[:6] == ["--config", config, *at_grpo.ARMS["grpo"]] and run.precision is None
+    assert at_grpo.TURNS not in run.args and "--data.rollout.group_size" not in run.args
+    for arm in at_grpo.ARMS:  # no selection.md is needed
+        finished_run(tmp_path / arm / "seed0", 10, lambda s: 0.5, 8, {}, [1] * 4, [1] * 4)
+    at_grpo.main(["--config", config, "--seeds", "0", "--iterations", "10", "--val_k", "2",
+                  "--out", str(tmp_path)])
+    assert f"setting qwen3_8b.yaml (`--config {config}`)" in (tmp_path / "at_grpo.md").read_text()
