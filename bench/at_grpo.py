@@ -131,6 +131,20 @@ def trained_samples(run_dirs: list[str]) -> list[float]:
     return out
 
 
+def difference(runs: dict[str, list[Run]], metric: str) -> tuple[float, tuple[float, float] | None]:
+    """AT-GRPO's last validation ``metric`` minus GRPO's, the mean over seeds, and its 95% two-level
+    interval: the arms' runs paired by seed, each val puzzle with itself (both arms validate on the
+    same puzzles), seeds and puzzles resampled."""
+    from drmas.report import question_scores, read_validations, two_level_interval
+
+    diffs = []
+    for at, grpo in zip(*(runs[arm] for arm in ARMS)):
+        last = [read_validations(r.run_dir) for r in (at, grpo)]
+        a, b = (question_scores(v[max(v)], None, metric) for v in last)
+        diffs.append([x - y for x, y in zip(a, b)])
+    return statistics.mean(sum(d) / len(d) for d in diffs), two_level_interval(diffs)
+
+
 def summary(runs: dict[str, list[Run]], k: int) -> str:
     lines = ["| arm | samples / iteration | rollout success, it. 1-5 -> last 5 | "
              f"val avg@{k} first -> last [gain interval] | val pass@{k} first -> last [gain interval] |",
@@ -148,6 +162,11 @@ def summary(runs: dict[str, list[Run]], k: int) -> str:
             cells.append(f"{first:.3f} -> {last:.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else
                          f"{first:.3f} -> {last:.3f}")
         lines.append(f"| {arm} | {samples:.1f} | {early:.3f} -> {late:.3f} | {cells[0]} | {cells[1]} |")
+    cells = []
+    for metric in (f"avg@{k}", f"pass@{k}"):
+        gap, ci = difference(runs, metric)
+        cells.append(f"{gap:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"{gap:+.3f}")
+    lines.append(f"| AT-GRPO - GRPO, last validation [interval] | | | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 

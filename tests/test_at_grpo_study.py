@@ -65,6 +65,9 @@ def test_the_table_of_both_arms_and_the_singleton_shares(tmp_path):
     assert ("| at_grpo | 20.0 | 0.000 -> 1.000 | 0.000 -> 1.000 [+1.000, +1.000] | "
             "0.000 -> 1.000 [+1.000, +1.000] |") in text
     assert "| grpo | 14.0 | 0.500 -> 0.500 | 0.500 -> 0.500 [+0.000, +0.000] | 1.000 -> 1.000" in text
+    # last validation, paired by seed and puzzle: avg@2 1 - 0.5 on every puzzle, pass@2 1 - 1
+    assert ("| AT-GRPO - GRPO, last validation [interval] | | | +0.500 [+0.500, +0.500] | "
+            "+0.000 [+0.000, +0.000] |") in text
     assert "| planner, turn 0 | 0.000 |" in text and "| planner, turn 1 | 0.500 |" in text
     assert "machine(s): here, 32-true" in text
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
