@@ -145,16 +145,38 @@ def difference(runs: dict[str, list[Run]], metric: str) -> tuple[float, tuple[fl
     return statistics.mean(sum(d) / len(d) for d in diffs), two_level_interval(diffs)
 
 
+def early_late(run_dirs: list[str], tag: str) -> tuple[float, float]:
+    """``tag``'s mean over iterations 1-5 and over the last 5, over the runs."""
+    by_step = series(run_dirs, tag)
+    steps = sorted(by_step)
+    return tuple(statistics.mean(v for s in part for v in by_step[s]) for part in (steps[:5], steps[-5:]))
+
+
+def per_seed(runs: dict[str, list[Run]], k: int) -> str:
+    """Each run's validations and what its agents' replies did, iterations 1-5 -> the last 5."""
+    from drmas.report import question_scores, read_validations
+
+    tags = ["rollout/planner/valid_ratio", "rollout/planner/response_tokens_mean",
+            "rollout/tool_user/reward_mean"]
+    lines = [f"| run | val avg@{k} at each validation | planner valid ratio | planner reply tokens | "
+             "tool user reward |", "|---|---|---|---|---|"]
+    for group in runs.values():
+        for r in group:
+            records = read_validations(r.run_dir)
+            vals = [question_scores(records[it], None, f"avg@{k}") for it in sorted(records)]
+            cells = [" -> ".join(f"{sum(v) / len(v):.3f}" for v in vals)]
+            cells += ["{:.2f} -> {:.2f}".format(*early_late([r.run_dir], tag)) for tag in tags]
+            lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary(runs: dict[str, list[Run]], k: int) -> str:
     lines = ["| arm | samples / iteration | rollout success, it. 1-5 -> last 5 | "
              f"val avg@{k} first -> last [gain interval] | val pass@{k} first -> last [gain interval] |",
              "|---|---|---|---|---|"]
     for arm, group in runs.items():
         dirs = [r.run_dir for r in group]
-        success = series(dirs, "rollout/success_rate")
-        steps = sorted(success)
-        early = statistics.mean(v for s in steps[:5] for v in success[s])
-        late = statistics.mean(v for s in steps[-5:] for v in success[s])
+        early, late = early_late(dirs, "rollout/success_rate")
         samples = statistics.mean(trained_samples(dirs))
         cells = []
         for metric in (f"avg@{k}", f"pass@{k}"):
@@ -250,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     flags = " ".join(setting if args.config else CANDIDATES[name])
     text = (f"# AT-GRPO vs trajectory GRPO on Plan-Path, setting {name} (`{flags}`)\n\n"
             f"{args.iterations} iterations, seeds {args.seeds}; machine(s): {'; '.join(machines)}\n\n"
-            f"{summary(runs, args.val_k)}\n\nGRPO arm (parallel sampling):\n\n{singletons(runs['grpo'])}\n")
+            f"{summary(runs, args.val_k)}\n\nPer run:\n\n{per_seed(runs, args.val_k)}\n\n"
+            f"GRPO arm (parallel sampling):\n\n{singletons(runs['grpo'])}\n")
     write_text(os.path.join(out, "at_grpo.md"), text)
     plot(runs, args.val_k, os.path.join(out, "curves.png"))
     print(text)

@@ -23,6 +23,9 @@ def finished_run(logs, iterations, success, samples, singles, first, last, k=2):
         w.add_scalar("rollout/success_rate", success(step), step)
         w.add_scalar("rollout/planner/samples", samples, step)
         w.add_scalar("rollout/tool_user/samples", samples, step)
+        w.add_scalar("rollout/planner/valid_ratio", success(step), step)  # the replies' tags: the success's
+        w.add_scalar("rollout/planner/response_tokens_mean", 10 * success(step), step)
+        w.add_scalar("rollout/tool_user/reward_mean", -success(step), step)
         for turn, share in singles.items():
             w.add_scalar(f"rollout/planner/singleton_prompts_turn{turn}", share, step)
     w.close()
@@ -68,6 +71,9 @@ def test_the_table_of_both_arms_and_the_singleton_shares(tmp_path):
     # last validation, paired by seed and puzzle: avg@2 1 - 0.5 on every puzzle, pass@2 1 - 1
     assert ("| AT-GRPO - GRPO, last validation [interval] | | | +0.500 [+0.500, +0.500] | "
             "+0.000 [+0.000, +0.000] |") in text
+    # per run: iterations 1-5 -> 6-10 of the success (0 -> 1 in AT-GRPO's runs), 10x, negated
+    assert "| at_grpo-seed1 | 0.000 -> 1.000 | 0.00 -> 1.00 | 0.00 -> 10.00 | 0.00 -> -1.00 |" in text
+    assert "| grpo-seed0 | 0.500 -> 0.500 | 0.50 -> 0.50 | 5.00 -> 5.00 | -0.50 -> -0.50 |" in text
     assert "| planner, turn 0 | 0.000 |" in text and "| planner, turn 1 | 0.500 |" in text
     assert "machine(s): here, 32-true" in text
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
