@@ -164,6 +164,7 @@ print("KERNELS", loaded_kernels(), vllm_cpu_kernels(), wrapped)
 """
 
 
+@pytest.mark.integration  # three vLLM imports: 13 s of the fast tier's 3 minutes
 @pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 def test_the_quiet_console_loads_the_kernels_vllm_picks():
     """In processes of their own (an illegal instruction fails this test, not pytest), started

@@ -73,6 +73,7 @@ def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(task
         assert s.response_ids == [2, 3] and s.engine_logprobs == [-0.5, -0.5] and s.valid
 
 
+@pytest.mark.integration  # 16 worker processes
 def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_file):
     script = Script(echo)
     # a window no test waits out: only "every running episode is waiting" can trigger a call
