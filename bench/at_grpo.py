@@ -157,9 +157,9 @@ def per_seed(runs: dict[str, list[Run]], k: int) -> str:
     from drmas.report import question_scores, read_validations
 
     tags = ["rollout/planner/valid_ratio", "rollout/planner/response_tokens_mean",
-            "rollout/tool_user/reward_mean"]
+            "rollout/planner/advantage_abs_mean", "rollout/tool_user/reward_mean"]
     lines = [f"| run | val avg@{k} at each validation | planner valid ratio | planner reply tokens | "
-             "tool user reward |", "|---|---|---|---|---|"]
+             "planner mean abs. advantage | tool user reward |", "|---|---|---|---|---|---|"]
     for group in runs.values():
         for r in group:
             records = read_validations(r.run_dir)
@@ -228,9 +228,53 @@ def plot(runs: dict[str, list[Run]], k: int, path: str) -> None:
     fig.savefig(path)
 
 
+def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> str:
+    """What a run's final weights say on the first val puzzles' first turn (HF sampling at the
+    train temperature, cut at each template's stop): the tool user's replies, then the planner's
+    after the first tool-user reply's program ran in the sandbox, as in a rollout."""
+    import glob
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from drmas.models import load_tokenizer
+    from drmas.modules.engine_routing import encode_prompt
+    from drmas.records import Completion
+    from drmas.workflows.games.workflow import PlanningWorkflow
+
+    path = sorted(glob.glob(os.path.join(run_dir, "hf", "iter_*", "shared")))[-1]
+    tok, model = load_tokenizer(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    wf = PlanningWorkflow(game="plan_path", size=4)
+    torch.manual_seed(seed)
+
+    def sample(agent, state) -> list[Completion]:
+        prompt = wf.prompt(agent, state)
+        ids = encode_prompt(tok, prompt)
+        out = model.generate(torch.tensor([ids]), do_sample=True, temperature=0.7, max_new_tokens=64,
+                             num_return_sequences=samples, pad_token_id=tok.eos_token_id)
+        texts = [tok.decode(o[len(ids):], skip_special_tokens=True) for o in out]
+        cut = [min((t.split(stop)[0] for stop in prompt.stop), key=len) for t in texts]
+        return [Completion(ids, [], [], prompt.prefill + t) for t in cut]
+
+    lines = [f"Replies of `{path}` (first turn, {samples} samples each):", ""]
+    try:
+        for task in list(wf.tasks("val"))[:puzzles]:
+            state = wf.initial_state(task)
+            lines += ["```", state.env.observation, "```"]
+            tool = sample("tool_user", state)
+            lines += [f"- tool user: `{c.text!r}`" for c in tool]
+            wf.advance("tool_user", state, wf.evaluate("tool_user", [state], tool[:1])[0])
+            lines += [f"- planner (after the first program printed `{state.printed}`): `{c.text!r}`"
+                      for c in sample("planner", state)]
+    finally:
+        wf.close()
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("phase", nargs="?", choices=["select", "study"], default="study")
+    p.add_argument("phase", nargs="?", choices=["select", "study", "replies"], default="study",
+                   help="replies: what each finished run's final weights say (replies.md)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--val_k", type=int, default=4)
@@ -246,6 +290,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.phase == "select":
             print(f"chosen: {select(out)}; written: {out}/selection.md")
+            return
+        if args.phase == "replies":
+            done = [Run(f"{arm}-seed{seed}", "games", [], os.path.join(out, arm, f"seed{seed}"), 0)
+                    for seed in args.seeds for arm in ARMS]
+            text = "\n\n".join(f"## {r.name}\n\n{replies(r.run_dir)}" for r in done if r.finished)
+            write_text(os.path.join(out, "replies.md"), text + "\n")
+            print(text)
             return
         if args.config:
             name, precision = os.path.basename(args.config), None

@@ -26,6 +26,7 @@ def finished_run(logs, iterations, success, samples, singles, first, last, k=2):
         w.add_scalar("rollout/planner/valid_ratio", success(step), step)  # the replies' tags: the success's
         w.add_scalar("rollout/planner/response_tokens_mean", 10 * success(step), step)
         w.add_scalar("rollout/tool_user/reward_mean", -success(step), step)
+        w.add_scalar("rollout/planner/advantage_abs_mean", success(step) / 2, step)
         for turn, share in singles.items():
             w.add_scalar(f"rollout/planner/singleton_prompts_turn{turn}", share, step)
     w.close()
@@ -71,9 +72,11 @@ def test_the_table_of_both_arms_and_the_singleton_shares(tmp_path):
     # last validation, paired by seed and puzzle: avg@2 1 - 0.5 on every puzzle, pass@2 1 - 1
     assert ("| AT-GRPO - GRPO, last validation [interval] | | | +0.500 [+0.500, +0.500] | "
             "+0.000 [+0.000, +0.000] |") in text
-    # per run: iterations 1-5 -> 6-10 of the success (0 -> 1 in AT-GRPO's runs), 10x, negated
-    assert "| at_grpo-seed1 | 0.000 -> 1.000 | 0.00 -> 1.00 | 0.00 -> 10.00 | 0.00 -> -1.00 |" in text
-    assert "| grpo-seed0 | 0.500 -> 0.500 | 0.50 -> 0.50 | 5.00 -> 5.00 | -0.50 -> -0.50 |" in text
+    # per run: iterations 1-5 -> 6-10 of the success (0 -> 1 in AT-GRPO's runs), 10x, halved, negated
+    assert ("| at_grpo-seed1 | 0.000 -> 1.000 | 0.00 -> 1.00 | 0.00 -> 10.00 | 0.00 -> 0.50 | "
+            "0.00 -> -1.00 |") in text
+    assert "| grpo-seed0 | 0.500 -> 0.500 | 0.50 -> 0.50 | 5.00 -> 5.00 | 0.25 -> 0.25 | -0.50 -> -0.50 |" \
+        in text
     assert "| planner, turn 0 | 0.000 |" in text and "| planner, turn 1 | 0.500 |" in text
     assert "machine(s): here, 32-true" in text
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -94,3 +97,24 @@ def test_a_config_replaces_the_chosen_setting_in_a_study_of_its_own(tmp_path):
     at_grpo.main(["--config", config, "--seeds", "0", "--iterations", "10", "--val_k", "2",
                   "--out", str(tmp_path)])
     assert f"setting qwen3_8b.yaml (`--config {config}`)" in (tmp_path / "at_grpo.md").read_text()
+
+
+@pytest.mark.integration  # a model's generate and the sandbox
+def test_replies_are_sampled_from_a_runs_last_weights_and_cut_where_a_rollout_cuts(tmp_path):
+    """The tiny random model's text is noise; what is asserted is the form every reply takes in a
+    rollout: each begins with its template's prefill and holds no stop string (a cut made on the
+    prefill would leave the tool user's replies empty)."""
+    import shutil
+
+    from drmas.models.loading import resolve_model_path
+
+    run_dir = tmp_path / "games" / "version_0"
+    shutil.copytree(resolve_model_path("tiny-random"), run_dir / "hf" / "iter_3" / "shared")
+    text = at_grpo.replies(str(run_dir), puzzles=2, samples=2)
+    tools = [line for line in text.splitlines() if line.startswith("- tool user: ")]
+    plans = [line for line in text.splitlines() if line.startswith("- planner (after the first program")]
+    assert len(tools) == 4 and len(plans) == 4 and "hf/iter_3/shared" in text
+    opened = ("- tool user: `'```python\\n", '- tool user: `"```python\\n')  # the repr's quotes
+    assert all(line.startswith(opened) for line in tools)
+    assert all("`'<actions>" in line or '`"<actions>' in line for line in plans)
+    assert all("</actions>" not in line for line in plans) and all(line.count("```") == 1 for line in tools)
