@@ -5,6 +5,8 @@ the planner and the tool user sharing one SmolLM2-135M policy; resumable across 
 
     python bench/at_grpo.py select   # the setting: 15 iterations of both arms per candidate, in order
     python bench/at_grpo.py          # then 2 arms x 3 seeds x 30 iterations at the chosen setting
+    python bench/at_grpo.py report   # the tables of the seeds finished so far, running nothing
+    python bench/at_grpo.py replies  # what the finished runs' final weights say (where they ran)
 
 Matched: both arms train at most the same samples per iteration. ``--data.rollout.group_size 4``
 is 4 trajectories per puzzle in the parallel arm and 4 candidates per (agent, turn) step in the
@@ -273,8 +275,9 @@ def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("phase", nargs="?", choices=["select", "study", "replies"], default="study",
-                   help="replies: what each finished run's final weights say (replies.md)")
+    p.add_argument("phase", nargs="?", choices=["select", "study", "report", "replies"], default="study",
+                   help="report: the tables of the seeds whose two runs finished, running nothing; "
+                        "replies: what each finished run's final weights say (replies.md)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--val_k", type=int, default=4)
@@ -304,14 +307,16 @@ def main(argv: list[str] | None = None) -> None:
         else:
             name = chosen_setting(out)
             setting, precision = [*COMMON, *CANDIDATES[name]], "32-true"
-        runs: dict[str, list[Run]] = {arm: [] for arm in ARMS}
-        order = []  # seed by seed, so an unfinished study already holds pairs
-        for seed in args.seeds:
-            for arm in ARMS:
-                run = arm_run(arm, setting, seed, os.path.join(out, arm, f"seed{seed}"),
-                              args.iterations, args.val_k, args.val_every, precision)
-                runs[arm].append(run)
-                order.append(run)
+        pairs = {seed: [arm_run(arm, setting, seed, os.path.join(out, arm, f"seed{seed}"),
+                                args.iterations, args.val_k, args.val_every, precision) for arm in ARMS]
+                 for seed in args.seeds}
+        if args.phase == "report":
+            pairs = {seed: pair for seed, pair in pairs.items() if all(r.finished for r in pair)}
+            if not pairs:
+                raise SystemExit(f"no seed of {args.seeds} has both runs finished in {out}")
+            args.seeds = list(pairs)
+        order = [r for pair in pairs.values() for r in pair]  # seed by seed: an unfinished study holds pairs
+        runs = {arm: [pair[n] for pair in pairs.values()] for n, arm in enumerate(ARMS)}
         Study(order).run_all()
     except StudyStopped as stop:
         raise SystemExit(f"study stopped: {stop}") from None

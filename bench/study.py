@@ -11,6 +11,9 @@ A run's state is read from its folder, nothing else:
   another machine) its partial logs are removed and it starts again;
 - new: no ``run.json``: it starts.
 
+One process runs a run at a time (``held``: a lock file beside its folder); a second study of the
+same folder stops at that run with the holder's pid.
+
 ``run.json`` records the machine and the precision a run started with; the run is always
 continued in that precision, and where this machine's default differs (a run started where bf16
 is native, continued where it is emulated) the study stops with the reason rather than mix two
@@ -24,12 +27,14 @@ study prints its expected wall time before going on; each run prints one line pe
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,6 +94,25 @@ class Run:
         return int(state["drmas"]["iteration"])
 
 
+@contextmanager
+def held(run: Run):
+    """One process at a time per run, through a lock file beside its folder: a second study of the
+    same folder (another terminal, or a study asked again while one runs) would remove its logs as
+    those of a run without a checkpoint, or run it twice into them."""
+    os.makedirs(os.path.dirname(os.path.abspath(run.logs)), exist_ok=True)
+    with open(os.path.abspath(run.logs) + ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise StudyStopped(f"{run.name} is being run by another process ({f.read().strip()}); let it "
+                               "finish or stop it before running this study again") from None
+        f.truncate(0)
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        yield  # the lock ends with the file's closing, or with the process
+
+
 @dataclass
 class Study:
     """Runs to bring to their end, one after another, with progress and an expected wall time."""
@@ -108,7 +132,8 @@ class Study:
             what = f"continuing after iteration {done}" if done else "starting"
             minutes = (time.perf_counter() - self._started) / 60
             print(f"[{n + 1}/{len(left)}] {run.name}: {what} ({minutes:.1f} min so far)", flush=True)
-            self._run(run, left[n:], done)
+            with held(run):
+                self._run(run, left[n:], done)
         return self.runs
 
     def expected_s(self, runs: list[Run]) -> float:
