@@ -231,12 +231,13 @@ def plot(runs: dict[str, list[Run]], k: int, path: str) -> None:
 
 
 def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> str:
-    """What a run's final weights say on the first val puzzles' first turn (HF sampling at the
-    train temperature, cut at each template's stop): the tool user's replies, then the planner's
+    """What a run's final weights say on the first val puzzles' first turn (HF sampling with the
+    run's train settings, cut at each template's stop): the tool user's replies, then the planner's
     after the first tool-user reply's program ran in the sandbox, as in a rollout."""
     import glob
 
     import torch
+    import yaml
     from transformers import AutoModelForCausalLM
 
     from drmas.models import load_tokenizer
@@ -246,14 +247,18 @@ def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> 
 
     path = sorted(glob.glob(os.path.join(run_dir, "hf", "iter_*", "shared")))[-1]
     tok, model = load_tokenizer(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    wf = PlanningWorkflow(game="plan_path", size=4)
+    config = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
+    game = config["data"]["workflow"]["init_args"]
+    sampling = config["model"]["policies"]["shared"]["generation"]["train"]
+    wf = PlanningWorkflow(game=game["game"], size=game["size"])
     torch.manual_seed(seed)
 
     def sample(agent, state) -> list[Completion]:
         prompt = wf.prompt(agent, state)
         ids = encode_prompt(tok, prompt)
-        out = model.generate(torch.tensor([ids]), do_sample=True, temperature=0.7, max_new_tokens=64,
-                             num_return_sequences=samples, pad_token_id=tok.eos_token_id)
+        out = model.generate(torch.tensor([ids]), do_sample=True, temperature=sampling["temperature"],
+                             max_new_tokens=sampling["max_new_tokens"], num_return_sequences=samples,
+                             pad_token_id=tok.eos_token_id)
         texts = [tok.decode(o[len(ids):], skip_special_tokens=True) for o in out]
         cut = [min((t.split(stop)[0] for stop in prompt.stop), key=len) for t in texts]
         return [Completion(ids, [], [], prompt.prefill + t) for t in cut]
