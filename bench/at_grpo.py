@@ -234,8 +234,6 @@ def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> 
     """What a run's final weights say on the first val puzzles' first turn (HF sampling with the
     run's train settings, cut at each template's stop): the tool user's replies, then the planner's
     after the first tool-user reply's program ran in the sandbox, as in a rollout."""
-    import glob
-
     import torch
     import yaml
     from transformers import AutoModelForCausalLM
@@ -245,7 +243,8 @@ def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> 
     from drmas.records import Completion
     from drmas.workflows.games.workflow import PlanningWorkflow
 
-    path = sorted(glob.glob(os.path.join(run_dir, "hf", "iter_*", "shared")))[-1]
+    hf = os.path.join(run_dir, "hf")  # ``latest`` names the newest export (HFCheckpoint writes it)
+    path = os.path.join(hf, open(os.path.join(hf, "latest")).read().strip(), "shared")
     tok, model = load_tokenizer(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     config = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
     game = config["data"]["workflow"]["init_args"]
@@ -299,13 +298,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.phase == "select":
             print(f"chosen: {select(out)}; written: {out}/selection.md")
             return
-        if args.phase == "replies":
-            done = [Run(f"{arm}-seed{seed}", "games", [], os.path.join(out, arm, f"seed{seed}"), 0)
-                    for seed in args.seeds for arm in ARMS]
-            text = "\n\n".join(f"## {r.name}\n\n{replies(r.run_dir)}" for r in done if r.finished)
-            write_text(os.path.join(out, "replies.md"), text + "\n")
-            print(text)
-            return
         if args.config:
             name, precision = os.path.basename(args.config), None
             setting = ["--config", os.path.abspath(args.config)]
@@ -315,6 +307,12 @@ def main(argv: list[str] | None = None) -> None:
         pairs = {seed: [arm_run(arm, setting, seed, os.path.join(out, arm, f"seed{seed}"),
                                 args.iterations, args.val_k, args.val_every, precision) for arm in ARMS]
                  for seed in args.seeds}
+        if args.phase == "replies":
+            text = "\n\n".join(f"## {r.name}\n\n{replies(r.run_dir)}"
+                                 for pair in pairs.values() for r in pair if r.finished)
+            write_text(os.path.join(out, "replies.md"), text + "\n")
+            print(text)
+            return
         if args.phase == "report":
             pairs = {seed: pair for seed, pair in pairs.items() if all(r.finished for r in pair)}
             if not pairs:

@@ -110,6 +110,7 @@ def test_replies_are_sampled_from_a_runs_last_weights_and_cut_where_a_rollout_cu
 
     run_dir = tmp_path / "games" / "version_0"
     shutil.copytree(resolve_model_path("tiny-random"), run_dir / "hf" / "iter_3" / "shared")
+    (run_dir / "hf" / "latest").write_text("iter_3\n")
     (run_dir / "config.yaml").write_text(  # the run's own settings, as Lightning saved them
         "data: {workflow: {init_args: {game: plan_path, size: 4}}}\n"
         "model: {policies: {shared: {generation: {train: {temperature: 0.7, max_new_tokens: 16}}}}}\n")
