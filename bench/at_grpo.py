@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 
@@ -277,6 +278,12 @@ def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> 
     return "\n".join(lines)
 
 
+def sections(text: str) -> dict[str, str]:
+    """replies.md's sections by run name, each from its ``## name`` heading to the next one."""
+    parts = re.split(r"^(?=## )", text, flags=re.M)
+    return {part.split("\n", 1)[0][3:].strip(): part.rstrip("\n") for part in parts if part.startswith("## ")}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("phase", nargs="?", choices=["select", "study", "report", "replies"], default="study",
@@ -308,9 +315,19 @@ def main(argv: list[str] | None = None) -> None:
                                 args.iterations, args.val_k, args.val_every, precision) for arm in ARMS]
                  for seed in args.seeds}
         if args.phase == "replies":
-            text = "\n\n".join(f"## {r.name}\n\n{replies(r.run_dir)}"
-                                 for pair in pairs.values() for r in pair if r.finished)
-            write_text(os.path.join(out, "replies.md"), text + "\n")
+            path = os.path.join(out, "replies.md")
+            kept = sections(open(path).read()) if os.path.exists(path) else {}
+            parts = []
+            for r in (r for pair in pairs.values() for r in pair if r.finished):
+                if os.path.exists(os.path.join(r.run_dir, "hf", "latest")):
+                    parts.append(f"## {r.name}\n\n{replies(r.run_dir)}")
+                elif r.name in kept:  # sampled where its weights were: they are not in git
+                    parts.append(kept[r.name])
+                    print(f"{r.name}: no weights here; its replies are kept from {path}")
+                else:
+                    print(f"{r.name}: no weights here (hf/ is not in git) and no earlier replies")
+            text = "\n\n".join(parts)
+            write_text(path, text + "\n")
             print(text)
             return
         if args.phase == "report":

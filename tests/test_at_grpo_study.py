@@ -122,3 +122,14 @@ def test_replies_are_sampled_from_a_runs_last_weights_and_cut_where_a_rollout_cu
     assert all(line.startswith(opened) for line in tools)
     assert all("`'<actions>" in line or '`"<actions>' in line for line in plans)
     assert all("</actions>" not in line for line in plans) and all(line.count("```") == 1 for line in tools)
+
+
+def test_replies_of_runs_whose_weights_are_gone_are_kept_by_section():
+    """replies.md is split at its ``## run`` headings, each section whole (code fences and ``#``
+    inside a section are not headings), so a machine without a run's weights keeps that run's text."""
+    text = ("## at_grpo-seed0\n\nReplies of `a`:\n\n```\nG..#\n```\n- tool user: `'x'`\n\n"
+            "## grpo-seed0\n\nReplies of `b`:\n# not a heading\n")
+    assert at_grpo.sections(text) == {
+        "at_grpo-seed0": "## at_grpo-seed0\n\nReplies of `a`:\n\n```\nG..#\n```\n- tool user: `'x'`",
+        "grpo-seed0": "## grpo-seed0\n\nReplies of `b`:\n# not a heading"}
+    assert at_grpo.sections("no heading\n") == {}
