@@ -74,19 +74,20 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
+    p.add_argument("--only", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES),
+                   help="the teams to run; the table holds every team whose run has finished")
     p.add_argument("--out", default="bench/results/inflation", help="finished runs here are kept in git")
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
     seed = ["--seed_everything", str(args.seed), "--data.rollout.seed", str(args.seed)]
     pinned = ["--model.engine_settings.dtype", "float32", "--data.validation.tasks", "0"]
-    runs = [Run(name, recipe, [*pinned, *flags, *seed], os.path.join(out, name), args.iterations, 0,
-                precision="32-true")
-            for name, (recipe, flags) in CANDIDATES.items() if name in args.only]
+    every = [Run(name, recipe, [*pinned, *flags, *seed], os.path.join(out, name), args.iterations, 0,
+                 precision="32-true") for name, (recipe, flags) in CANDIDATES.items()]
     try:
-        Study(runs).run_all()
+        Study([r for r in every if r.name in args.only]).run_all()
     except StudyStopped as stop:
         raise SystemExit(f"study stopped: {stop}") from None
+    runs = [r for r in every if r.finished]  # the table keeps the teams that earlier calls ran
     machines = sorted({r.record["machine"] + ", " + r.record["precision"] for r in runs})
     text = (f"# Baseline inflation per agent, {args.iterations} iterations, seed {args.seed}\n\n"
             f"machine(s): {'; '.join(machines)}\n\n{table(runs)}\n")
