@@ -1,10 +1,11 @@
-"""Where a checkout keeps its configs and recipe scripts."""
+"""Where a checkout keeps its configs and recipe scripts, and which folders of ``sys.path`` are
+drmas's own."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["CONFIGS", "RECIPES", "recipe_script"]
+__all__ = ["CONFIGS", "RECIPES", "recipe_script", "without_drmas_folders"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -12,10 +13,29 @@ CONFIGS = os.path.join(ROOT, "configs")
 """The configs shipped with a checkout (the recipes' default configs live here)."""
 
 RECIPES = {"search": "search.py", "math": "math_team.py", "code": "code_team.py", "games": "games.py",
-           "debate": "debate.py", "agents": "agents.py"}
-"""Each shipped recipe's script in ``recipes/``. The math and code recipes are not ``math.py`` and
-``code.py``: Python puts a script's folder first on ``sys.path``, where those would shadow the
-standard library's modules of the same names."""
+           "debate": "debate.py", "agents": "own_agents.py"}
+"""Each shipped recipe's script in ``recipes/``. Python puts a script's folder first on
+``sys.path``, so no script name may be a module a recipe or a library imports: not ``math.py`` or
+``code.py`` (the standard library's), not ``agents.py`` (the OpenAI Agents SDK's package);
+``tests/test_import_world.py`` checks every script folder against the installed distributions."""
+
+SCRIPT_FOLDERS = tuple(os.path.join(ROOT, d) for d in ("recipes", "bench", "scripts", "tests"))
+"""The folders of the scripts drmas ships (and of its tests): on ``sys.path`` only because Python
+put a script's folder there."""
+
+_OWN = tuple(os.path.realpath(f) for f in (*SCRIPT_FOLDERS, os.path.dirname(os.path.abspath(__file__))))
+
+
+def without_drmas_folders(path: list[str]) -> list[str]:
+    """``path`` (a ``sys.path``) without drmas's script folders or its package's own folder (and
+    anything below them): what a user's program imports from besides its own folder and the working
+    directory, so that no module of drmas's can shadow a package the program imports."""
+
+    def own(entry: str) -> bool:
+        real = os.path.realpath(entry or os.curdir)
+        return any(real == f or real.startswith(f + os.sep) for f in _OWN)
+
+    return [entry for entry in path if not own(entry)]
 
 
 def recipe_script(recipe: str) -> str:

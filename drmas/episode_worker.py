@@ -2,9 +2,10 @@
 and plays one episode at a time, as the trainer asks, each with its own URL and key.
 
 A worker is a fresh interpreter (:class:`drmas.children.Child`), so the function travels by
-reference: ``("module", name, qualname)`` or ``("file", path, qualname)``, the way spawn-started
-multiprocessing finds a target. This module imports nothing heavy (no torch, nothing of drmas but
-the child helper), so a worker starts in about the time ``import openai`` takes.
+reference (:data:`EpisodeRef`), the way spawn-started multiprocessing finds a target, and is
+imported with the user's import world (:func:`program_path`), never with drmas's own script
+folders. This module imports nothing heavy (no torch, nothing of drmas but the child helper), so a
+worker starts in about the time ``import openai`` takes.
 
 The worker's environment points every client a program builds from it (``OPENAI_BASE_URL``,
 ``OPENAI_API_BASE``, ``OPENAI_API_KEY``: the openai package, LangChain, LlamaIndex, LiteLLM and so
@@ -23,6 +24,7 @@ closed one (which prints "Event loop is closed" tracebacks).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import importlib
@@ -36,12 +38,14 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["EpisodeRef", "episode_ref", "load_episode", "serve"]
+__all__ = ["EpisodeRef", "episode_ref", "importing_from", "load_episode", "program_path", "serve"]
 
-EpisodeRef = tuple[str, str, str]
-"""``(kind, where, qualname)``: kind ``"module"`` (where = a module name) or ``"file"`` (a path)."""
+EpisodeRef = tuple[str, str, str, str]
+"""``(kind, where, qualname, folder)``: kind ``"module"`` (where = a module name) or ``"file"`` (a
+path); folder is the program's own folder (a file's, or the folder a function's module was imported
+from), ``""`` for a module named by a string (found through the working directory)."""
 
 _NOT_IMPORTABLE = ("episodes run in worker processes, which import the function by its module path: "
                    "define it at the top level of a module, or give 'module:function' or "
@@ -50,6 +54,16 @@ _NOT_IMPORTABLE = ("episodes run in worker processes, which import the function 
 
 def _resolve(obj: Any, qualname: str) -> Any:
     return functools.reduce(getattr, qualname.split("."), obj)
+
+
+def _import_root(module: str) -> str:
+    """The folder an imported module's top-level package was found in ("" when it has no file:
+    a namespace package, a built-in)."""
+    top = getattr(sys.modules.get(module.partition(".")[0]), "__file__", None)
+    if not top:
+        return ""
+    folder = os.path.dirname(os.path.abspath(top))
+    return os.path.dirname(folder) if os.path.basename(top).startswith("__init__.") else folder
 
 
 def episode_ref(spec: str | Callable[..., Any]) -> EpisodeRef:
@@ -64,8 +78,8 @@ def episode_ref(spec: str | Callable[..., Any]) -> EpisodeRef:
             path = Path(where)
             if not path.is_file():
                 raise FileNotFoundError(f"episode {spec!r}: no such file {path}")
-            return "file", str(path.resolve()), name
-        return "module", where, name
+            return "file", str(path.resolve()), name, str(path.resolve().parent)
+        return "module", where, name, ""
     if not callable(spec):
         raise ValueError(f"episode must be a function or 'module:function', got {spec!r:.80}")
     module, qualname = getattr(spec, "__module__", None), getattr(spec, "__qualname__", None)
@@ -81,15 +95,37 @@ def episode_ref(spec: str | Callable[..., Any]) -> EpisodeRef:
         main = getattr(sys.modules["__main__"], "__file__", None)
         if not main:
             raise ValueError(f"episode {spec!r:.80} is defined in an interactive session; {_NOT_IMPORTABLE}")
-        return "file", str(Path(main).resolve()), qualname
-    return "module", module, qualname
+        return "file", str(Path(main).resolve()), qualname, str(Path(main).resolve().parent)
+    return "module", module, qualname, _import_root(module)
+
+
+def program_path(ref: EpisodeRef, cwd: str, environment: list[str]) -> list[str]:
+    """The ``sys.path`` a program is imported with: its own folder first (as Python gives a script
+    its folder), then the working directory (as ``python -m`` does), then ``environment`` (the
+    interpreter's path: site-packages, ``PYTHONPATH``), each once."""
+    out: list[str] = []
+    for entry in (ref[3], cwd, *environment):
+        if entry and entry not in out:
+            out.append(entry)
+    return out
+
+
+@contextlib.contextmanager
+def importing_from(path: list[str]) -> Iterator[None]:
+    """``sys.path`` is ``path`` inside (the trainer's import of a program to check it)."""
+    saved = list(sys.path)
+    sys.path[:] = path
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 def load_episode(ref: EpisodeRef) -> Callable[..., Any]:
-    """The function a reference names, imported with the working directory on the path (as
-    ``python -m`` would); a file is loaded under a private module name, so code under its
+    """The function a reference names, imported from the current ``sys.path`` (the worker's is
+    :func:`program_path`); a file is loaded under a private module name, so code under its
     ``if __name__ == "__main__":`` does not run."""
-    kind, where, qualname = ref
+    kind, where, qualname, _ = ref
     shown = f"{where}:{qualname}"
     if kind == "file":
         name = f"drmas_episode_{abs(hash(where))}"
@@ -104,8 +140,6 @@ def load_episode(ref: EpisodeRef) -> Callable[..., Any]:
                 del sys.modules[name]
                 raise
     else:
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as err:

@@ -1,7 +1,8 @@
 """One agent with a calculator tool, rewarded for the right answer and for calls that ran: the
 tool-use learning check of docs/agents.md.
 
-    python recipes/agents.py fit --data.workflow.init_args.episode examples/agents/calculator.py:episode \\
+    python recipes/own_agents.py fit \\
+        --data.workflow.init_args.episode examples/agents/calculator.py:episode \\
         --data.workflow.init_args.agents '[solver]' \\
         --data.workflow.init_args.train_file examples/agents/arithmetic.jsonl
 

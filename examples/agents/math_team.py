@@ -5,10 +5,11 @@ rejects it with a reason, and a rejected solver tries again (``MAX_LOOPS`` attem
 unchecked). The episode returns the team reward: 1 when the final answer is right, else 0.
 
 Trained by drmas as it is: it is the agents recipe's default program, with its tasks
-``train.jsonl`` and ``val.jsonl`` beside it (``python recipes/agents.py fit``, from any folder).
+``train.jsonl`` and ``val.jsonl`` beside it (``python recipes/own_agents.py fit``, from any folder).
 Written out, that is:
 
-    python recipes/agents.py fit --data.workflow.init_args.episode examples/agents/math_team.py:episode \\
+    python recipes/own_agents.py fit \\
+        --data.workflow.init_args.episode examples/agents/math_team.py:episode \\
         --data.workflow.init_args.agents '[solver, verifier]' \\
         --data.workflow.init_args.train_file examples/agents/train.jsonl \\
         --data.workflow.init_args.val_file examples/agents/val.jsonl

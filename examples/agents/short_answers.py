@@ -1,6 +1,7 @@
 """One agent, rewarded for answering in few tokens: the learning check of docs/agents.md.
 
-    python recipes/agents.py fit --data.workflow.init_args.episode examples/agents/short_answers.py:episode \\
+    python recipes/own_agents.py fit \\
+        --data.workflow.init_args.episode examples/agents/short_answers.py:episode \\
         --data.workflow.init_args.agents '[writer]' --model.policies.shared.optim.lr 1.0e-5
 
 The reward is minus the answer's length in tokens over its budget, so a policy that learns

@@ -21,10 +21,8 @@ thread per worker waits for its answers and wakes the dispatcher through the end
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -56,7 +54,7 @@ def _how_it_ended(code: int | None) -> str:
 class Worker:
     """One worker process and the thread that reads its answers."""
 
-    def __init__(self, ref: EpisodeRef, endpoint: Endpoint, wid: str) -> None:
+    def __init__(self, ref: EpisodeRef, path: list[str], cwd: str, endpoint: Endpoint, wid: str) -> None:
         ours, theirs = socket.socketpair()
         try:
             self.child = Child("drmas.episode_worker:serve", [str(theirs.fileno())],
@@ -67,7 +65,7 @@ class Worker:
         self.conn = Connection(ours.detach())
         self.wid, self.endpoint = wid, endpoint
         url, key = endpoint.add_worker(wid)
-        self.conn.send({"episode": ref, "sys_path": list(sys.path), "cwd": os.getcwd(),
+        self.conn.send({"episode": ref, "sys_path": path, "cwd": cwd,
                         "worker_url": url, "worker_key": key})
         self.run: EpisodeRun | None = None
         self.lingering: list[str] = []
@@ -151,10 +149,12 @@ class WorkerPool:
     """Up to ``size`` worker processes for the episodes of ``ref``; started on demand, kept across
     rollouts, closed with the workflow (or, at the latest, with the trainer)."""
 
-    def __init__(self, ref: EpisodeRef, size: int, endpoint: Endpoint) -> None:
+    def __init__(self, ref: EpisodeRef, path: list[str], cwd: str, size: int, endpoint: Endpoint) -> None:
         if size < 1:
             raise ValueError(f"workers must be >= 1, got {size}")
         self.ref, self.size, self.endpoint = ref, size, endpoint
+        self.path, self.cwd = path, cwd
+        """The ``sys.path`` and working directory each worker imports the program with."""
         self.workers: list[Worker] = []
         self.started = self.recycled = 0
 
@@ -175,7 +175,7 @@ class WorkerPool:
         log.info("agents workflow: %d episode worker(s) started in %.1f s", len(new), time.monotonic() - t0)
 
     def _start(self) -> Worker:
-        w = Worker(self.ref, self.endpoint, f"w{self.started}")
+        w = Worker(self.ref, self.path, self.cwd, self.endpoint, f"w{self.started}")
         self.workers.append(w)
         self.started += 1
         return w

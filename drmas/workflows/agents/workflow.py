@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import random
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from drmas.workflows.agents.pool import WorkerPool
 from drmas.workflows.agents.server import Endpoint
 from drmas.workflows.base import WORKFLOWS, Workflow
 from drmas.workflows.files import read_records
-from drmas.episode_worker import episode_ref, load_episode
+from drmas.checkout import without_drmas_folders
+from drmas.episode_worker import episode_ref, importing_from, load_episode, program_path
 from drmas.records import EpisodeResult, Sample, GenerateFn, RolloutResult
 
 __all__ = ["EXAMPLE", "AgentsWorkflow", "ProgramError", "RowTask", "example_team", "read_tasks"]
@@ -186,8 +188,12 @@ class AgentsWorkflow(Workflow):
             raise ValueError(f"same_failure_limit must be >= 1, got {same_failure_limit}")
         self.agents = tuple(agents)
         self.episode = episode_ref(episode)
+        # the user's import world, never drmas's script folders (recipes/own_agents.py would be
+        # imported as the Agents SDK's `agents`): in the check below and in every worker
+        self.cwd = os.getcwd()
+        self.import_path = program_path(self.episode, self.cwd, without_drmas_folders(sys.path))
         if isinstance(episode, str):  # its errors now, in this process, rather than in every worker
-            with _client_environment():
+            with _client_environment(), importing_from(self.import_path):
                 load_episode(self.episode)
         self.workers = workers
         self.alpha, self.format_penalty = alpha, format_penalty
@@ -245,7 +251,7 @@ class AgentsWorkflow(Workflow):
             runs.append(EpisodeRun(task, f"{task.uid}#{j}", session, endpoint.base_url(session),
                                    self.timeout_s))
         if self._pool is None:
-            self._pool = WorkerPool(self.episode, self.workers, endpoint)
+            self._pool = WorkerPool(self.episode, self.import_path, self.cwd, self.workers, endpoint)
         pool, started, recycled = self._pool, self._pool.started, self._pool.recycled
         late, unknown = endpoint.late_calls, endpoint.unknown_agents
         dispatcher = Dispatcher(endpoint.inbox, generate, self.window_s)

@@ -5,7 +5,8 @@ The episode returns 1 when the final answer holds the task's answer, plus 0.1 pe
 ran. drmas serves the model: ``ChatOpenAI`` reads ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``,
 which are the episode's own while it runs, and ``model`` names the agent.
 
-    python recipes/agents.py fit --data.workflow.init_args.episode examples/agents/frameworks/langgraph_tools.py:episode \\
+    python recipes/own_agents.py fit \\
+        --data.workflow.init_args.episode examples/agents/frameworks/langgraph_tools.py:episode \\
         --data.workflow.init_args.agents '[solver]' --data.workflow.init_args.train_file tasks.jsonl
 
 Tasks are rows with ``question`` and ``answer``.

@@ -1,10 +1,10 @@
 """Bring your own agents: train a multi-agent program written against the OpenAI chat API.
 
-    python recipes/agents.py fit                                  # the example math team, embedded model, CPU
-    python recipes/agents.py fit --data.workflow.init_args.episode my_pkg.team:episode \\
+    python recipes/own_agents.py fit                     # the example math team, embedded model, CPU
+    python recipes/own_agents.py fit --data.workflow.init_args.episode my_pkg.team:episode \\
         --data.workflow.init_args.agents '[writer, critic]' \\
         --data.workflow.init_args.train_file tasks.jsonl
-    python recipes/agents.py fit --config configs/qwen3_8b.yaml   # GPUs
+    python recipes/own_agents.py fit --config configs/qwen3_8b.yaml      # GPUs
 
 The program runs as it is: each episode gets an OpenAI client pointed at drmas's endpoint, and
 the request's ``model`` names the agent (docs/agents.md). Without an episode and a train_file it
