@@ -1,74 +1,199 @@
-"""Regression values: each recipe's first iteration on tiny-random with a fixed seed, the HF engine
-and ``--trainer.precision 32-true`` (so nothing depends on the CPU kind), with an entropy bonus so
-that the loss and the gradient are not zero (tiny-random's rewards are all equal: zero
-advantages). A numeric change (a loss scale, a mask, a reward rule) fails here and is updated on
-purpose: rerun the recipe as below and paste the new values, saying why in the commit.
+"""Regression values that see the RL maths: each recipe's first two iterations on tiny-random
+with the rigged engine (``tests/recipes/rigged.py``: scripted well-formed and malformed replies,
+scored by the policy itself), the HF engine's fp32 model and ``--trainer.precision 32-true``.
+Rewards differ within every group, so the advantages are not zero, and the pinned loss, gradient
+norm and clip fractions carry the estimator's normalisation, the clip, the old log-probs and the
+importance weights. One more run is off-policy: two PPO epochs at a larger learning rate (the
+second epoch's ratios move off 1 on both sides and are clipped) and a behaviour policy that
+drifts from the trained one along each reply (``DRMAS_RIG_DRIFT``), so the importance cap
+truncates the weights of late tokens.
 
-Measured on an Intel Xeon with AMX; the values were the same run to run. Tolerances: rewards to
-1e-6 (they are sums of constants), the loss to 1e-4 relative, the gradient norm to 5e-2 relative:
-tiny-random's distributions are near uniform, so the entropy's gradient is a small difference of
-large terms and the order of fp32 sums (the thread count, the CPU kind) moved it by 0.5% within
-one suite; 5% still fails a changed loss scale or a lost normalisation (a factor of 2 or more)."""
+A numeric change (a loss scale, a mask, a reward rule, an estimator) fails here and is updated on
+purpose: ``python tests/recipes/test_regression.py`` prints the values of this machine to paste,
+and the commit says why.
 
-import pytest
-from recipe_runs import run_dir, run_recipe, scalars
+Measured on an AMD EPYC with AVX-512 BF16 (fp32 throughout, so the CPU kind changes only the
+order of sums). Tolerances: rewards and advantages to 1e-5 (they follow from the scripted replies
+alone); the loss and the gradient norm to 1e-2 relative; the clip and truncated fractions to 0.01
+absolute (about three tokens: a token at a bound may fall either side on another CPU). Doubled
+advantages, a wider clip or another importance cap each move a pinned value far more."""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ for forked
+
+import pytest  # noqa: E402
+from forked import run_script  # noqa: E402
+from recipe_runs import ROOT, TINY, run_dir, scalars  # noqa: E402
 
 pytestmark = pytest.mark.integration  # one recipe run each, in a process of its own
 
-ARGS = ("--model.engine", "hf", "--trainer.precision", "32-true", "--trainer.max_epochs", "1",
-        "--data.validation.tasks", "0", "--model.loss.entropy_coef", "0.01")
+ARGS = ("--model.engine", "rigged", "--trainer.precision", "32-true", "--data.validation.tasks", "0",
+        "--model.policies.shared.generation.train.max_new_tokens", "48")
+OFF_POLICY = ("--model.policies.shared.update.ppo_epochs", "2", "--model.policies.shared.optim.lr", "3e-3")
+DRIFT = "0.05"
+RUNS = {recipe: (recipe, ()) for recipe in ("search", "math", "code", "games", "debate", "agents")}
+RUNS["math-off-policy"] = ("math", OFF_POLICY)
 
-EXPECTED = {
-    "search": {
-        "rollout/answerer/reward_mean": -0.10000000149011612,
-        "rollout/searcher/reward_mean": -0.10000000149011612,
-        "rollout/verifier/reward_mean": 0.8999999761581421,
-        "train/shared/grad_norm": 3.759722312679514e-05,
-        "train/shared/loss": -0.10789857804775238,
-    },
-    "math": {
-        "rollout/solver/reward_mean": -0.10000000149011612,
-        "rollout/verifier/reward_mean": -0.10000000149011612,
-        "train/shared/grad_norm": 3.846483014058322e-05,
-        "train/shared/loss": -0.10789860039949417,
+
+def pinned(tag: str) -> bool:
+    return tag.endswith(("/reward_mean", "/advantage_abs_mean", "/loss", "/grad_norm", "/clip_frac_low",
+                         "/clip_frac_high", "/importance_weight_mean", "/importance_truncated_frac"))
+
+
+def measure(run: str, tmp: Path) -> dict[str, dict[int, float]]:
+    recipe, extra = RUNS[run]
+    argv = [str(ROOT / "tests" / "recipes" / "rigged.py"), recipe, "fit", *TINY, *ARGS, *extra,
+            "--trainer.logger.init_args.save_dir", str(tmp / "runs")]
+    env = {**os.environ, "DRMAS_RIG_DRIFT": DRIFT if extra else "0"}
+    proc = run_script(argv, cwd=tmp, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = scalars(run_dir(tmp))
+    return {tag: values for tag, values in sorted(s.items()) if not tag.startswith("_") and pinned(tag)}
+
+
+def formatted(values: dict[str, dict[str, dict[int, float]]]) -> str:
+    lines = ["EXPECTED: dict[str, dict[str, dict[int, float]]] = {"]
+    for run, tags in sorted(values.items()):
+        lines.append(f'    "{run}": {{')
+        lines += [f'        "{tag}": {{{", ".join(f"{i}: {v!r}" for i, v in sorted(v.items()))}}},'
+                  for tag, v in sorted(tags.items())]
+        lines.append("    },")
+    return "\n".join([*lines, "}"])
+
+
+def tolerance(tag: str) -> dict:
+    if tag.endswith(("/reward_mean", "/advantage_abs_mean")):
+        return {"abs": 1e-5}
+    if tag.endswith(("/clip_frac_low", "/clip_frac_high", "/importance_truncated_frac")):
+        return {"abs": 0.01}
+    return {"rel": 1e-2}
+
+
+EXPECTED: dict[str, dict[str, dict[int, float]]] = {
+    "agents": {
+        "rollout/solver/advantage_abs_mean": {1: 0.744711, 2: 0.807998},
+        "rollout/solver/reward_mean": {1: -0.04, 2: -0.0625},
+        "rollout/verifier/advantage_abs_mean": {1: 0.353548, 2: 0.0},
+        "rollout/verifier/reward_mean": {1: -0.025, 2: -0.1},
+        "train/shared/clip_frac_high": {1: 0.0, 2: 0.0},
+        "train/shared/clip_frac_low": {1: 0.0, 2: 0.0},
+        "train/shared/grad_norm": {1: 2.463473, 2: 1.256204},
+        "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
+        "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
+        "train/shared/loss": {1: 0.452611, 2: 0.257169},
     },
     "code": {
-        "rollout/coder/reward_mean": 0.0,
-        "rollout/tester/reward_mean": -0.10000000149011612,
-        "train/shared/grad_norm": 3.9704751543467864e-05,
-        "train/shared/loss": -0.10789856314659119,
-    },
-    "games": {
-        "rollout/planner/reward_mean": -0.10000000149011612,
-        "rollout/tool_user/reward_mean": -1.0,
-        "train/shared/grad_norm": 4.0492504922440276e-05,
-        "train/shared/loss": -0.10789848864078522,
+        "rollout/coder/advantage_abs_mean": {1: 0.0, 2: 0.306186},
+        "rollout/coder/reward_mean": {1: 0.0, 2: 0.5},
+        "rollout/tester/advantage_abs_mean": {1: 0.807998, 2: 0.866024},
+        "rollout/tester/reward_mean": {1: -0.0625, 2: 0.7},
+        "train/shared/clip_frac_high": {1: 0.0, 2: 0.0},
+        "train/shared/clip_frac_low": {1: 0.0, 2: 0.0},
+        "train/shared/grad_norm": {1: 0.899945, 2: 1.363874},
+        "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
+        "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
+        "train/shared/loss": {1: -0.186282, 2: -0.372513},
     },
     "debate": {
-        "rollout/debater_a/reward_mean": -0.10000000149011612,
-        "rollout/debater_b/reward_mean": -0.10000000149011612,
-        "rollout/judge/reward_mean": -0.10000000149011612,
-        "train/shared/grad_norm": 3.660899164970033e-05,
-        "train/shared/loss": -0.10789860039949417,
+        "rollout/debater_a/advantage_abs_mean": {1: 0.707101, 2: 0.707101},
+        "rollout/debater_a/reward_mean": {1: 0.2, 2: 0.7},
+        "rollout/debater_b/advantage_abs_mean": {1: 0.707101, 2: 0.707101},
+        "rollout/debater_b/reward_mean": {1: -0.325, 2: -0.775},
+        "rollout/judge/advantage_abs_mean": {1: 0.353548, 2: 0.353548},
+        "rollout/judge/reward_mean": {1: -0.075, 2: -0.025},
+        "train/shared/clip_frac_high": {1: 0.0, 2: 0.0},
+        "train/shared/clip_frac_low": {1: 0.0, 2: 0.0},
+        "train/shared/grad_norm": {1: 1.434858, 2: 0.576142},
+        "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
+        "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
+        "train/shared/loss": {1: 0.26427, 2: 0.11732},
     },
-    "agents": {
-        "rollout/solver/reward_mean": -0.10000000149011612,
-        "rollout/verifier/reward_mean": -0.10000000149011612,
-        "train/shared/grad_norm": 3.886857666657306e-05,
-        "train/shared/loss": -0.10789860039949417,
+    "games": {
+        "rollout/planner/advantage_abs_mean": {1: 0.80801, 2: 0.433011},
+        "rollout/planner/reward_mean": {1: 0.079167, 2: -0.241667},
+        "rollout/tool_user/advantage_abs_mean": {1: 0.808012, 2: 0.866022},
+        "rollout/tool_user/reward_mean": {1: -0.458333, 2: -0.666667},
+        "train/shared/clip_frac_high": {1: 0.0, 2: 0.0},
+        "train/shared/clip_frac_low": {1: 0.0, 2: 0.0},
+        "train/shared/grad_norm": {1: 1.80864, 2: 0.9699},
+        "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
+        "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
+        "train/shared/loss": {1: -0.19788, 2: -0.099926},
+    },
+    "math": {
+        "rollout/solver/advantage_abs_mean": {1: 0.707097, 2: 0.744711},
+        "rollout/solver/reward_mean": {1: -0.05, 2: -0.06},
+        "rollout/verifier/advantage_abs_mean": {1: 0.0, 2: 0.353548},
+        "rollout/verifier/reward_mean": {1: 0.0, 2: -0.025},
+        "train/shared/clip_frac_high": {1: 0.0, 2: 0.0},
+        "train/shared/clip_frac_low": {1: 0.0, 2: 0.0},
+        "train/shared/grad_norm": {1: 1.909686, 2: 1.722385},
+        "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
+        "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
+        "train/shared/loss": {1: 0.348834, 2: 0.342382},
+    },
+    "math-off-policy": {
+        "rollout/solver/advantage_abs_mean": {1: 0.707097, 2: 0.744711},
+        "rollout/solver/reward_mean": {1: -0.05, 2: -0.06},
+        "rollout/verifier/advantage_abs_mean": {1: 0.0, 2: 0.353548},
+        "rollout/verifier/reward_mean": {1: 0.0, 2: -0.025},
+        "train/shared/clip_frac_high": {1: 0.046667, 2: 0.033333},
+        "train/shared/clip_frac_low": {1: 0.31, 2: 0.361538},
+        "train/shared/grad_norm": {1: 0.354777, 2: 0.420525},
+        "train/shared/importance_truncated_frac": {1: 0.453333, 2: 0.523077},
+        "train/shared/importance_weight_mean": {1: 1.616789, 2: 1.673014},
+        "train/shared/loss": {1: 0.599586, 2: 0.591051},
+    },
+    "search": {
+        "rollout/answerer/advantage_abs_mean": {1: 0.353548, 2: 0.0},
+        "rollout/answerer/reward_mean": {1: -0.025, 2: -0.05},
+        "rollout/searcher/advantage_abs_mean": {1: 0.707097, 2: 0.707097},
+        "rollout/searcher/reward_mean": {1: -0.05, 2: -0.05},
+        "rollout/verifier/advantage_abs_mean": {1: 0.807998, 2: 0.749985},
+        "rollout/verifier/reward_mean": {1: 0.9625, 2: 0.95},
+        "train/shared/clip_frac_high": {1: 0.0, 2: 0.0},
+        "train/shared/clip_frac_low": {1: 0.0, 2: 0.0},
+        "train/shared/grad_norm": {1: 1.020456, 2: 0.790232},
+        "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
+        "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
+        "train/shared/loss": {1: -0.114048, 2: -0.09428},
     },
 }
 
 
-@pytest.mark.parametrize("recipe", sorted(EXPECTED))
-def test_the_first_iteration_of_each_recipe_has_its_recorded_values(tmp_path, recipe):
-    run_recipe(recipe, tmp_path, *ARGS)
-    got = scalars(run_dir(tmp_path))
-    for tag, want in EXPECTED[recipe].items():
-        value = got[tag][1]
-        if tag.endswith("reward_mean"):
-            assert value == pytest.approx(want, abs=1e-6), tag
-        elif tag.endswith("/loss"):
-            assert value == pytest.approx(want, rel=1e-4), tag
-        else:
-            assert value == pytest.approx(want, rel=5e-2), tag
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_the_first_two_iterations_of_each_recipe_have_their_recorded_values(tmp_path, run):
+    got = measure(run, tmp_path)
+    want = EXPECTED[run]
+    assert set(got) == set(want)
+    for tag, values in want.items():
+        assert got[tag] == {i: pytest.approx(v, **tolerance(tag)) for i, v in values.items()}, tag
+
+
+def test_every_run_has_advantages_and_the_off_policy_run_clips_and_truncates():
+    # what makes the values above worth pinning, read from them: every agent of every recipe has
+    # a non-zero advantage in some iteration, and the off-policy run's clip and cap both act
+    for run, values in EXPECTED.items():
+        advantages = {tag: v for tag, v in values.items() if tag.endswith("/advantage_abs_mean")}
+        assert advantages and all(max(v.values()) > 0.1 for v in advantages.values()), run
+    off = EXPECTED["math-off-policy"]
+    for side in ("low", "high"):  # each side of the clip bounds some ratios in both iterations
+        assert min(off[f"train/shared/clip_frac_{side}"].values()) > 0.02
+    assert min(off["train/shared/importance_truncated_frac"].values()) > 0.1
+    assert all(v == 0 for run, values in EXPECTED.items() if run != "math-off-policy"
+               for side in ("low", "high") for v in values[f"train/shared/clip_frac_{side}"].values())
+
+
+if __name__ == "__main__":  # print this machine's values, to paste above
+    import tempfile
+
+    out = {}
+    for run in sorted(RUNS):
+        with tempfile.TemporaryDirectory() as tmp:
+            out[run] = {tag: {i: round(v, 6) for i, v in values.items()}
+                        for tag, values in measure(run, Path(tmp)).items()}
+            print(run, "done", file=sys.stderr, flush=True)
+    print(formatted(out))
