@@ -67,6 +67,37 @@ def grad_norm(model) -> float:
     return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None)).item()
 
 
+def rollout(model, tok, group: int, max_new_tokens: int):
+    """Each agent's ``group`` answers: the sequences and their old log-probs per agent, and one
+    sample (task, trajectory, agent, reward, text) per answer, as the estimators read them."""
+    rollouts, samples = {}, []
+    with torch.no_grad():
+        for agent, (prompt, prefill) in AGENTS.items():
+            seqs, plen, mask, texts = sample(model, tok, prompt, prefill, group, max_new_tokens)
+            rollouts[agent] = (seqs, plen, mask, token_logprobs(model, seqs, plen))
+            for j, text in enumerate(texts):
+                samples.append(SimpleNamespace(task_uid="t0", traj_uid=j, agent=agent, turn=0,
+                                               reward=reward(agent, text), text=text))
+    return rollouts, samples
+
+
+def compare(model, rollouts, samples) -> list[tuple]:
+    """Per estimator and agent: reward mean and std, advantage mean and std, and the gradient
+    norm of the agent's PPO-clip loss."""
+    rows = []
+    for estimator in ("grpo_step", "drmas"):
+        adv = compute_advantages(samples, estimator)
+        for agent, (seqs, plen, mask, old) in rollouts.items():
+            idx = [i for i, s in enumerate(samples) if s.agent == agent]
+            model.zero_grad(set_to_none=True)
+            loss, _ = policy_loss(token_logprobs(model, seqs, plen), old, adv[idx], mask)
+            loss.backward()
+            r = torch.tensor([samples[i].reward for i in idx])
+            rows.append((estimator, agent, r.mean().item(), r.std().item(),
+                         adv[idx].mean().item(), adv[idx].std().item(), grad_norm(model)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -82,31 +113,14 @@ def main() -> None:
           f"{time.time() - t0:.1f}s)")
     torch.manual_seed(args.seed)
 
-    rollouts, samples = {}, []
-    with torch.no_grad():
-        for agent, (prompt, prefill) in AGENTS.items():
-            seqs, plen, mask, texts = sample(model, tok, prompt, prefill, args.group, args.max_new_tokens)
-            rollouts[agent] = (seqs, plen, mask, token_logprobs(model, seqs, plen))
-            for j, text in enumerate(texts):
-                samples.append(SimpleNamespace(task_uid="t0", traj_uid=j, agent=agent, turn=0,
-                                               reward=reward(agent, text), text=text))
+    rollouts, samples = rollout(model, tok, args.group, args.max_new_tokens)
     for agent in AGENTS:
         shown = [s.text.strip()[:12] for s in samples if s.agent == agent][:6]
         print(f"  {agent:7s} answers: {shown}")
 
-    rows = []
-    for estimator in ("grpo_step", "drmas"):
-        adv = compute_advantages(samples, estimator)
-        for agent, (seqs, plen, mask, old) in rollouts.items():
-            idx = [i for i, s in enumerate(samples) if s.agent == agent]
-            model.zero_grad(set_to_none=True)
-            loss, _ = policy_loss(token_logprobs(model, seqs, plen), old, adv[idx], mask)
-            loss.backward()
-            r = torch.tensor([samples[i].reward for i in idx])
-            rows.append((estimator, agent, r.mean().item(), r.std().item(),
-                         adv[idx].mean().item(), adv[idx].std().item(), grad_norm(model)))
-
-    print(f"\n{'estimator':10s} {'agent':7s} {'reward mean':>11s} {'std':>6s} {'adv mean':>9s} {'adv std':>8s} {'grad norm':>10s}")
+    rows = compare(model, rollouts, samples)
+    print(f"\n{'estimator':10s} {'agent':7s} {'reward mean':>11s} {'std':>6s} {'adv mean':>9s} {'adv std':>8s} "
+          f"{'grad norm':>10s}")
     for est, agent, rm, rs, am, asd, gn in rows:
         print(f"{est:10s} {agent:7s} {rm:11.2f} {rs:6.2f} {am:9.3f} {asd:8.3f} {gn:10.3f}")
     print(f"\ndone in {time.time() - t0:.1f}s")

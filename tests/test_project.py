@@ -1,11 +1,14 @@
 """The documented entry points: the README's commands and the example they run."""
 
+import importlib.util
+import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from drmas.models import load_causal_lm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,17 +25,27 @@ def test_ci_runs_the_readmes_second_command():
     assert ci == [commands[1]]
 
 
-@pytest.mark.integration  # the example trains in a process of its own
-def test_the_example_runs_and_drmas_centres_each_agent():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples/agentwise_gradients.py"), "--model", "tiny-random",
-         "--group", "4"],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout
-    rows = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines()
-            if line.startswith(("grpo_step ", "drmas "))}
-    assert set(rows) == {(e, a) for e in ("grpo_step", "drmas") for a in ("judge", "picker")}
+@pytest.mark.integration  # loads a model, samples and runs four backward passes (~4 s)
+def test_the_example_centres_each_agent_where_a_shared_baseline_offsets_one():
+    # the example's rollout and comparison on tiny-random, with rewards set by hand (the random
+    # model earns none): judge 1, 0, 1, 0 and picker 10, 0, 6, 4, one task
+    path = ROOT / "examples" / "agentwise_gradients.py"
+    spec = importlib.util.spec_from_file_location("agentwise_gradients", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model, tok = load_causal_lm("tiny-random")
+    torch.manual_seed(0)
+    rollouts, samples = example.rollout(model, tok, group=4, max_new_tokens=4)
+    for s, r in zip(samples, [1, 0, 1, 0, 10, 0, 6, 4]):
+        s.reward = float(r)
+    rows = {(est, agent): rest for est, agent, *rest in example.compare(model, rollouts, samples)}
+    # grpo_step pools both agents: mean 2.75, unbiased std sqrt(93.5 / 7); the judge's four
+    # advantages all sit below zero, by -2.25 / 3.6547 on average, and the picker's above
+    pooled = math.sqrt(93.5 / 7)
+    assert rows["grpo_step", "judge"][2] == pytest.approx(-2.25 / pooled, abs=1e-5)
+    assert rows["grpo_step", "picker"][2] == pytest.approx(2.25 / pooled, abs=1e-5)
+    # drmas: each agent's own mean and std, zero mean and unit std for both
     for agent in ("judge", "picker"):
-        reward_mean, _, adv_mean, _, grad_norm = map(float, rows[("drmas", agent)])
-        assert abs(adv_mean) < 1e-3
-        assert grad_norm >= 0
+        _, _, adv_mean, adv_std, grad = rows["drmas", agent]
+        assert adv_mean == pytest.approx(0.0, abs=1e-6) and adv_std == pytest.approx(1.0, abs=1e-5)
+        assert grad > 0 and rows["grpo_step", agent][4] > 0

@@ -64,11 +64,11 @@ def test_samples_one_update_old_raise_the_rewarded_responses_as_on_policy_ones()
     off, off_weights = train(lag=1)
     for moved in (on, off):  # advantages +1, -1, +0.5, -0.5
         assert moved[0] > 0 and moved[2] > 0 and moved[1] < 0 and moved[3] < 0, moved
-    # on-policy the engine is the trainer: weights of 1; one update behind they differ, and the
-    # corrected update moves each response about as far as on-policy. Measured: on-policy +2.09,
-    # -1.01, +1.93, -0.56 nats; one behind +2.33, -0.68, +1.99, -0.26 (a response the last update
-    # already pushed down weighs less than 1: pi_prox / pi_behav)
+    # on-policy the engine is the trainer: weights of 1; one update behind they differ (the first
+    # iteration has no older weights), and the corrected update moves each response about as far
+    # as on-policy: a response the last update already pushed down moves less (pi_prox / pi_behav).
+    # Measured, the same on an Intel Xeon with AMX and an AMD EPYC (nats; weights per iteration):
     assert on_weights == pytest.approx([1.0] * 6, abs=1e-5)
-    assert off_weights[0] == pytest.approx(1.0, abs=1e-5) and max(abs(w - 1) for w in off_weights[1:]) > 1e-3
-    for a, b in zip(on, off):
-        assert 1 / 3 < b / a < 3, (on, off)
+    assert on == pytest.approx([2.0907, -1.0079, 1.9335, -0.5603], abs=0.02)
+    assert off == pytest.approx([2.3312, -0.6794, 1.9937, -0.2643], abs=0.02)
+    assert off_weights == pytest.approx([1.0, 1.2533, 1.4386, 1.3032, 1.2564, 1.2554], abs=0.01)

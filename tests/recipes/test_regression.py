@@ -18,24 +18,15 @@ alone); the loss and the gradient norm to 1e-2 relative; the clip and truncated 
 absolute (about three tokens: a token at a bound may fall either side on another CPU). Doubled
 advantages, a wider clip or another importance cap each move a pinned value far more."""
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ for forked
 
 import pytest  # noqa: E402
-from forked import run_script  # noqa: E402
-from recipe_runs import ROOT, TINY, run_dir, scalars  # noqa: E402
+from recipe_runs import RIGGED_RUNS, rigged_run, run_dir, scalars  # noqa: E402
 
 pytestmark = pytest.mark.integration  # one recipe run each, in a process of its own
-
-ARGS = ("--model.engine", "rigged", "--trainer.precision", "32-true", "--data.validation.tasks", "0",
-        "--model.policies.shared.generation.train.max_new_tokens", "48")
-OFF_POLICY = ("--model.policies.shared.update.ppo_epochs", "2", "--model.policies.shared.optim.lr", "3e-3")
-DRIFT = "0.05"
-RUNS = {recipe: (recipe, ()) for recipe in ("search", "math", "code", "games", "debate", "agents")}
-RUNS["math-off-policy"] = ("math", OFF_POLICY)
 
 
 def pinned(tag: str) -> bool:
@@ -43,15 +34,9 @@ def pinned(tag: str) -> bool:
                          "/clip_frac_high", "/importance_weight_mean", "/importance_truncated_frac"))
 
 
-def measure(run: str, tmp: Path) -> dict[str, dict[int, float]]:
-    recipe, extra = RUNS[run]
-    argv = [str(ROOT / "tests" / "recipes" / "rigged.py"), recipe, "fit", *TINY, *ARGS, *extra,
-            "--trainer.logger.init_args.save_dir", str(tmp / "runs")]
-    env = {**os.environ, "DRMAS_RIG_DRIFT": DRIFT if extra else "0"}
-    proc = run_script(argv, cwd=tmp, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def pinned_values(tmp: Path) -> dict[str, dict[int, float]]:
     s = scalars(run_dir(tmp))
-    return {tag: values for tag, values in sorted(s.items()) if not tag.startswith("_") and pinned(tag)}
+    return {tag: v for tag, v in sorted(s.items()) if not tag.startswith("_") and pinned(tag)}
 
 
 def formatted(values: dict[str, dict[str, dict[int, float]]]) -> str:
@@ -84,6 +69,8 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
         "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
         "train/shared/loss": {1: 0.452611, 2: 0.257169},
+        "val/solver/reward_mean": {0: -0.066667, 2: -0.033333},
+        "val/verifier/reward_mean": {0: -0.05, 2: -0.05},
     },
     "code": {
         "rollout/coder/advantage_abs_mean": {1: 0.0, 2: 0.306186},
@@ -96,6 +83,8 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
         "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
         "train/shared/loss": {1: -0.186282, 2: -0.372513},
+        "val/coder/reward_mean": {0: 0.0, 2: 0.0},
+        "val/tester/reward_mean": {0: -0.1, 2: -0.1},
     },
     "debate": {
         "rollout/debater_a/advantage_abs_mean": {1: 0.707101, 2: 0.707101},
@@ -110,6 +99,9 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
         "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
         "train/shared/loss": {1: 0.26427, 2: 0.11732},
+        "val/debater_a/reward_mean": {0: 0.45, 2: 0.45},
+        "val/debater_b/reward_mean": {0: -0.525, 2: -0.575},
+        "val/judge/reward_mean": {0: -0.05, 2: -0.05},
     },
     "games": {
         "rollout/planner/advantage_abs_mean": {1: 0.80801, 2: 0.433011},
@@ -122,6 +114,8 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
         "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
         "train/shared/loss": {1: -0.19788, 2: -0.099926},
+        "val/planner/reward_mean": {0: -0.25, 2: -0.233333},
+        "val/tool_user/reward_mean": {0: -0.633333, 2: -0.608333},
     },
     "math": {
         "rollout/solver/advantage_abs_mean": {1: 0.707097, 2: 0.744711},
@@ -134,6 +128,8 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
         "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
         "train/shared/loss": {1: 0.348834, 2: 0.342382},
+        "val/solver/reward_mean": {0: -0.06, 2: -0.042857},
+        "val/verifier/reward_mean": {0: -0.025, 2: -0.075},
     },
     "math-off-policy": {
         "rollout/solver/advantage_abs_mean": {1: 0.707097, 2: 0.744711},
@@ -146,6 +142,8 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.453333, 2: 0.523077},
         "train/shared/importance_weight_mean": {1: 1.616789, 2: 1.673014},
         "train/shared/loss": {1: 0.599586, 2: 0.591051},
+        "val/solver/reward_mean": {0: -0.06, 2: -0.042857},
+        "val/verifier/reward_mean": {0: -0.025, 2: -0.075},
     },
     "search": {
         "rollout/answerer/advantage_abs_mean": {1: 0.353548, 2: 0.0},
@@ -160,13 +158,16 @@ EXPECTED: dict[str, dict[str, dict[int, float]]] = {
         "train/shared/importance_truncated_frac": {1: 0.0, 2: 0.0},
         "train/shared/importance_weight_mean": {1: 1.0, 2: 1.0},
         "train/shared/loss": {1: -0.114048, 2: -0.09428},
+        "val/answerer/reward_mean": {0: -0.0375, 2: -0.0625},
+        "val/searcher/reward_mean": {0: -0.05, 2: -0.05},
+        "val/verifier/reward_mean": {0: 0.94375, 2: 0.95625},
     },
 }
 
 
-@pytest.mark.parametrize("run", sorted(RUNS))
-def test_the_first_two_iterations_of_each_recipe_have_their_recorded_values(tmp_path, run):
-    got = measure(run, tmp_path)
+@pytest.mark.parametrize("run", sorted(RIGGED_RUNS))
+def test_the_first_two_iterations_of_each_recipe_have_their_recorded_values(rigged, run):
+    got = pinned_values(rigged(run)[0])
     want = EXPECTED[run]
     assert set(got) == set(want)
     for tag, values in want.items():
@@ -191,9 +192,10 @@ if __name__ == "__main__":  # print this machine's values, to paste above
     import tempfile
 
     out = {}
-    for run in sorted(RUNS):
+    for run in sorted(RIGGED_RUNS):
         with tempfile.TemporaryDirectory() as tmp:
-            out[run] = {tag: {i: round(v, 6) for i, v in values.items()}
-                        for tag, values in measure(run, Path(tmp)).items()}
+            rigged_run(run, Path(tmp))
+            out[run] = {tag: {i: round(v, 6) for i, v in got.items()}
+                        for tag, got in pinned_values(Path(tmp)).items()}
             print(run, "done", file=sys.stderr, flush=True)
     print(formatted(out))
