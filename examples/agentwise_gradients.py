@@ -119,8 +119,8 @@ def main() -> None:
         print(f"  {agent:7s} answers: {shown}")
 
     rows = compare(model, rollouts, samples)
-    print(f"\n{'estimator':10s} {'agent':7s} {'reward mean':>11s} {'std':>6s} {'adv mean':>9s} {'adv std':>8s} "
-          f"{'grad norm':>10s}")
+    print(f"\n{'estimator':10s} {'agent':7s} {'reward mean':>11s} {'std':>6s} {'adv mean':>9s} "
+          f"{'adv std':>8s} {'grad norm':>10s}")
     for est, agent, rm, rs, am, asd, gn in rows:
         print(f"{est:10s} {agent:7s} {rm:11.2f} {rs:6.2f} {am:9.3f} {asd:8.3f} {gn:10.3f}")
     print(f"\ndone in {time.time() - t0:.1f}s")

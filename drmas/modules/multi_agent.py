@@ -258,8 +258,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             if importance_weights is not None and mask.any():
                 bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()),
                                                          batch.loss_scale))
-                truncated = importance_weights[mask] >= self.loss.importance_cap  # the cap bound them
-                bucket["importance_truncated_frac"].append((float(truncated.float().mean()), batch.loss_scale))
+                # the tokens whose weight the cap bound
+                truncated = (importance_weights[mask] >= self.loss.importance_cap).float()
+                bucket["importance_truncated_frac"].append((float(truncated.mean()), batch.loss_scale))
         out: dict[str, Any] = {}
         if batch.step_after:
             out["grad_norms"] = {batch.policy: self._step(policy)}
