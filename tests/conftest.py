@@ -1,4 +1,7 @@
 import os
+import time
+
+import pytest
 
 # Tests never reach a model hub: an unresolvable name must fail fast with our error.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,9 +17,24 @@ def pytest_report_header(config):
     return [f"cpu: {cpu_model()}, {os.cpu_count()} cores", f"cpu kind: {cpu_kind()}"]
 
 
+_STARTED: list[float] = []
+
+
 def pytest_sessionstart(session):
     """``-q`` (the README's command, and CI's) hides the report header: write it there too."""
+    _STARTED.append(time.monotonic())
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and reporter.verbosity < 0:
         for line in pytest_report_header(session.config):
             reporter.write_line(line)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The run's wall time and the machine it ran on, in one line after the ten slowest tests
+    (``--durations=10`` in pyproject.toml): the figure the README's tier lines quote."""
+    from drmas.hardware import cpu_model
+
+    wall = time.monotonic() - _STARTED[0]
+    terminalreporter.write_line(f"suite wall time: {int(wall // 60)}:{int(wall % 60):02d} on {cpu_model()}, "
+                                f"{os.cpu_count()} cores (exit status {int(exitstatus)})")
