@@ -121,6 +121,7 @@ def test_nothing_imports_a_recipe():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+@pytest.mark.integration  # a fresh interpreter imports the workflows (7 s)
 def test_workflows_load_without_lightning_or_engines():
     code = ("import sys, drmas.workflows.search, drmas.workflows.math, drmas.data.rollouts; "
             "print(sorted(m for m in ('lightning', 'drmas.engines', 'drmas.modules', "

@@ -95,6 +95,7 @@ print("still running")
 """
 
 
+@pytest.mark.integration  # a rank and an engine in processes of their own (9 s)
 def test_a_failed_engine_side_of_an_nccl_call_ends_the_rank_with_its_line():
     """vLLM runs the engine's side of an NCCL transfer in a thread beside the trainer's broadcast, which
     would wait for the dead peer forever: that failure ends the rank at once, naming the engine. Over

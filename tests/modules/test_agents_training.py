@@ -24,6 +24,7 @@ def tasks_file(tmp_path):
     return str(path)
 
 
+@pytest.mark.integration  # episode workers and two models (5 s)
 def test_the_endpoints_samples_are_the_policies_own_on_two_policies(tasks_file):
     # two model families, two temperatures: each agent's tokens come from its own policy
     module = MultiAgentRL(policies={
@@ -135,6 +136,7 @@ def test_a_frozen_policy_never_changes_while_the_trained_one_moves(tasks_file, t
             and "train/c/loss" not in {k for h in module.history for k in h})
 
 
+@pytest.mark.integration  # episode workers and two models (4 s)
 def test_tools_reach_each_policy_in_its_own_format(tasks_file):
     pytest.importorskip("vllm.tool_parsers")
     module = MultiAgentRL(policies={

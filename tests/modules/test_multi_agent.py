@@ -86,6 +86,7 @@ def test_healthy_steps_move_the_weights_and_count_versions(workflow, tmp_path):
     assert scalars["train/shared/samples"] == len(dm.current.samples)  # per PPO epoch
 
 
+@pytest.mark.integration  # a model per agent (3 s)
 def test_routing_with_one_policy_per_agent(workflow):
     module = MultiAgentRL(policies={a: tiny() for a in AGENTS}, engine="hf")
     rollouts = Rollouts(workflow, RolloutConfig(group_size=2, tasks_per_iteration=2))
@@ -104,6 +105,7 @@ def test_routing_with_one_policy_per_agent(workflow):
         assert sum(b.step_after for b in batches if b.policy == a) == (1 if per_policy[a] else 0)
 
 
+@pytest.mark.integration  # builds several multi-policy modules (4 s)
 def test_agent_mapping_errors_name_the_problem():
     module = MultiAgentRL(policies={"a": tiny(), "b": tiny()}, engine="hf")
     with pytest.raises(ValueError, match="agent 'verifier' has no policy"):

@@ -155,6 +155,7 @@ def test_only_the_policys_own_limit_costs_the_format_penalty(tasks_file):
         ("writer<short>!", True, 1.0), ("writer<long>!", False, 0.75)]
 
 
+@pytest.mark.integration  # episode workers, one of them timed out (4 s)
 def test_failed_episodes_leave_no_samples_and_a_timed_out_episodes_process_is_ended(tasks_file, out):
     wf = make(programs.failing, tasks_file, episode_timeout_s=1.5)
     try:
@@ -188,6 +189,7 @@ def test_failed_episodes_leave_no_samples_and_a_timed_out_episodes_process_is_en
     assert all("made no call" in e.info["failure"] for e in result.episodes) and not result.samples
 
 
+@pytest.mark.integration  # episode workers, crashed and replaced (4 s)
 def test_a_crash_in_user_code_fails_that_episode_only(tasks_file):
     wf = make(programs.crashing, tasks_file, workers=2)
     try:
@@ -224,6 +226,7 @@ def test_clients_built_once_per_process_reach_the_episode_the_worker_plays(tasks
     assert wf.scalars(result.counts)["endpoint/late_calls"] == 0
 
 
+@pytest.mark.integration  # episode workers, one recycled (3 s)
 def test_a_call_after_its_episode_ended_is_answered_410_and_lingering_threads_recycle_the_worker(
         tasks_file, out):
     wf = make(programs.leaves_threads, tasks_file, workers=1)

@@ -43,6 +43,7 @@ def _counts(r: Result) -> tuple[int, int]:
     return alive, killed
 
 
+@pytest.mark.integration  # a sandboxed program starts many children (5 s)
 def test_a_many_children_memory_hog_is_bounded_by_the_runs_cgroup() -> None:
     feats = sandbox_run.features()
     if feats.cgroups is None:

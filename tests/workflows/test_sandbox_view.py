@@ -199,6 +199,7 @@ def _cheat() -> str:
     return _CHEAT.format(answers=str(EMBEDDED))
 
 
+@pytest.mark.integration  # sandboxed processes in and out of the view (4 s)
 def test_a_program_that_finds_the_answer_key_outside_scores_one_and_zero_in_the_sandbox() -> None:
     task = embedded_problems("test")[0]
     tests = task.tests[:2]
