@@ -256,6 +256,7 @@ def test_llama3_and_mistral_tool_calls_round_trip(tmp_path, out, fmt, call):
                 in tok.decode(encode_prompt(tok, second)))
 
 
+@pytest.mark.integration  # an episode worker and a model with a thinking template (4 s)
 def test_a_thinking_policys_thinking_is_reasoning_content(tmp_path, out):
     from scripted import Script
 

@@ -127,6 +127,7 @@ def test_bad_settings_are_refused():
         CoderTesterWorkflow(train_file="missing.jsonl")
 
 
+@pytest.mark.integration  # three sandbox runs of 134 tests, twice (5 s)
 def test_the_largest_settings_judge_every_test_in_runs_of_at_most_64():
     """70 golden tests and a tester's 64: the coder's second turn judges 134 tests (three sandbox
     runs); training caps the golden tests at max_golden_tests, validation judges all of them."""
