@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CONFIGS", "RECIPES", "recipe_script", "without_drmas_folders"]
+__all__ = ["CONFIGS", "RECIPES", "SCRIPT_FOLDERS", "recipe_script", "without_drmas_folders"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

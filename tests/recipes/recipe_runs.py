@@ -36,19 +36,19 @@ def run_recipe(recipe: str, tmp: Path, *args: str, check: bool = True) -> subpro
 RIGGED_ARGS = ("--model.engine", "rigged", "--trainer.precision", "32-true",
                "--model.policies.shared.generation.train.max_new_tokens", "48")
 """A rigged run (``rigged.py``): scripted replies whose rewards differ within every group."""
-RIGGED_RUNS = {recipe: (recipe, ()) for recipe in ("search", "math", "code", "games", "debate", "agents")}
+RIGGED_RUNS = {r: (r, (), "0") for r in ("search", "math", "code", "games", "debate", "agents")}
+"""Each rigged run: its recipe, its extra arguments and its behaviour policy's drift in nats per
+token (``DRMAS_RIG_DRIFT``). The off-policy run drifts and takes two PPO epochs."""
 RIGGED_RUNS["math-off-policy"] = ("math", ("--model.policies.shared.update.ppo_epochs", "2",
-                                           "--model.policies.shared.optim.lr", "3e-3"))
-RIG_DRIFT = "0.05"
-"""The off-policy run's behaviour policy drifts from the trained one by this many nats per token."""
+                                           "--model.policies.shared.optim.lr", "3e-3"), "0.05")
 
 
 def rigged_run(run: str, tmp: Path) -> subprocess.CompletedProcess:
     """One of :data:`RIGGED_RUNS` into ``tmp`` (the ``rigged`` fixture shares each per session)."""
-    recipe, extra = RIGGED_RUNS[run]
+    recipe, extra, drift = RIGGED_RUNS[run]
     argv = [str(ROOT / "tests" / "recipes" / "rigged.py"), recipe, "fit", *TINY, *RIGGED_ARGS, *extra,
             "--trainer.logger.init_args.save_dir", str(tmp / "runs")]
-    env = {**os.environ, "DRMAS_RIG_DRIFT": RIG_DRIFT if run.endswith("off-policy") else "0"}
+    env = {**os.environ, "DRMAS_RIG_DRIFT": drift}
     proc = run_script(argv, cwd=tmp, env=env)
     if proc.returncode != 0:
         raise AssertionError(f"rigged run {run} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
