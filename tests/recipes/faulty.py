@@ -14,6 +14,9 @@ faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. F
   kill_hf         SIGKILL halfway through writing a weights file of ITERATION's HF export
   sigterm_rollout SIGTERM at the rollout engine's first request of ITERATION
   engine_error    the rollout engine raises at its first request of ITERATION
+  hold_rollout    the rollout played behind ITERATION's update (--data.rollout.staleness) waits
+                  before its first request until the run ends: a fault in that update finds it
+                  still playing, however fast the engine is
   hf_enospc       the HF export's weights file fails with ENOSPC (a full disk) at ITERATION
   step_error      the optimiser step raises (as an out-of-memory would) at ITERATION
   load_error      reading the policy's weights (FSDP: each rank its shards) fails with EIO; ITERATION 0
@@ -36,6 +39,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -160,7 +164,7 @@ if "kill_hf" in faults:
 
     modeling_utils.safe_save_file = half_save
 
-if "engine_error" in faults or "sigterm_rollout" in faults:
+if faults.keys() & {"engine_error", "sigterm_rollout", "hold_rollout"}:
     generate_fn = MultiAgentRL.generate_fn
 
     def failing_generate_fn(self, train):
@@ -172,6 +176,9 @@ if "engine_error" in faults or "sigterm_rollout" in faults:
             settings, prompt_tokens, check_stop = inner.settings, inner.prompt_tokens, inner.check_stop
 
             def __call__(self, agent, prompts, n):
+                behind = threading.current_thread() is not threading.main_thread()
+                if due("hold_rollout", module) and self.train and behind:
+                    threading.Event().wait()  # a daemon thread: it ends with the process
                 if due("sigterm_rollout", module) and not state.get("sent"):
                     state["sent"] = True
                     os.kill(os.getpid(), signal.SIGTERM)

@@ -12,38 +12,12 @@ from recipe_runs import (assert_engine_logprobs_match, assert_engines_in_process
 
 pytestmark = pytest.mark.integration  # runs the recipe in processes of its own, on 2 ranks
 
-AGENTS = ("verifier", "searcher", "answerer")
+AGENTS = ("solver", "verifier")
 FSDP = ["--trainer.devices", "2", "--trainer.strategy", "fsdp"]
 
 
 def meta(ckpt: str) -> dict:
     return torch.load(os.path.join(ckpt, "meta.pt"), map_location="cpu", weights_only=True)["drmas"]
-
-
-def test_search_on_two_ranks_with_vllm_logs_every_rank_and_checkpoints_shards(tmp_path):
-    proc = run_recipe("search", tmp_path, *FSDP, "--model.engine", "vllm", "--model.loss.entropy_coef",
-                      "0.01", "--trainer.precision", "32-true")
-    assert_engines_in_processes_of_their_own(proc, {(0, "shared"), (1, "shared")})
-    check_run(tmp_path, AGENTS)
-    first = run_dir(tmp_path)
-    s = scalars(first)
-    assert_engine_logprobs_match(s, ("shared",), (1, 2))  # the gathered shards reached each rank's engine
-    for it in (1, 2):  # every rank's share is counted, not rank 0's alone
-        rollout = sum(v[it] for k, v in s.items() if k.startswith("rollout/") and k.endswith("/samples"))
-        assert s["train/shared/samples"][it] == rollout > 0
-    ckpt = os.path.join(first, "checkpoints", "last.ckpt")
-    # one shard file per rank, written atomically: no temporary directory left behind
-    assert sorted(f for f in os.listdir(ckpt) if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    assert not [f for f in os.listdir(os.path.dirname(ckpt)) if f.startswith(".")]
-    state = meta(ckpt)
-    assert state["iteration"] == 2 and len(state["rng"]) == 2  # each rank's random state
-
-    # a sharded checkpoint without sharding: one line naming what to do, not IsADirectoryError
-    proc = run_recipe("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "3",
-                      "--ckpt_path", ckpt, check=False)
-    assert proc.returncode != 0
-    assert "sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp, on any number" \
-        in proc.stderr
 
 
 def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path):
@@ -118,26 +92,42 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back_resharded(tmp_path):
     assert_one_adam_step_apart(states[1], states[2])  # and 1 -> 2
 
 
-def test_math_with_one_model_per_agent_and_vllm_on_two_ranks(tmp_path):
+def test_math_with_one_model_per_agent_and_vllm_on_two_ranks_logs_every_rank_and_checkpoints_shards(
+        tmp_path):
     policies = ("{solver: {model: tiny-random, optim: {lr: 1.0e-3}}, "
                 "verifier: {model: tiny-random, optim: {lr: 1.0e-3}}}")
     proc = run_recipe("math", tmp_path, *FSDP, "--model.engine", "vllm", "--model.policies", policies,
                       "--model.loss.entropy_coef", "0.01", "--data.rollout.tasks_per_iteration", "3",
                       "--trainer.precision", "32-true")
     # each rank built its own engines, once, each in a process of its own on the rank's device
-    assert_engines_in_processes_of_their_own(proc, {(r, p) for r in (0, 1) for p in ("solver", "verifier")})
+    assert_engines_in_processes_of_their_own(proc, {(r, p) for r in (0, 1) for p in AGENTS})
     cores = {line.rsplit("cores ", 1)[1].split(",")[0] for line in proc.stdout.splitlines()
              if " vLLM engine of policy " in line}
     assert cores == {"0", "1"}  # 2 ranks on 2 cores: each rank's engines on its own core
-    s = scalars(run_dir(tmp_path))
-    for agent in ("solver", "verifier"):
-        for it in (1, 2):
+    check_run(tmp_path, AGENTS, policy="solver")
+    first = run_dir(tmp_path)
+    s = scalars(first)
+    for agent in AGENTS:
+        for it in (1, 2):  # every rank's share is counted, not rank 0's alone
             assert s[f"train/{agent}/samples"][it] == s[f"rollout/{agent}/samples"][it] > 0
             assert s[f"train/{agent}/grad_norm"][it] > 0  # the entropy term moves the weights
     # iteration 2 samples from the weights after step 1, gathered from the shards into each
     # rank's engine process: engine and trainer log-probs agree (stale weights would not)
-    assert_engine_logprobs_match(s, ("solver", "verifier"), (1, 2))
+    assert_engine_logprobs_match(s, AGENTS, (1, 2))
     assert "val/arithmetic/avg@2" in s  # the embedded problems are one source
+    ckpt = os.path.join(first, "checkpoints", "last.ckpt")
+    # one shard file per rank, written atomically: no temporary directory left behind
+    assert sorted(f for f in os.listdir(ckpt) if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert not [f for f in os.listdir(os.path.dirname(ckpt)) if f.startswith(".")]
+    state = meta(ckpt)
+    assert state["iteration"] == 2 and len(state["rng"]) == 2  # each rank's random state
+
+    # a sharded checkpoint without sharding: one line naming what to do, not IsADirectoryError
+    proc = run_recipe("math", tmp_path, "--model.engine", "hf", "--model.policies", policies,
+                      "--trainer.max_epochs", "3", "--ckpt_path", ckpt, check=False)
+    assert proc.returncode != 0
+    assert "sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp, on any number" \
+        in proc.stderr
 
 
 def test_unknown_strategy_names_the_accepted_ones(tmp_path):

@@ -64,52 +64,33 @@ def test_a_team_of_two_policies_trains_on_rollouts_one_update_behind(tmp_path):
 
 
 @needs_vllm
-def test_reasoner_tool_user_parallel_with_the_vllm_engine(tmp_path):
-    run(tmp_path, "--model.engine", "vllm", *TOOL_WORKFLOW)
-    check_run(tmp_path, TOOL_TEAM)
-
-
-@needs_vllm
-def test_a_team_of_two_model_families_on_vllm_each_engine_a_process(tmp_path):
-    """The solver is a Qwen3 (Qwen's tokenizer and chat template), the verifier a Llama with
-    SmolLM2's tokenizer, both fully trained: two engines, each in a process of its own (on a GPU
-    two sleep-mode engines cannot share one). After every sync the trainer and the engine agree on
-    the log-probs of what the engine drew: the weights crossed the process boundary intact, in
-    chunks of a buffer smaller than the largest tensor (raised to it)."""
-    sampling = "generation: {train: {max_new_tokens: 8}}"
-    policies = (f"{{solver: {{model: tiny-random-qwen3, optim: {{lr: 1.0e-3}}, "
-                f"chat_template_kwargs: {{enable_thinking: false}}, {sampling}}}, "
-                f"verifier: {{model: tiny-random, optim: {{lr: 1.0e-2}}, {sampling}}}}}")
-    proc = run(tmp_path, "--model.engine", "vllm", "--model.policies", policies,
-               "--data.validation.tasks", "0", "--trainer.precision", "32-true",
-               "--model.engine_settings.transfer_buffer_mib", "1")
-    assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (0, "verifier")})
-    # 1 MiB is below each model's embedding: raised to it, once per engine, and said
-    raised = [line for line in proc.stdout.splitlines() if "buffer raised from 1 MiB to" in line]
-    assert len(raised) == 2 and all("embed_tokens.weight" in line for line in raised), raised
-    s = scalars(run_dir(tmp_path))
-    for a in SOLVER_VERIFIER:
-        assert all(s[f"train/{a}/samples"][it] == s[f"rollout/{a}/samples"][it] > 0 for it in (1, 2))
-        assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
-    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2))  # 2: after the weights moved
-
-
-@needs_vllm
-def test_the_hetero_config_on_vllm_two_engines_one_serving_an_adapter(tmp_path):
-    """configs/hetero_cpu.yaml: the Qwen3 solver fully trained, the verifier a LoRA adapter on
-    SmolLM2-135M; two engines, each a process, the adapter published to its engine at every sync."""
+def test_the_hetero_config_on_vllm_two_model_families_each_engine_a_process_one_serving_an_adapter(
+        tmp_path):
+    """configs/hetero_cpu.yaml: the solver a Qwen3 (Qwen's tokenizer and chat template) fully
+    trained, the verifier a LoRA adapter on SmolLM2-135M (a Llama with SmolLM2's tokenizer): two
+    engines, each in a process of its own (on a GPU two sleep-mode engines cannot share one), the
+    adapter published to its engine at every sync. After every sync the trainer and the engine
+    agree on the log-probs of what the engine drew: the weights crossed the process boundary
+    intact, in chunks of a buffer smaller than the largest tensor (raised to it)."""
     proc = run_recipe("math", tmp_path, "--config", str(ROOT / "configs/hetero_cpu.yaml"),
                       "--model.engine", "vllm", "--trainer.precision", "32-true",
-                      "--model.engine_settings.dtype", "float32", "--trainer.max_epochs", "2",
+                      "--model.loss.entropy_coef", "0.01", "--model.engine_settings.dtype", "float32",
+                      "--model.engine_settings.transfer_buffer_mib", "1", "--trainer.max_epochs", "2",
                       "--data.validation.tasks", "0", "--data.rollout.tasks_per_iteration", "2",
                       "--data.rollout.group_size", "2",
                       "--model.policies.solver.generation.train.max_new_tokens", "16",
                       "--model.policies.verifier.generation.train.max_new_tokens", "16")
     engines = {(0, "solver"), (0, "base:embedded:smollm2-135m-instruct")}  # the adapter's engine: its base
     assert_engines_in_processes_of_their_own(proc, engines)
+    # 1 MiB is below the solver's embedding: raised to it, and said (the adapter goes as a file)
+    raised = [line for line in proc.stdout.splitlines() if "buffer raised from 1 MiB to" in line]
+    assert len(raised) == 1 and "embed_tokens.weight" in raised[0], raised
     d = run_dir(tmp_path)
     s = scalars(d)
-    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2))
+    for a in SOLVER_VERIFIER:
+        assert all(s[f"train/{a}/samples"][it] == s[f"rollout/{a}/samples"][it] > 0 for it in (1, 2))
+        assert all(v > 0 for v in s[f"train/{a}/grad_norm"].values())
+    assert_engine_logprobs_match(s, SOLVER_VERIFIER, (1, 2))  # 2: after the weights moved
     assert "adapter_model.safetensors" in os.listdir(os.path.join(d, "hf", "iter_2", "verifier"))
 
 

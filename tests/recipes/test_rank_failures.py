@@ -99,8 +99,10 @@ def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):
     """Without the bound, rank 0 waits for the frozen rank 1 for the process group's 30 minutes.
     (A stopped process also stops its heartbeat; the heartbeat is set past the timeout here, so the
     timeout's own naming is what this shows.)"""
-    timeout = 45  # both bounds: rank 0 waits in a tensor collective or in an object gather, by timing
-    proc, folder = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout),
+    # both bounds: rank 0 waits in a tensor collective or in an object gather, by timing; above the
+    # start-up's longest wait (rank 0 waits ~12 s at the rendezvous for rank 1's imports)
+    timeout = 30
+    proc, _ = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout),
                           "--gather_timeout_s", str(timeout), env={"DRMAS_HEARTBEAT_S": "600"})
     assert proc.returncode == 1, proc.stderr[-4000:]
     line = exit_lines(tmp_path / "exits", ranks=1)[0]
@@ -115,8 +117,7 @@ def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):
     while 1 not in exits(tmp_path / "exits", wait=0) and time.time() < deadline:
         time.sleep(0.5)
     assert exits(tmp_path / "exits", wait=0)[1][0] == 1
-    assert saved_iteration(_checkpoint(tmp_path)) == 1
-    _resumes_to_the_end(tmp_path, folder)
+    assert saved_iteration(_checkpoint(tmp_path)) == 1  # resumable as the tests above show
 
 
 def test_a_weight_sync_failing_on_rank_1_midway_stops_every_rank_naming_it(tmp_path):
