@@ -92,8 +92,8 @@ def train(tasks_file, tmp_path, lr, iterations=5, frozen_critic=False, seed=1, s
 @pytest.mark.integration  # by spirit: two 5-iteration training runs (20-40 s on 2 cores)
 def test_an_agent_rewarded_for_short_answers_learns_to_answer_shorter(tasks_file, tmp_path):
     _, learned = train(tasks_file, tmp_path, lr=1e-2)
-    _, control = train(tasks_file, tmp_path, lr=0.0)
-    # measured: learned 11.7 7.1 1.1 1.0 1.0 tokens, control 10.7 10.4 10.1 9.0 11.3
+    _, control = train(tasks_file, tmp_path, lr=0.0, iterations=3)  # unmoved weights: 3 draws suffice
+    # measured: learned 11.7 7.1 1.1 1.0 1.0 tokens, control 10.7 10.4 10.1
     assert learned[0] > 5 and learned[-1] < 3 and min(control) > 5, (learned, control)
 
 

@@ -20,19 +20,29 @@ def meta(ckpt: str) -> dict:
     return torch.load(os.path.join(ckpt, "meta.pt"), map_location="cpu", weights_only=True)["drmas"]
 
 
-def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path):
-    # no validation: the 2-iteration run would validate at its end and draw random numbers
-    # that the 3-iteration run draws later
-    args = (*FSDP, "--model.engine", "hf", "--model.loss.entropy_coef", "0.01", "--data.validation.tasks",
-            "0")
-    full, part = tmp_path / "full", tmp_path / "part"
-    full.mkdir(), part.mkdir()
-    run_recipe("search", full, *args, "--trainer.max_epochs", "3")
-    run_recipe("search", part, *args)
-    ckpt = os.path.join(run_dir(part), "checkpoints", "last.ckpt")
-    proc = run_recipe("search", part, *args, "--trainer.max_epochs", "3", "--ckpt_path", ckpt)
+# no validation: the 2-iteration run would validate at its end and draw random numbers that the
+# 3-iteration run draws later
+SHARDED = ("--trainer.strategy", "fsdp", "--model.engine", "hf", "--model.loss.entropy_coef", "0.01",
+           "--data.validation.tasks", "0")
+TWO = ("--trainer.devices", "2")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> str:
+    """The sharded checkpoint of a 2-iteration run on 2 ranks (the tests below resume it)."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    run_recipe("search", tmp, *SHARDED, *TWO)
+    return os.path.join(run_dir(tmp), "checkpoints", "last.ckpt")
+
+
+def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path, two_ranks):
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    full.mkdir(), resumed.mkdir()
+    run_recipe("search", full, *SHARDED, *TWO, "--trainer.max_epochs", "3")
+    proc = run_recipe("search", resumed, *SHARDED, *TWO, "--trainer.max_epochs", "3",
+                      "--ckpt_path", two_ranks)
     assert "Restored all states" in proc.stderr
-    want, got = scalars(run_dir(full)), scalars(run_dir(part))
+    want, got = scalars(run_dir(full)), scalars(run_dir(resumed))
     assert sorted(got["rollout/success_rate"]) == [3]  # continues at iteration 3, not from 1
     compared = [k for k in got if k.startswith(("train/", "rollout/")) and 3 in got[k]]
     assert len(compared) > 20 and want["train/shared/grad_norm"][3] > 0
@@ -40,9 +50,16 @@ def test_a_resumed_two_rank_run_continues_the_uninterrupted_one_exactly(tmp_path
         assert got[key][3] == want[key][3], key
     # and the same final weights in the HF export
     final = [load_file(os.path.join(run_dir(d), "hf", "iter_3", "shared", "model.safetensors"))
-             for d in (full, part)]
+             for d in (full, resumed)]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+    # a sharded checkpoint without sharding: one line naming what to do, not IsADirectoryError
+    proc = run_recipe("search", tmp_path, "--model.engine", "hf", "--trainer.max_epochs", "3",
+                      "--ckpt_path", two_ranks, check=False)
+    assert proc.returncode != 0
+    assert "sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp, on any number" \
+        in proc.stderr
 
 
 def full_state(ckpt: str, into: str) -> dict:
@@ -70,22 +87,17 @@ def assert_one_adam_step_apart(before: dict, after: dict) -> None:
         torch.testing.assert_close(w1, w0 * (1 - lr * wd) - lr * step, rtol=0, atol=1e-7)
 
 
-def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back_resharded(tmp_path):
-    args = ("--trainer.strategy", "fsdp", "--model.engine", "hf", "--model.loss.entropy_coef", "0.01",
-            "--data.validation.tasks", "0")
-    runs = [tmp_path / n for n in ("two", "one", "back")]
-    for d in runs:
-        d.mkdir()
-    run_recipe("search", runs[0], *args, "--trainer.devices", "2")
-    ckpts = [os.path.join(run_dir(runs[0]), "checkpoints", "last.ckpt")]
-    for d, devices, epochs in ((runs[1], "1", "3"), (runs[2], "2", "4")):
-        proc = run_recipe("search", d, *args, "--trainer.devices", devices, "--trainer.max_epochs", epochs,
-                          "--ckpt_path", ckpts[-1])
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back_resharded(tmp_path, two_ranks):
+    ckpts = [two_ranks]
+    for name, devices, epochs in (("one", "1", "3"), ("back", "2", "4")):
+        (tmp_path / name).mkdir()
+        proc = run_recipe("search", tmp_path / name, *SHARDED, "--trainer.devices", devices,
+                          "--trainer.max_epochs", epochs, "--ckpt_path", ckpts[-1])
         written = "2 rank(s) and resumes on 1" if devices == "1" else "1 rank(s) and resumes on 2"
         assert f"drmas: this checkpoint was written by {written}: the sharded weights" in proc.stderr
         # continued, not restarted
-        assert sorted(scalars(run_dir(d))["rollout/success_rate"]) == [int(epochs)]
-        ckpts.append(os.path.join(run_dir(d), "checkpoints", "last.ckpt"))
+        assert sorted(scalars(run_dir(tmp_path / name))["rollout/success_rate"]) == [int(epochs)]
+        ckpts.append(os.path.join(run_dir(tmp_path / name), "checkpoints", "last.ckpt"))
     assert [len(meta(c)["rng"]) for c in ckpts] == [2, 1, 2]
     states = [full_state(c, str(tmp_path / f"{k}.pt")) for k, c in enumerate(ckpts)]
     assert_one_adam_step_apart(states[0], states[1])  # 2 ranks -> 1: weights and moments resharded exactly
@@ -121,13 +133,6 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks_logs_every_rank_and
     assert not [f for f in os.listdir(os.path.dirname(ckpt)) if f.startswith(".")]
     state = meta(ckpt)
     assert state["iteration"] == 2 and len(state["rng"]) == 2  # each rank's random state
-
-    # a sharded checkpoint without sharding: one line naming what to do, not IsADirectoryError
-    proc = run_recipe("math", tmp_path, "--model.engine", "hf", "--model.policies", policies,
-                      "--trainer.max_epochs", "3", "--ckpt_path", ckpt, check=False)
-    assert proc.returncode != 0
-    assert "sharded checkpoint written by 2 ranks: resume it with --trainer.strategy fsdp, on any number" \
-        in proc.stderr
 
 
 def test_unknown_strategy_names_the_accepted_ones(tmp_path):

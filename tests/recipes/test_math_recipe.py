@@ -78,8 +78,10 @@ def test_the_hetero_config_on_vllm_two_model_families_each_engine_a_process_one_
                       "--model.engine_settings.transfer_buffer_mib", "1", "--trainer.max_epochs", "2",
                       "--data.validation.tasks", "0", "--data.rollout.tasks_per_iteration", "2",
                       "--data.rollout.group_size", "2",
-                      "--model.policies.solver.generation.train.max_new_tokens", "16",
-                      "--model.policies.verifier.generation.train.max_new_tokens", "16")
+                      "--model.policies.solver.generation.train.max_new_tokens", "8",
+                      "--model.policies.verifier.generation.train.max_new_tokens", "8",
+                      # vLLM's LoRA kernels on CPU are slow: two target modules, not all seven
+                      "--model.policies.verifier.lora.target_modules", "[q_proj, v_proj]")
     engines = {(0, "solver"), (0, "base:embedded:smollm2-135m-instruct")}  # the adapter's engine: its base
     assert_engines_in_processes_of_their_own(proc, engines)
     # 1 MiB is below the solver's embedding: raised to it, and said (the adapter goes as a file)

@@ -105,9 +105,11 @@ def test_is_correct(response: str, truth: str, expected: bool) -> None:
     ],
 )
 def test_huge_values_are_refused_quickly(response: str) -> None:
-    start = time.perf_counter()
+    # this process's CPU time, not the wall clock: a busy machine (pytest's other worker) cannot
+    # make these bounds fail; an answer that reached sympy would take hours, not seconds
+    start = time.process_time()
     assert is_correct(response, "19") is False
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_moderately_large_values_still_compare() -> None:
@@ -119,14 +121,14 @@ def test_malformed_output_never_raises() -> None:
     rng = random.Random(0)
     alphabet = "\\{}[]()^_$boxedfrac0123456789 é中😀\u200b\x00</think>"
     garbage = "".join(rng.choice(alphabet) for _ in range(10_000))
-    start = time.perf_counter()
+    start = time.process_time()
     assert is_correct(garbage, "19") is False
     assert is_correct("\\boxed{" * 3000, "19") is False
     assert is_correct("\\boxed{" + "(" * 5000 + "}", "19") is False
     assert is_correct("\\boxed{" + "1" * 5000 + "}", "19") is False  # over the length cap
     assert is_correct("\\boxed{\\frac{}{}}", "19") is False
     assert is_correct("\\boxed{\udcff}", "19") is False  # a lone surrogate
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
     assert is_correct(None, "19") is False  # type: ignore[arg-type]
     assert extract_boxed(None) is None  # type: ignore[arg-type]
 
@@ -135,9 +137,9 @@ def test_grading_is_fast() -> None:
     _clear_caches()
     is_correct("\\boxed{1}", "1")  # warm-up: math-verify loads its grammar once
     pairs = [(f"\\boxed{{{i}/{i + 2}}}", f"{i}/{i + 2}") for i in range(1, 41)]
-    start = time.perf_counter()
+    start = time.process_time()
     assert all(is_correct(r, t) for r, t in pairs)
-    per_pair = (time.perf_counter() - start) / len(pairs)
+    per_pair = (time.process_time() - start) / len(pairs)
     assert per_pair < 0.1, f"{per_pair * 1000:.1f} ms per pair"
 
 
