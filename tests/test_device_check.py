@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration  # runs scripts/device_check.sh, which starts Python processes
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 @pytest.mark.parametrize("mode", [[], ["recipes"], ["8b"]])
 def test_the_device_check_refuses_without_a_cuda_device(tmp_path, mode):

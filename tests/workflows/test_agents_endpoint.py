@@ -53,6 +53,7 @@ class Limited(Script):
         return sum(len(c) for _, c in prompt.messages)
 
 
+@pytest.mark.integration  # episode worker processes
 def test_calls_are_attributed_to_their_episode_with_turns_and_mixed_rewards(tasks_file):
     wf = make(programs.three_calls, tasks_file, alpha=0.5)
     try:
@@ -94,6 +95,7 @@ def test_a_round_of_calls_from_every_episode_is_one_batched_engine_call(tasks_fi
                                          "endpoint/structured_outputs": 0.0}
 
 
+@pytest.mark.integration  # episode worker processes
 def test_an_episode_rewards_single_calls_by_the_id_its_client_saw(tasks_file):
     # every interface bound, guarded by the keys; the URLs name the host given
     wf = make(programs.rewarded_calls, tasks_file, host="0.0.0.0", advertise_host="127.0.0.1")
@@ -108,6 +110,7 @@ def test_an_episode_rewards_single_calls_by_the_id_its_client_saw(tasks_file):
     assert "'chatcmpl-stranger', which is no answer of this episode" in result.episodes[1].info["failure"]
 
 
+@pytest.mark.integration  # episode worker processes
 def test_limits_and_bad_requests_get_openai_errors(tasks_file, out):
     script = Limited(echo)
     wf = make(programs.limits, tasks_file)
@@ -144,6 +147,7 @@ class Cut(Limited):
                 for cs in super().__call__(agent, prompts, n)]
 
 
+@pytest.mark.integration  # episode worker processes
 def test_only_the_policys_own_limit_costs_the_format_penalty(tasks_file):
     wf = make(programs.capped, tasks_file, format_penalty=0.25)
     try:
@@ -206,6 +210,7 @@ def test_a_crash_in_user_code_fails_that_episode_only(tasks_file):
         wf.close()
 
 
+@pytest.mark.integration  # episode worker processes
 def test_clients_built_once_per_process_reach_the_episode_the_worker_plays(tasks_file, out):
     wf = make(programs.process_global, tasks_file, workers=1)  # one worker plays the four in turn
     try:
@@ -278,6 +283,7 @@ def test_the_workers_die_with_the_trainer(tasks_file, out, signal_name):
         trainer.kill()
 
 
+@pytest.mark.integration  # episode worker processes
 def test_an_episode_a_worker_cannot_import_is_refused_at_start(tasks_file, monkeypatch):
     def nested(task, client):
         return 1.0
@@ -298,6 +304,7 @@ def test_an_episode_a_worker_cannot_import_is_refused_at_start(tasks_file, monke
         wf.close()
 
 
+@pytest.mark.integration  # episode worker processes
 def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
     def slow(agent, prompt, i):
         if prompt.messages[-1][1] == "slow":
@@ -313,6 +320,7 @@ def test_a_client_that_disconnects_leaves_no_sample(tasks_file):
     assert [(s.agent, s.text) for s in result.samples] == [("critic", "fine")]
 
 
+@pytest.mark.integration  # episode worker processes
 def test_async_programs_and_concurrent_calls(tasks_file, capfd):
     script = Script(echo)
     wf = make(programs.concurrent_async, tasks_file, workers=2)
@@ -393,6 +401,7 @@ class Backend:
         return BatchSpec(pad_id=0, micro_batch_size=4, ppo_epochs=1)
 
 
+@pytest.mark.integration  # episode worker processes
 def test_program_failures_are_trained_lost_episodes_are_an_outage_and_one_error_everywhere_stops(
         tasks_file, out):
     from drmas.data.rollouts import OutageError, RolloutConfig, Rollouts
@@ -423,6 +432,7 @@ def test_program_failures_are_trained_lost_episodes_are_an_outage_and_one_error_
         wf.close()
 
 
+@pytest.mark.integration  # episode worker processes
 def test_validation_takes_n_choices_and_tree_sampling_is_refused_with_the_reason(tasks_file):
     from drmas.data.rollouts import RolloutConfig, Rollouts
 
@@ -466,6 +476,7 @@ class StrictTemplate(Limited):
         return len(encode_prompt(self.tok, prompt))
 
 
+@pytest.mark.integration  # episode worker processes
 def test_every_field_is_served_or_refused_by_name_and_a_rejected_template_fails_one_call(tasks_file, out):
     script = StrictTemplate(echo)
     wf = make(programs.fields, tasks_file)

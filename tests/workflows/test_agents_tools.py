@@ -41,6 +41,7 @@ def tasks_file(tmp_path):
     return str(path)
 
 
+@pytest.mark.integration  # episode worker processes
 def test_a_tool_call_round_trip_and_a_malformed_call(tasks_file, out):
     engine = ToolEngine(reply)
     wf = AgentsWorkflow(programs.tools_round_trip, ["writer"], tasks_file, val_share=0.0, workers=2)
@@ -87,6 +88,7 @@ def _text(tokenizer, prompt, **kwargs):
     return tokenizer.decode(encode_prompt(tokenizer, prompt, **kwargs))
 
 
+@pytest.mark.integration  # episode worker processes
 def test_tools_rendered_by_a_template_that_takes_them_and_by_the_fallback_elsewhere():
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
     fields = ("", json.dumps({"tool_calls": [call]}), json.dumps({"tool_call_id": "call_1"}))
@@ -128,6 +130,7 @@ def test_a_tool_format_the_template_cannot_render_is_refused_when_the_policy_is_
         PolicyConfig(model="tiny-random", tool_format="xml")
 
 
+@pytest.mark.integration  # episode worker processes
 def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer_leaves_none(tasks_file, out):
     def slow_reply(agent, prompt, i):
         if prompt.messages[-1][1] == "slow":
@@ -156,6 +159,7 @@ def test_streaming_answers_in_openais_chunks_and_a_client_gone_before_the_answer
     assert sorted(s.task_uid for s in result.samples) == ["0", "0", "0"]
 
 
+@pytest.mark.integration  # episode worker processes
 def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
     engine = ToolEngine(reply)
     wf = AgentsWorkflow(programs.responses_round_trip, ["writer"], tasks_file, val_share=0.0, workers=1)
@@ -192,6 +196,7 @@ def test_the_responses_api_with_a_function_tool_round_trip(tasks_file, out):
     assert len(result.samples) == 4  # two plain, two streamed
 
 
+@pytest.mark.integration  # episode worker processes
 def test_the_calculator_example_rewards_the_right_answer_and_a_call_that_ran(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "agents" / "calculator.py"
 
