@@ -372,8 +372,10 @@ def _unprivileged_python() -> str:
 
 @pytest.fixture
 def user_dirs() -> Iterator[tuple[int, Path, Path]]:
-    """A uid outside the sandbox range, a directory it owns (outside every tmp dir) and its home."""
-    uid = sandbox_run._UID_BASE + sandbox_run._UID_SLOTS
+    """A uid outside the sandbox range, a directory it owns (outside every tmp dir) and its home.
+    Each pytest worker has a uid of its own: the tests count the uid's processes."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    uid = sandbox_run._UID_BASE + sandbox_run._UID_SLOTS + worker
     base = Path(tempfile.mkdtemp(prefix=".unprivileged-", dir=REPO))
     own, home = base / "own", base / "home"
     own.mkdir()
