@@ -102,7 +102,7 @@ def test_a_frozen_rank_is_given_up_on_after_the_timeout_and_named(tmp_path):
     # start-up's longest wait (rank 0 waits ~12 s at the rendezvous for rank 1's imports)
     timeout = 30
     proc, _ = _fails(tmp_path, "freeze", "1", "--collective_timeout_s", str(timeout),
-                          "--gather_timeout_s", str(timeout), env={"DRMAS_HEARTBEAT_S": "600"})
+                     "--gather_timeout_s", str(timeout), env={"DRMAS_HEARTBEAT_S": "600"})
     assert proc.returncode == 1, proc.stderr[-4000:]
     line = exit_lines(tmp_path / "exits", ranks=1)[0]
     waits = "the [a-z' ]+"  # rank 1 froze after its update's first micro-batch
