@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-__all__ = ["device_env", "engine_gpu", "local_ranks", "overlap_cores", "pin_process", "rank_cores"]
+__all__ = ["device_env", "engine_gpu", "gpu_uuid", "local_ranks", "overlap_cores", "pin_process", "rank_cores",
+           "slurm_node_tasks"]
 
 
 def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,
@@ -49,15 +50,51 @@ def pin_process(cores: Sequence[int]) -> None:
     torch.set_num_threads(len(cores))
 
 
-def local_ranks(world_size: int) -> int:
-    """Ranks on this node: what torchrun-style launchers say (``LOCAL_WORLD_SIZE``), else all of them."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+def local_ranks(world_size: int, env: dict[str, str] | None = None) -> int:
+    """Ranks on this node: what torchrun-style launchers say (``LOCAL_WORLD_SIZE``); under srun, which
+    sets no such variable, ``SLURM_NTASKS_PER_NODE`` (set with ``--ntasks-per-node``), else this
+    node's entry of ``SLURM_STEP_TASKS_PER_NODE`` (always set, e.g. ``2(x3),1``: two tasks on each
+    of nodes 0-2, one on node 3, read at ``SLURM_NODEID``); else all of them."""
+    env = os.environ if env is None else env
+    if "LOCAL_WORLD_SIZE" in env:
+        return int(env["LOCAL_WORLD_SIZE"])
+    if "SLURM_LOCALID" in env:  # a task that srun started
+        if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+            return int(env["SLURM_NTASKS_PER_NODE"])
+        for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            if env.get(key):
+                return slurm_node_tasks(env[key], int(env.get("SLURM_NODEID", 0)))
+    return world_size
 
 
-def device_env(device: Any, visible: str | None = None) -> dict[str, str]:
-    """The environment that shows a child process only the trainer's own GPU (it then takes
-    ``cuda:0`` of what it sees: the same physical GPU, whatever ``--trainer.devices`` says); none on
-    CPU. ``visible``: the trainer's ``CUDA_VISIBLE_DEVICES`` (default: read from the environment)."""
+def slurm_node_tasks(spec: str, node: int) -> int:
+    """The tasks on node ``node`` in SLURM's compressed per-node list (``2(x3),1``)."""
+    seen = 0
+    for part in spec.split(","):
+        tasks, _, repeat = part.partition("(x")
+        seen += int(repeat.rstrip(")")) if repeat else 1
+        if node < seen:
+            return int(tasks)
+    raise ValueError(f"SLURM's task list {spec!r} names {seen} node(s), not node {node} (SLURM_NODEID)")
+
+
+def gpu_uuid(index: int) -> str:
+    """The GPU this process's torch calls ``cuda:index``, by the UUID NVML and CUDA name it (``GPU-...``):
+    read from the enumeration the trainer's CUDA made when it started, whatever
+    ``CUDA_DEVICE_ORDER`` says now (Lightning sets ``PCI_BUS_ID`` after CUDA has started)."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def device_env(device: Any, visible: str | None = None, uuid_of: Any = gpu_uuid) -> dict[str, str]:
+    """The environment that shows a child process only this GPU (it then takes ``cuda:0`` of what it
+    sees), named by UUID: an index would be read in the child's ``CUDA_DEVICE_ORDER``, which need not
+    be the order the trainer's index came from (CUDA's default, fastest first, against the PCI bus
+    order Lightning sets afterwards), and two engines could then share a GPU. A UUID the trainer was
+    itself given in ``CUDA_VISIBLE_DEVICES`` (``visible``, default the environment's; ``MIG-...``
+    too) is passed on as it is; otherwise ``uuid_of(index)`` (:func:`gpu_uuid`). None on CPU."""
     if getattr(device, "type", "cpu") != "cuda":
         return {}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
@@ -66,7 +103,8 @@ def device_env(device: Any, visible: str | None = None) -> dict[str, str]:
     if ids and index >= len(ids):
         raise ValueError(f"the trainer runs on {device} but CUDA_VISIBLE_DEVICES={visible!r} shows "
                          f"{len(ids)} GPU(s)")
-    return {"CUDA_VISIBLE_DEVICES": ids[index] if ids else str(index)}
+    named = ids[index] if ids and ids[index].startswith(("GPU-", "MIG-")) else uuid_of(index)
+    return {"CUDA_VISIBLE_DEVICES": named}
 
 
 def engine_gpu(device: Any, trainer_ids: Sequence[int], count: int, local_rank: int) -> Any:

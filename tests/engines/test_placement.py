@@ -2,23 +2,76 @@
 vLLM needed): the trainer's own GPU whatever the device list says, the rank's share of the cores,
 and sleep mode (CuMem) only on GPUs, in a process that holds no other engine."""
 
+import os
+
 import pytest
 import torch
 
-from drmas.engines.placement import rank_cores
+from drmas.engines.placement import device_env, local_ranks, rank_cores, slurm_node_tasks
 from drmas.engines.vllm.settings import VLLMSettings, engine_process_env, llm_kwargs
 
 
-def test_the_engine_process_sees_only_the_trainers_gpu():
-    # --trainer.devices [3] on one rank: the engine sees GPU 3 alone (its cuda:0), not the first GPU
-    assert engine_process_env(torch.device("cuda", 3), [0], visible="")["CUDA_VISIBLE_DEVICES"] == "3"
-    # under CUDA_VISIBLE_DEVICES the trainer's index is mapped to the physical id
-    assert engine_process_env(torch.device("cuda", 1), [0], visible="4,6")["CUDA_VISIBLE_DEVICES"] == "6"
+class Devices:
+    """CUDA's device list as a process sees it: its order is fixed when CUDA starts (the first
+    call), from CUDA_DEVICE_ORDER then; a later change of the variable (Lightning's) moves nothing."""
+
+    # two GPUs whose orders differ: the faster one sits second on the PCI bus
+    PCI = ["GPU-aaaa", "GPU-bbbb"]
+    FASTEST_FIRST = ["GPU-bbbb", "GPU-aaaa"]
+
+    order = None
+
+    def uuid_of(self, index):
+        if self.order is None:
+            self.order = self.PCI if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" else self.FASTEST_FIRST
+        return self.order[index]
+
+
+@pytest.mark.parametrize("started, later", [(None, "PCI_BUS_ID"), ("PCI_BUS_ID", None)])
+def test_the_engine_process_sees_the_trainers_gpu_by_uuid_in_either_device_order(monkeypatch, started, later):
+    def order(value):
+        if value is None:
+            monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_DEVICE_ORDER", value)
+
+    devices = Devices()
+    order(started)
+    trainer_gpu = devices.uuid_of(1)  # CUDA starts in the trainer: its cuda:1
+    order(later)  # then the variable changes, as Lightning changes it
+    env = engine_process_env(torch.device("cuda", 1), [0], visible="", uuid_of=devices.uuid_of)
+    # the engine is named the trainer's own GPU, which an index would not do in the child's order
+    assert env["CUDA_VISIBLE_DEVICES"] == trainer_gpu
+    child_order = Devices.PCI if later == "PCI_BUS_ID" else Devices.FASTEST_FIRST
+    assert child_order[1] != trainer_gpu  # what "1" would have named in the engine process
+    # under CUDA_VISIBLE_DEVICES of indices, the trainer's index is still its own CUDA's
+    assert engine_process_env(torch.device("cuda", 1), [0], visible="4,6",
+                              uuid_of=devices.uuid_of)["CUDA_VISIBLE_DEVICES"] == trainer_gpu
+
+
+def test_uuids_the_trainer_was_given_pass_on_and_a_gpu_it_cannot_see_is_refused():
+    def unused(index):
+        raise AssertionError("a UUID given in CUDA_VISIBLE_DEVICES is passed on as it is")
+
+    given = "GPU-1111,MIG-2222"
+    assert device_env(torch.device("cuda", 1), given, unused) == {"CUDA_VISIBLE_DEVICES": "MIG-2222"}
     with pytest.raises(ValueError, match=r"runs on cuda:2 but CUDA_VISIBLE_DEVICES='4,6' shows 2 GPU"):
-        engine_process_env(torch.device("cuda", 2), [0], visible="4,6")
+        engine_process_env(torch.device("cuda", 2), [0], visible="4,6", uuid_of=unused)
     cpu = engine_process_env(torch.device("cpu"), [2, 3])
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and "CUDA_VISIBLE_DEVICES" not in cpu
     assert cpu["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the worker in the engine's own process
+
+
+def test_srun_local_ranks_without_local_world_size():
+    assert local_ranks(8, {"LOCAL_WORLD_SIZE": "4", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "2"}) == 4
+    assert local_ranks(8, {"SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4"}) == 4
+    # srun -n 7 over 3 nodes without --ntasks-per-node: 3 + 2 + 2, read at this node's id
+    step = {"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "3,2(x2)"}
+    assert [local_ranks(7, {**step, "SLURM_NODEID": str(n)}) for n in range(3)] == [3, 2, 2]
+    assert local_ranks(7, {"SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}) == 1
+    assert local_ranks(8, {}) == 8  # no launcher said: every rank on this node
+    with pytest.raises(ValueError, match=r"names 3 node\(s\), not node 5"):
+        slurm_node_tasks("3,2(x2)", 5)
 
 
 def test_each_rank_gets_its_share_of_the_cores():

@@ -25,7 +25,8 @@ def test_each_rank_takes_a_free_gpu_of_its_node_in_rank_order():
     # one rank on 3 GPUs: the first free one; the engine process sees it alone, as its cuda:0
     gpu = engine_gpu(cuda, [0], 3, 0)
     assert gpu == torch.device("cuda", 1)
-    assert device_env(gpu, visible="2,5,7") == {"CUDA_VISIBLE_DEVICES": "5"}
+    uuids = ["GPU-2", "GPU-5", "GPU-7"]  # what the trainer's CUDA calls its cuda:0-2
+    assert device_env(gpu, "2,5,7", uuids.__getitem__) == {"CUDA_VISIBLE_DEVICES": "GPU-5"}
 
 
 def test_split_is_refused_on_cpu_and_where_the_node_has_too_few_gpus():

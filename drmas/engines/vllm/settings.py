@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from drmas.engines.base import policy_settings
-from drmas.engines.placement import device_env
+from drmas.engines.placement import device_env, gpu_uuid
 from drmas.hardware import engine_dtype
 
 __all__ = ["NCCL_BUFFERS", "OWNED_LLM_ARGS", "VLLMSettings", "builds_alone", "check_gpu_fractions",
@@ -191,11 +191,12 @@ def llm_kwargs(model: str, settings: VLLMSettings, seed: int, on_gpu: bool, max_
     return {**settings.llm_args, **kwargs}
 
 
-def engine_process_env(device: Any, cores: Sequence[int], visible: str | None = None) -> dict[str, str]:
-    """The environment of an engine process: on a GPU only the trainer's own GPU is visible (the
-    engine takes ``cuda:0`` of what it sees: the same physical GPU, whatever ``--trainer.devices``
-    says); on CPU vLLM's thread binding names the process's cores."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **device_env(device, visible)}
+def engine_process_env(device: Any, cores: Sequence[int], visible: str | None = None,
+                       uuid_of: Any = gpu_uuid) -> dict[str, str]:
+    """The environment of an engine process: on a GPU only that GPU is visible, by its UUID
+    (:func:`~drmas.engines.placement.device_env`; the engine takes ``cuda:0`` of what it sees); on
+    CPU vLLM's thread binding names the process's cores."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **device_env(device, visible, uuid_of)}
     if getattr(device, "type", "cpu") != "cuda":
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
     return env
