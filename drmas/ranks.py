@@ -39,9 +39,9 @@ import threading
 from typing import Any, Callable, Sequence
 
 __all__ = ["GATHER_ENV", "HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "agree", "at", "attempt",
-           "collective_timeout_s", "flight_recorder", "gather_timeout_s", "heartbeat_s", "init_process_group",
-           "mark_background", "portable", "raise_first", "silent_ranks", "stop_line", "store_host",
-           "watch_state"]
+           "collective_timeout_s", "env_seconds", "flight_recorder", "gather_timeout_s", "heartbeat_s",
+           "init_process_group", "mark_background", "portable", "raise_first", "silent_ranks", "stop_line",
+           "store_host", "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
 GATHER_ENV = "DRMAS_GATHER_TIMEOUT_S"
@@ -96,7 +96,7 @@ def flight_recorder(backend: str) -> str | None:
     return where
 
 
-def _seconds(env: str, flag: str, default: float) -> float:
+def env_seconds(env: str, flag: str, default: float) -> float:
     """Seconds > 0 from ``$env`` (which ``flag`` sets), else ``default``; a bad value refused naming both."""
     value = os.environ.get(env, "").strip()
     if not value:
@@ -120,14 +120,14 @@ def _on_gpu(on_gpu: bool | None) -> bool:
 
 def heartbeat_s() -> float:
     """How long a rank's heartbeat may stop before the others name it: ``$DRMAS_HEARTBEAT_S``, else 30."""
-    return _seconds(HEARTBEAT_ENV, "", 30.0)
+    return env_seconds(HEARTBEAT_ENV, "", 30.0)
 
 
 def collective_timeout_s(on_gpu: bool | None = None) -> float:
     """The bound on a tensor collective (the process group's timeout), in seconds:
     ``$DRMAS_COLLECTIVE_TIMEOUT_S`` (which ``--collective_timeout_s`` sets), else 600 on GPUs and
     300 on CPU. Tensor collectives wait for no rollout, so a hang surfaces within minutes."""
-    return _seconds(TIMEOUT_ENV, "--collective_timeout_s", 600.0 if _on_gpu(on_gpu) else 300.0)
+    return env_seconds(TIMEOUT_ENV, "--collective_timeout_s", 600.0 if _on_gpu(on_gpu) else 300.0)
 
 
 def gather_timeout_s(on_gpu: bool | None = None) -> float:
@@ -137,7 +137,7 @@ def gather_timeout_s(on_gpu: bool | None = None) -> float:
     ``--gather_timeout_s`` sets), else 3600 on GPUs and 900 on CPU, and never below the
     collective timeout."""
     default = max(3600.0 if _on_gpu(on_gpu) else 900.0, collective_timeout_s(on_gpu))
-    return _seconds(GATHER_ENV, "--gather_timeout_s", default)
+    return env_seconds(GATHER_ENV, "--gather_timeout_s", default)
 
 
 def portable(err: BaseException | None, rank: int) -> BaseException | None:

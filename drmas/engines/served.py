@@ -22,9 +22,20 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from drmas.children import Child
 from drmas.engines.base import Engine
-from drmas.ranks import gather_timeout_s
+from drmas.ranks import env_seconds, gather_timeout_s
 
-__all__ = ["EngineProcessError", "ServedEngine", "serve"]
+__all__ = ["BEAT", "EngineProcessError", "HEARTBEAT_ENV", "ServedEngine", "engine_heartbeat_s", "serve"]
+
+HEARTBEAT_ENV = "DRMAS_ENGINE_HEARTBEAT_S"
+BEAT = "beat"
+"""What an engine process sends once a second while it works on a request (:class:`_Heartbeat`)."""
+
+
+def engine_heartbeat_s() -> float:
+    """How long an engine process working on a request may send no heartbeat before the trainer
+    stops it: ``$DRMAS_ENGINE_HEARTBEAT_S``, else 120 s (its beat runs in a thread of its own, so a
+    build or a generation in native code that lets the interpreter go beats on)."""
+    return env_seconds(HEARTBEAT_ENV, "", 120.0)
 
 # what a child of a rank must not read as its own: it is no rank of the job
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -44,6 +55,7 @@ class ServedEngine(Engine):
     process: Child | None = None
     _building = False
     _in_flight: str | None = None  # the request awaiting its answer, if any
+    _serving = False  # the process has answered or beaten: its request loop (and heartbeat) runs
 
     def _spawn(self, target: str, args: Sequence[str], name: str, cores: Sequence[int], env: dict[str, str],
                build: dict[str, Any], on_gpu: bool = False) -> None:
@@ -101,16 +113,31 @@ class ServedEngine(Engine):
         if self.conn is None:
             raise EngineProcessError(f"the {self.kind} engine process of {self.name} is closed")
         what = f"the {self.kind} engine process of {self.name} (pid {self.pid})"
-        bound, start = gather_timeout_s(self.on_gpu), time.monotonic()
+        bound, beat_s = gather_timeout_s(self.on_gpu), engine_heartbeat_s()
+        # the beat starts with the request loop: while the process still imports, the first
+        # request (the build) is bound by --gather_timeout_s alone
+        start = time.monotonic()
+        last_beat = start if self._serving else None
         try:
-            while not self.conn.poll(1.0):
-                if not self.process.alive():
+            while True:
+                if self.conn.poll(1.0):
+                    status, *reply = self.conn.recv()
+                    self._serving = True
+                    if status != BEAT:
+                        break
+                    last_beat = time.monotonic()
+                elif not self.process.alive():
                     raise EOFError
-                if time.monotonic() - start > bound:  # frozen or hung: the other ranks would wait too
+                now = time.monotonic()
+                if last_beat is not None and now - last_beat > beat_s:  # stopped, or stuck holding the GIL
+                    self.process.close(grace_s=0)
+                    raise EngineProcessError(f"{what} stopped answering {method!r}: no heartbeat for "
+                                             f"{beat_s:.0f} s (stopped, or stuck holding its interpreter; "
+                                             f"${HEARTBEAT_ENV}); it was stopped")
+                if now - start > bound:  # beating but hung: the other ranks would wait too
                     self.process.close(grace_s=0)
                     raise EngineProcessError(f"{what} did not answer {method!r} within {bound:.0f} s "
                                              "(--gather_timeout_s); it was stopped")
-            status, *reply = self.conn.recv()
         except (EOFError, OSError) as err:
             try:  # its end of the socket closes as it dies: reap it for the exit code
                 code = self.process.proc.wait(timeout=10)
@@ -162,6 +189,7 @@ def serve(fd: str, build: Callable[..., tuple[Any, Any]]) -> None:
     (``build(**kwargs)`` -> the server and what the trainer gets back), each later one calls the
     server's method of its name."""
     conn = Connection(int(fd))
+    heart = _Heartbeat(conn)
     server = None
     while True:
         try:
@@ -170,6 +198,7 @@ def serve(fd: str, build: Callable[..., tuple[Any, Any]]) -> None:
             _exit_now()
         if method == "close":  # not answered: the trainer has closed its end already
             _exit_now()
+        heart.busy = True
         try:
             if server is None:
                 server, result = build(**kwargs)
@@ -179,7 +208,34 @@ def serve(fd: str, build: Callable[..., tuple[Any, Any]]) -> None:
         except Exception as err:  # answered, not raised: the trainer names the policy and decides
             reply = ("error", f"{type(err).__name__}: {err}", traceback.format_exc())
         try:
-            conn.send(reply)
+            heart.send(reply)
         except (BrokenPipeError, OSError):
             return
         sys.stdout.flush()
+
+
+class _Heartbeat:
+    """A thread that sends :data:`BEAT` once a second while a request is being answered (only then:
+    the trainer reads the socket only while it waits for an answer, and beats between requests would
+    fill it), so the trainer tells an engine process at work from one that is stopped or stuck
+    with the interpreter held (``SIGSTOP``, a native call that never returns and never lets go)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.busy, self._lock = conn, False, threading.Lock()
+        threading.Thread(target=self._beat, name="drmas-engine-heartbeat", daemon=True).start()
+
+    def send(self, reply: tuple[Any, ...]) -> None:
+        """Send a request's answer; no beat follows it until the next request."""
+        with self._lock:
+            self.busy = False
+            self.conn.send(reply)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                if self.busy:
+                    try:
+                        self.conn.send((BEAT,))
+                    except OSError:  # the trainer is gone: the request loop ends the process
+                        return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import time
 
 import pytest
 import torch
@@ -375,8 +376,8 @@ def test_vllm_serves_each_prompt_its_own_stops_and_length_as_hf_does(tiny, promp
 @pytest.mark.integration
 def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine, monkeypatch):
     """One process per engine, started by this one (vLLM's CuMem allocator, which sleep mode needs,
-    is one per process); an engine process that freezes is given up on after the collective
-    timeout and stopped, one that dies is named by the next request, not waited on; the other
+    is one per process); an engine process that freezes is given up on when its heartbeat stops
+    and is stopped, one that dies is named by the next request, not waited on; the other
     engines keep working and the dead one's process is reaped."""
     import signal
 
@@ -397,12 +398,15 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
             assert ppid == os.getpid()
         assert [g[0].response_ids for g in other.generate(prompts, 1, GREEDY)] == before
-        os.kill(other.pid, signal.SIGSTOP)  # frozen: without the bound, the trainer would wait forever
-        monkeypatch.setenv("DRMAS_GATHER_TIMEOUT_S", "3")
-        frozen = (rf"vLLM engine process of solver \(pid {other.pid}\) did not answer 'generate' within 3 s "
-                  r"\(--gather_timeout_s\)")
+        os.kill(other.pid, signal.SIGSTOP)  # frozen: found by its silent heartbeat, not the 900 s bound
+        monkeypatch.setenv("DRMAS_ENGINE_HEARTBEAT_S", "3")
+        frozen = (rf"vLLM engine process of solver \(pid {other.pid}\) stopped answering 'generate': no "
+                  r"heartbeat for 3 s \(stopped, or stuck holding its interpreter; "
+                  r"\$DRMAS_ENGINE_HEARTBEAT_S\)")
+        stopped = time.monotonic()
         with pytest.raises(EngineProcessError, match=frozen):
             other.generate(prompts, 1, GREEDY)
+        assert time.monotonic() - stopped < 60  # the heartbeat's bound, far below --gather_timeout_s's 900 s
         # stopped by then (SIGKILL reaches a stopped process): the next request names its end
         with pytest.raises(EngineProcessError, match=rf"vLLM engine process of solver \(pid {other.pid}\) "
                                                      r"ended \(exit code -9\) during 'generate'"):
