@@ -78,7 +78,7 @@ def _message(err: BaseException) -> str:
 
 PARSER_MODE = "drmas_yaml"
 _ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path",
-              "collective_timeout_s", "gather_timeout_s",
+              "collective_timeout_s", "gather_timeout_s", "print_memory_plan",
               "recipes"}
 _active_recipe: list[str] = []  # the recipe whose section a config file contributes
 
@@ -206,9 +206,25 @@ class DrmasCLI(LightningCLI):
                   "gathers and agreements (a gloo group of their own) and each answer of its engine "
                   f"processes; default ${GATHER_ENV}, else 3600 on GPUs and 900 on CPU, never below "
                   "--collective_timeout_s."))
+        parser.add_argument(
+            "--print_memory_plan", type=Optional[str], default=None,
+            help=("Print the memory plan this config would print at start on its GPUs, for the GPU named "
+                  "(h100, h200, a100, a size in GiB, or cuda: this machine's), from the models' config.json "
+                  "alone (no weights, no GPU needed), and exit: 0 when it fits, 2 when it does not "
+                  "(docs/scaling.md)."))
 
 
     def instantiate_classes(self) -> None:
+        device = self._get(self.config, "print_memory_plan")
+        if device is not None:
+            from drmas.modules.plan_preview import preview
+
+            try:
+                text, fits = preview(self.config.get(str(self.subcommand), self.config), device)
+            except _CONFIG_ERRORS + (OSError,) as err:
+                raise ConfigurationError(_message(err)) from err
+            print(text, flush=True)
+            sys.exit(0 if fits else 2)
         # fit with a sharded strategy: the policies are built on the meta device and each rank
         # reads only its shards once they are sharded (drmas.modules.policy.deferred_weights)
         sharded = (self.subcommand == "fit"

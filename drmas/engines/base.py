@@ -42,6 +42,9 @@ class Placement:
     engine_device: torch.device | None = None
     """The GPU this rank's engines run on when it is not the trainer's (``--model.engine_placement
     split``); None: the trainer's device."""
+    in_flight: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Sequences a training rollout sends each policy's engine at once on this rank, at most (tasks
+    per rank x group size x the policy's agents); none: unknown. An engine may size its batch by it."""
 
     @property
     def split(self) -> bool:
@@ -113,8 +116,17 @@ class Engine(ABC):
         its own before any rank builds an engine."""
 
     @classmethod
-    def check_memory(cls, team: dict[str, Any], settings: Any, on_gpu: bool) -> None:
-        """Refuse, before anything is built, engines that cannot fit (a one-line ValueError)."""
+    def check_memory(cls, team: dict[str, Any], settings: Any, on_gpu: bool, split: bool = False) -> None:
+        """Refuse, before anything is built, engines that cannot fit (a one-line ValueError); ``split``:
+        on a GPU of their own."""
+
+    @classmethod
+    def startup_budgets(cls, team: dict[str, Any], settings: Any, shapes: dict[str, Any], device_bytes: int,
+                        device_name: str, in_flight: dict[str, int], split: bool) -> list[Any]:
+        """For the memory plan: what each engine takes as it starts on its GPU of ``device_bytes``
+        (``shapes``: each policy's :class:`~drmas.models.shapes.ModelShape`; ``in_flight``: as
+        :attr:`Placement.in_flight`), each with ``line()``, ``fits`` and ``refusal()``; none by default."""
+        return []
 
     @classmethod
     def device_fractions(cls, team: dict[str, Any], settings: Any) -> list[float]:

@@ -32,7 +32,20 @@ class EngineRouting:
 
     def _placement(self) -> Placement:
         return Placement(self.rank, self.local_rank, self.world_size, self.device, self.rank,
-                         self._sharded, self.staleness > 0, self._engine_cpus, self._engine_device)
+                         self._sharded, self.staleness > 0, self._engine_cpus, self._engine_device,
+                         self._in_flight())
+
+    def _in_flight(self) -> dict[str, int]:
+        """Sequences a training rollout sends each policy's engine at once on this rank, at most: the
+        rank's tasks x the group size x the agents the policy plays (none when no rollout data
+        module is attached)."""
+        rollouts = getattr(getattr(self._trainer, "datamodule", None), "rollouts", None)
+        config = getattr(rollouts, "config", None)
+        if config is None or not self.agent_map:
+            return {}
+        tasks = -(-config.tasks_per_iteration // self.world_size)
+        agents = [self.policy_of(a) for a in self.agent_map]
+        return {name: tasks * config.group_size * agents.count(name) for name in self.policies}
 
     def set_staleness(self, staleness: int) -> None:
         """Rollouts lag ``staleness`` updates (``--data.rollout.staleness``): engines stay awake and
@@ -56,15 +69,19 @@ class EngineRouting:
         self._agree(failure)
         if self.device.type != "cuda":  # the plan is about accelerator memory
             return
+        device = torch.cuda.get_device_properties(self.device)
         self._plan = plan_terms(self.policies, self._engine_class, self._engine_settings, self._team,
-                                self.world_size, torch.cuda.get_device_properties(self.device).total_memory,
+                                self.world_size, device.total_memory,
                                 getattr(self.trainer.strategy, "cpu_offload", False), self._sharded,
                                 self.loss.kl_coef > 0, awake=self.staleness > 0,
-                                split=self._engine_device is not None)
+                                split=self._engine_device is not None,
+                                mixed=str(self.trainer.precision).startswith("bf16"), device_name=device.name,
+                                in_flight=self._in_flight())
         plan, fits = memory_plan(**self._plan)
         rank_zero_info(plan)
         if not fits:
-            raise ValueError(plan)
+            refused = [b.refusal() for b in self._plan["budgets"] if not b.fits]
+            raise ValueError(refused[0] if refused else plan)
 
     def _choose_places(self) -> None:
         """Where this rank's engines run: ``--model.engine_placement split``, on a GPU the trainer

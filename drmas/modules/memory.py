@@ -12,6 +12,12 @@ does not release); one weight transfer's peak (``Engine.transfer_bytes``: its bu
 the largest tensor, and one gathered tensor beside it, for the policy where that is largest), in
 the rollout peak, since the sync runs with the engines' weights awake. On the host: the weights
 engines asleep at level 1 keep there (``Engine.asleep_host_bytes``: frozen policies, LoRA bases).
+Also in the peaks: FSDP2's root group (embeddings, final norm, head) held unsharded, with its
+gradient, from the forward to the end of the backward, and each process's CUDA context (an
+estimate). Per engine, what it takes as it starts on its GPU and the KV cache left to it
+(``Engine.startup_budgets``; for vLLM its profiling pass and CUDA graphs by vLLM's own rules,
+:mod:`drmas.engines.vllm.sizing`): an engine whose KV cache cannot hold one sequence is refused
+here, naming the settings that would let it start, instead of by vLLM after the weights loaded.
 Once the engines have slept, what each one really holds is measured per process and compared with
 the plan (:func:`residue_report`).
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan
@@ -26,11 +32,15 @@ from typing import Any
 import torch
 
 from drmas.engines import policy_settings
+from drmas.models.shapes import model_shape
 
-__all__ = ["PLAN_LENGTH", "PolicyMemory", "largest_tensor", "memory_plan", "plan_length", "plan_terms",
-           "policy_memory", "residue_report"]
+__all__ = ["CONTEXT_BYTES", "PLAN_LENGTH", "PolicyMemory", "largest_tensor", "memory_plan", "plan_length",
+           "plan_terms", "policy_memory", "residue_report"]
 
 GIB = 1024**3
+
+CONTEXT_BYTES = GIB // 2
+"""A process's CUDA context (and the libraries' workspaces it loads) on a device: an estimate."""
 
 PLAN_LENGTH = 4096
 """The sequence length the memory plan counts for an engine that declares no limit of its own."""
@@ -80,39 +90,55 @@ def plan_length(engine: Any, settings: Any, config: Any) -> int:
 
 def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[str, Any], ranks: int,
                device_bytes: int, offload: bool, sharded: bool, kl: bool,
-               awake: bool = False, split: bool = False) -> dict[str, Any]:
+               awake: bool = False, split: bool = False, mixed: bool = False, device_name: str = "",
+               in_flight: dict[str, int] | None = None) -> dict[str, Any]:
     """:func:`memory_plan`'s arguments for these policies and their engines (an ``Engine`` class and
     its settings). ``awake``: the engines play rollouts during the update (``--data.rollout.staleness``),
     so the update's peak holds their whole fractions, not what they keep asleep, and an engine that
     could generate with the trained tensors keeps a copy of its own. ``split``: the engines run on a
     GPU of their own (``--model.engine_placement split``): the trainer's holds none of them, only
-    the sending side of each weight transfer."""
+    the sending side of each weight transfer (their own GPU's budget is in ``budgets``). ``mixed``:
+    FSDP2 gathers in bf16 (``bf16-mixed``); ``device_name`` and ``in_flight`` (sequences a rollout
+    sends each policy's engine at once) size the engines' start-up (``Engine.startup_budgets``)."""
     copy = engine.keeps_copy(sharded or awake) and not split
     fractions = [] if split else engine.device_fractions(team, settings)
     asleep = ([] if split else [f * device_bytes for f in fractions] if awake
               else engine.asleep_bytes(team, settings))
     transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model), split)
                    for p in policies.values())
-    parameters = {n: sum(t.numel() for t in p.model.parameters()) for n, p in policies.items()}
+    shapes = {n: model_shape(p.model) for n, p in policies.items()}
+    parameters = {n: s.parameters for n, s in shapes.items()}
+    # FSDP2 keeps the root group (embeddings, final norm, head) gathered from the forward to the end
+    # of the backward, with its gradient unsharded until the reduce-scatter: the largest policy's
+    root = max((s.root for n, s in shapes.items() if policies[n].trainable), default=0)
+    root_bytes = 2 * root * (2 if mixed else 4) if sharded and ranks > 1 and not offload else 0.0
     return dict(policies=[policy_memory(p, kl, plan_length(engine, settings, p.config), copy)
                           for p in policies.values()],
                 ranks=ranks, device_bytes=device_bytes,
                 engine_fractions=fractions, offload=offload,
                 engine_asleep=asleep, transfer_bytes=transfer, awake=awake, split=split,
-                host_bytes=0.0 if split else engine.asleep_host_bytes(team, settings, parameters))
+                host_bytes=0.0 if split else engine.asleep_host_bytes(team, settings, parameters),
+                root_bytes=float(root_bytes), contexts=1 + (0 if split else len(fractions)),
+                budgets=engine.startup_budgets(team, settings, shapes, device_bytes, device_name,
+                                               in_flight or {}, split))
 
 
 def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, engine_fractions: list[float],
                 offload: bool = False, engine_asleep: list[float] = (), transfer_bytes: float = 0.0,
-                host_bytes: float = 0.0, awake: bool = False, split: bool = False) -> tuple[str, bool]:
+                host_bytes: float = 0.0, awake: bool = False, split: bool = False, root_bytes: float = 0.0,
+                contexts: int = 0, budgets: list[Any] = ()) -> tuple[str, bool]:
     """The plan as a table (GiB per device) and whether it fits.
 
     Engines sleep during the update and the policies' gradients are freed after each step, so the
     two peaks are the update (weights + grads + optimiser + logits of every policy + what each engine
-    holds asleep, ``engine_asleep`` in bytes) and the rollout (weights + optimiser + each engine's
-    fraction of the device, ``engine_fractions``, + one transfer's staging buffer). ``awake``: the
-    engines play rollouts through the update (``engine_asleep`` then holds their whole fractions);
-    ``split``: they run on a GPU of their own (none here, only the weight transfer's sending side).
+    holds asleep, ``engine_asleep`` in bytes, + FSDP2's unsharded root, ``root_bytes``) and the
+    rollout (weights + optimiser + each engine's fraction of the device, ``engine_fractions``, + one
+    transfer's staging buffer + the engine processes' CUDA contexts). The trainer's own CUDA context
+    is in both (``contexts``: the processes on this device, trainer first; an estimate each).
+    ``awake``: the engines play rollouts through the update (``engine_asleep`` then holds their whole
+    fractions); ``split``: they run on a GPU of their own (none here, only the weight transfer's
+    sending side). ``budgets``: each engine's start-up on its GPU (``Engine.startup_budgets``); one
+    whose KV cache cannot hold a sequence makes the plan fail.
     """
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
@@ -127,8 +153,10 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
         rows.append((p.name, weights, grads, optim, ref, logits, copy))
     engines = sum(engine_fractions) * device_bytes
     asleep = float(sum(engine_asleep))
-    update += asleep
-    rollout = resident + engines + transfer_bytes
+    trainer_context = CONTEXT_BYTES if contexts else 0.0
+    engine_contexts = CONTEXT_BYTES * max(contexts - 1, 0)
+    update += asleep + root_bytes + trainer_context
+    rollout = resident + engines + transfer_bytes + trainer_context + engine_contexts
     lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; "
              "activations not counted)",
              f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} "
@@ -140,15 +168,23 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
                  f"rollout peak {rollout / GIB:.2f} GiB (engines {engines / GIB:.2f} GiB = "
                  f"{' + '.join(f'{f:g}' for f in engine_fractions) or '0'}; weight transfer "
                  f"{transfer_bytes / GIB:.2f})")
+    if root_bytes or contexts:
+        lines.append(f"in the peaks: FSDP2's unsharded root (the largest policy's embeddings, final norm and "
+                     f"head, weights and gradients) {root_bytes / GIB:.2f} in the update; CUDA contexts "
+                     f"{CONTEXT_BYTES / GIB:.2f} each (an estimate): the trainer's in both, "
+                     f"{max(contexts - 1, 0)} engine process(es)' in the rollout (asleep: in what they hold)")
+    lines += [b.line() for b in budgets]
     if host_bytes:
         lines.append(f"host memory per rank: {host_bytes / GIB:.2f} GiB of weights kept by engines asleep "
                      "at level 1 (frozen policies, LoRA bases), times the ranks of a node")
+    refused = [b.refusal() for b in budgets if not b.fits]
+    lines += refused
     fits = max(update, rollout) <= device_bytes
     if not fits:
         lines.append(f"does not fit in {device_bytes / GIB:.1f} GiB: shard over more ranks "
                      "(--trainer.devices), offload (--trainer.strategy fsdp_offload), lower the engines' "
                      "share (--model.engine_settings) or logprob_chunk_tokens, or use a smaller model")
-    return "\n".join(lines), fits
+    return "\n".join(lines), fits and not refused
 
 
 def residue_report(measured: dict[str, tuple[float, str]], plan: dict) -> list[str]:

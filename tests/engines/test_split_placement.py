@@ -74,7 +74,9 @@ def test_the_trainers_gpu_holds_no_engine_only_the_nccl_transfers_buffers():
     assert terms["engine_fractions"] == [] and terms["engine_asleep"] == [] and terms["host_bytes"] == 0
     largest = max(t.numel() for t in policies["p"].model.state_dict().values())
     tensor = largest * 2  # bf16 on GPUs (dtype auto)
-    assert terms["transfer_bytes"] == 2 * (16 * 2**20 + tensor) + tensor  # two chunks in flight
+    # two chunks in flight, the one being packed twice over (its tensors and their concatenation)
+    # while the other is still in flight: three chunks, each up to one tensor past the buffer
+    assert terms["transfer_bytes"] == 3 * (16 * 2**20 + tensor)
     text, fits = memory_plan(**terms)
     assert fits and "(engines on a GPU of their own)" in text and "engines 0.00 GiB = 0" in text
     # the HF engine in a process on its GPU keeps no copy on the trainer's
@@ -136,3 +138,23 @@ def test_the_hf_engine_apart_from_the_trainer_refuses_a_lora_policy_it_could_not
     with pytest.raises(ValueError, match=r"policy 'solver' trains a LoRA adapter.*engines on a GPU of their "
                                          r"own \(--model.engine_placement split\) use --model.engine vllm"):
         HFEngine.create(lora, None, place, {}, {})
+
+
+def test_split_engines_share_their_gpu_unless_a_fraction_is_set():
+    from drmas.engines.vllm.settings import engine_fractions
+    from drmas.modules.policy import PolicyConfig
+
+    own = {"gpu_memory_utilization": 0.3}
+    team = {"a": PolicyConfig(model="m"), "b": PolicyConfig(model="m", engine_settings=own),
+            "c": PolicyConfig(model="m")}
+    unset = VLLMSettings()
+    # on a GPU of their own: vLLM's 0.92 divided among the rank's three engines; set still wins
+    assert engine_fractions(team, unset, split=True) == {"a": 0.92 / 3, "b": 0.3, "c": 0.92 / 3}
+    assert engine_fractions(team, unset) == {"a": 0.5, "b": 0.3, "c": 0.5}  # on the trainer's GPU
+    assert llm_kwargs("m", unset, 0, True, split=True)["gpu_memory_utilization"] == 0.92
+    assert llm_kwargs("m", unset, 0, True)["gpu_memory_utilization"] == 0.5
+    # the batch a rollout sends at once bounds vLLM's on a GPU, unless llm_args sets one; not on CPU
+    assert llm_kwargs("m", unset, 0, True, max_num_seqs=40)["max_num_seqs"] == 40
+    given = VLLMSettings(llm_args={"max_num_seqs": 8})
+    assert llm_kwargs("m", given, 0, True, max_num_seqs=40)["max_num_seqs"] == 8
+    assert "max_num_seqs" not in llm_kwargs("m", unset, 0, False, max_num_seqs=40)

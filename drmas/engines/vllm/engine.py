@@ -4,6 +4,7 @@ docstring (:mod:`drmas.engines.vllm`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -12,15 +13,16 @@ from typing import Any, Sequence
 import torch
 
 from drmas import console
-from drmas.engines.base import ENGINES, Engine, Placement, check_request, per_prompt
+from drmas.engines.base import ENGINES, Engine, Placement, check_request, per_prompt, policy_settings
 from drmas.engines.served import EngineProcessError, ServedEngine
 from drmas.engines.vllm.adapter import VLLMAdapter
 from drmas.engines.vllm.runtime import vllm_available
 from drmas.engines.vllm.settings import (NCCL_BUFFERS, VLLMSettings, builds_alone, check_gpu_fractions,
-                                         check_kv_caches, engine_fractions, engine_key, engine_process_env,
-                                         engine_sizes, host_copy_bytes, llm_kwargs, transfer_buffer_bytes)
+                                         check_kv_caches, eager, engine_fractions, engine_key,
+                                         engine_process_env, engine_sizes, gpu_element_bytes, host_copy_bytes,
+                                         in_flight_per_engine, llm_kwargs, transfer_buffer_bytes)
+from drmas.engines.vllm.sizing import EngineBudget, engine_budget
 from drmas.engines.placement import local_ranks, rank_cores
-from drmas.hardware import engine_dtype
 from drmas.models import resolve_model_path
 from drmas.records import Completion, GenerationSettings
 
@@ -70,6 +72,7 @@ class VLLMEngine(ServedEngine):
         cpus: Sequence[int] | None = None,
         name: str = "",
         split: bool = False,
+        max_num_seqs: int = 0,
     ) -> None:
         settings = settings if settings is not None else VLLMSettings()
         self.device_asked = torch.device(device if device is not None else
@@ -81,7 +84,7 @@ class VLLMEngine(ServedEngine):
             print(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} overrides "
                   f"kv_cache_gib={settings.kv_cache_gib}", flush=True)
         self.llm_kwargs = llm_kwargs(model_path, settings, seed, self.on_gpu, max_loras, max_lora_rank,
-                                     quiet=console.QUIET, split=self.split)
+                                     quiet=console.QUIET, split=self.split, max_num_seqs=max_num_seqs)
         self.transfer_buffer = transfer_buffer_bytes(settings.transfer_buffer_mib, self.on_gpu)
         cores = list(cpus) if cpus is not None else rank_cores()
         self._spawn("drmas.engines.vllm.process:serve", ["quiet" if console.QUIET else ""],
@@ -130,8 +133,12 @@ class VLLMEngine(ServedEngine):
         per shared base (as many adapter slots as policies share it), else one of its own."""
         c = policy.config
         cores = place.cpus or rank_cores(place.local_rank, local_ranks(place.world_size))
+        widths = in_flight_per_engine(team, place.in_flight)
+        fraction = engine_fractions(team, settings, place.split)[engine_key(policy.name, c)]
+        if settings.gpu_memory_utilization is None:  # the default of this placement, as the plan counted
+            settings = dataclasses.replace(settings, gpu_memory_utilization=fraction)
         kwargs = dict(settings=settings, seed=place.seed, device=place.engines_on, cpus=list(cores),
-                      split=place.split)
+                      split=place.split, max_num_seqs=widths.get(engine_key(policy.name, c), 0))
         if policy.adapter is None:
             engine = cls(resolve_model_path(c.model), name=policy.name, **kwargs)
             engine._rank = place.rank
@@ -147,16 +154,39 @@ class VLLMEngine(ServedEngine):
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
 
     @classmethod
-    def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool) -> None:
+    def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool,
+                     split: bool = False) -> None:
         """The engines' GPU fractions add up to at most 1, or on CPU their KV caches fit the machine."""
         if on_gpu:
-            check_gpu_fractions(engine_fractions(team, settings))
+            check_gpu_fractions(engine_fractions(team, settings, split))
         else:
             check_kv_caches(engine_sizes(team, settings))
 
     @classmethod
     def device_fractions(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
         return list(engine_fractions(team, settings).values())
+
+    @classmethod
+    def startup_budgets(cls, team: dict[str, Any], settings: VLLMSettings, shapes: dict[str, Any],
+                        device_bytes: int, device_name: str, in_flight: dict[str, int],
+                        split: bool) -> list[EngineBudget]:
+        """Each engine's start-up by vLLM 0.32's rules (:mod:`drmas.engines.vllm.sizing`), with the
+        fraction and ``max_num_seqs`` it is built with."""
+        fractions = engine_fractions(team, settings, split)
+        widths = in_flight_per_engine(team, in_flight)
+        budgets, seen = [], set()
+        for name, config in team.items():
+            key = engine_key(name, config)
+            if key in seen:
+                continue
+            seen.add(key)
+            own = policy_settings(settings, config)
+            seqs = own.llm_args.get("max_num_seqs") or widths.get(key) or None
+            budgets.append(engine_budget(
+                key, shapes[name], fractions[key], device_bytes, gpu_element_bytes(own.dtype),
+                own.max_model_len, eager(own.enforce_eager, True), seqs,
+                own.llm_args.get("max_num_batched_tokens"), device_name))
+        return budgets
 
     @classmethod
     def asleep_bytes(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
@@ -173,11 +203,12 @@ class VLLMEngine(ServedEngine):
     def transfer_bytes(cls, settings: VLLMSettings, largest: int, split: bool = False) -> float:
         """A GPU transfer's peak on the trainer's side: its buffer (raised to the largest tensor, of
         ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype; over
-        NCCL (``split``) two such buffers in flight (vLLM's packed broadcast, double-buffered), each
-        filled up to one tensor past its size."""
-        tensor = largest * getattr(torch, engine_dtype(settings.dtype)).itemsize
+        NCCL (``split``) chunks filled up to one tensor past the buffer's size: the
+        :data:`NCCL_BUFFERS` in flight (vLLM's packed broadcast), and the one being packed twice over
+        (its gathered tensors and their concatenation) while the other is in flight."""
+        tensor = largest * gpu_element_bytes(settings.dtype)
         buffer = max(transfer_buffer_bytes(settings.transfer_buffer_mib, True), tensor)
-        return NCCL_BUFFERS * (buffer + tensor) + tensor if split else buffer + tensor
+        return (NCCL_BUFFERS + 1) * (buffer + tensor) if split else buffer + tensor
 
     @classmethod
     def builds_alone(cls, device: torch.device) -> bool:

@@ -14,9 +14,10 @@ from drmas.engines.base import policy_settings
 from drmas.engines.placement import device_env, gpu_uuid
 from drmas.hardware import engine_dtype
 
-__all__ = ["NCCL_BUFFERS", "OWNED_LLM_ARGS", "VLLMSettings", "builds_alone", "check_gpu_fractions",
-           "check_kv_caches", "eager", "engine_fractions", "engine_key", "engine_process_env", "engine_sizes",
-           "host_copy_bytes", "llm_kwargs", "transfer_backend", "transfer_buffer_bytes"]
+__all__ = ["NCCL_BUFFERS", "OWNED_LLM_ARGS", "SHARED_FRACTION", "SPLIT_FRACTION", "VLLMSettings",
+           "builds_alone", "check_gpu_fractions", "check_kv_caches", "eager", "engine_fractions",
+           "engine_key", "engine_process_env", "engine_sizes", "gpu_element_bytes", "host_copy_bytes",
+           "in_flight_per_engine", "llm_kwargs", "transfer_backend", "transfer_buffer_bytes"]
 
 
 OWNED_LLM_ARGS = {
@@ -46,9 +47,11 @@ class VLLMSettings:
     engine's mismatch with the trainer."""
     max_model_len: int = 4096
     """Longest prompt + response the engine accepts."""
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float | None = None
     """GPU memory fraction per engine (split it between the engines of several policies, or give
-    each policy its own in its ``engine_settings``)."""
+    each policy its own in its ``engine_settings``). Unset: 0.5 on the trainer's GPU; on a GPU of
+    the engines' own (``--model.engine_placement split``) 0.92 (vLLM's default) divided among the
+    rank's engines."""
     kv_cache_gib: float = 2.0
     """KV-cache size on CPU per engine, in GiB."""
     transfer_buffer_mib: int | None = None
@@ -68,12 +71,18 @@ class VLLMSettings:
         owned = sorted(set(self.llm_args) & set(OWNED_LLM_ARGS))
         if owned:
             raise ValueError("llm_args may not set " + "; ".join(f"{k} ({OWNED_LLM_ARGS[k]})" for k in owned))
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.transfer_buffer_mib is not None and self.transfer_buffer_mib <= 0:
             raise ValueError(f"transfer_buffer_mib must be > 0 (or unset), got {self.transfer_buffer_mib}")
+
+
+def gpu_element_bytes(dtype: str) -> int:
+    """Bytes per element of an engine's dtype on a GPU (``auto``: bfloat16, which GPUs compute
+    natively)."""
+    return 2 if dtype == "auto" else getattr(torch, dtype).itemsize
 
 
 def transfer_buffer_bytes(mib: int | None, on_gpu: bool) -> int:
@@ -110,9 +119,29 @@ def _per_engine(policies: dict[str, Any], value: Any) -> dict[str, Any]:
     return out
 
 
-def engine_fractions(policies: dict[str, Any], vllm: VLLMSettings) -> dict[str, float]:
-    """Each vLLM engine's share of the GPU (a policy's own setting, else the global one)."""
-    return _per_engine(policies, lambda c: policy_settings(vllm, c).gpu_memory_utilization)
+SHARED_FRACTION = 0.5
+"""An engine's GPU fraction on the trainer's GPU when none is set."""
+SPLIT_FRACTION = 0.92
+"""What the engines on a GPU of their own share when none is set (vLLM's default for one engine)."""
+
+
+def engine_fractions(policies: dict[str, Any], vllm: VLLMSettings, split: bool = False) -> dict[str, float]:
+    """Each vLLM engine's share of its GPU: a policy's own setting, else the global one, else
+    :data:`SHARED_FRACTION` on the trainer's GPU, or under ``split`` :data:`SPLIT_FRACTION` divided
+    among the rank's engines (the GPU is theirs)."""
+    asked = _per_engine(policies, lambda c: policy_settings(vllm, c).gpu_memory_utilization)
+    unset = SPLIT_FRACTION / len(asked) if split else SHARED_FRACTION
+    return {key: unset if value is None else value for key, value in asked.items()}
+
+
+def in_flight_per_engine(policies: dict[str, Any], in_flight: dict[str, int]) -> dict[str, int]:
+    """Sequences each engine is sent at once (``in_flight`` per policy; policies sharing a LoRA base
+    add up on its engine)."""
+    out: dict[str, int] = {}
+    for name, config in policies.items():
+        key = engine_key(name, config)
+        out[key] = out.get(key, 0) + in_flight.get(name, 0)
+    return out
 
 
 def check_gpu_fractions(fractions: dict[str, float]) -> None:
@@ -171,21 +200,30 @@ def transfer_backend(on_gpu: bool, split: bool = False) -> str:
 
 
 def llm_kwargs(model: str, settings: VLLMSettings, seed: int, on_gpu: bool, max_loras: int = 0,
-               max_lora_rank: int = 16, quiet: bool = False, split: bool = False) -> dict[str, Any]:
+               max_lora_rank: int = 16, quiet: bool = False, split: bool = False,
+               max_num_seqs: int = 0) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of one engine process, from its settings. On the trainer's GPU sleep
     mode is on (it switches on vLLM's CuMem allocator: one engine per process); on a GPU of its own
     (``split``) the engine never sleeps; on CPU vLLM has no sleep mode. Weights arrive through
     :func:`transfer_backend`'s backend; ``llm_args`` beside them (never over them:
-    :data:`OWNED_LLM_ARGS` are refused)."""
+    :data:`OWNED_LLM_ARGS` are refused). ``max_num_seqs``: the sequences a rollout sends at once, the
+    engine's batch bound unless ``llm_args`` sets one (vLLM's default, 1,024 on large GPUs, sizes its
+    start-up sampler pass, and that memory is taken from the KV cache); 0: vLLM's. On CPU the KV
+    cache is set in bytes, so vLLM's default stays (and with it the batches the tests pin)."""
     kwargs: dict[str, Any] = dict(
         model=model, dtype=engine_dtype(settings.dtype), max_model_len=settings.max_model_len, seed=seed,
         enforce_eager=eager(settings.enforce_eager, on_gpu), logprobs_mode="processed_logprobs",
         use_tqdm_on_load=not quiet, weight_transfer_config={"backend": transfer_backend(on_gpu, split)},
     )
     if on_gpu:
-        kwargs.update(gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=not split)
+        fraction = settings.gpu_memory_utilization
+        if fraction is None:
+            fraction = SPLIT_FRACTION if split else SHARED_FRACTION
+        kwargs.update(gpu_memory_utilization=fraction, enable_sleep_mode=not split)
     else:
         kwargs.update(kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30))
+    if on_gpu and max_num_seqs and "max_num_seqs" not in settings.llm_args:
+        kwargs["max_num_seqs"] = max_num_seqs
     if max_loras:
         kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
     return {**settings.llm_args, **kwargs}

@@ -110,6 +110,7 @@ def example_team(agents: Sequence[str] | None) -> tuple[str, list[str]]:
 
 @WORKFLOWS.register("agents")
 class AgentsWorkflow(Workflow):
+    agents = _EXAMPLE_AGENTS  # the example team's, the default; an instance holds its program's own
     samplings = ("parallel",)
     why_not = {"tree": "tree sampling copies an episode at a turn to sample candidates from one state, "
                        "and an opaque program cannot be copied"}
