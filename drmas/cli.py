@@ -54,6 +54,7 @@ from drmas.workflows.base import WORKFLOWS
 from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
+from drmas.modules.preflight import PreflightError
 from drmas.modules.sharding import check_resume, is_sharded, resolve_strategy
 from drmas.ranks import GATHER_ENV, TIMEOUT_ENV
 from drmas.summary import format_summary
@@ -393,9 +394,13 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
         # 128 + SIGTERM, as a process killed by it: a scheduler sees a preempted job, not a finished one
         sys.exit(143)
     except Exception as err:
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            watch.end(err)  # one line naming the failing rank and its error, on every rank; exit 1
+        if not isinstance(err, PreflightError) or os.environ.get("DRMAS_DEBUG", "0") not in ("", "0"):
             raise
-        watch.end(err)  # one line naming the failing rank and its error, on every rank; exit 1
+        # a failed first-minute pass names its step, rank and policy: that line is the whole story
+        print(f"error: {err} (DRMAS_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        sys.exit(1)
     if getattr(cli, "subcommand", None) == "fit":
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
         if cli.trainer.is_global_zero:

@@ -15,7 +15,7 @@ from drmas.registry import Registry
 
 __all__ = ["ENGINES", "Engine", "EngineError", "Placement", "check_request",
            "finish_gathers", "full_state_items", "parse_settings", "per_prompt", "policy_settings",
-           "resolve_engine", "start_gathers"]
+           "resolve_engine", "start_gathers", "tensor_sums"]
 
 
 @dataclass(frozen=True)
@@ -222,6 +222,16 @@ class Engine(ABC):
     def close(self) -> None:
         """Release engine resources (KV cache, worker threads)."""
 
+    def record_transfer(self) -> None:
+        """Sum each tensor of the next weight transfer as the engine receives it, for
+        :meth:`received_sums` (the first-minute pass); default: nothing to do."""
+
+    def received_sums(self) -> dict[str, tuple[float, float]] | None:
+        """:func:`tensor_sums` of each tensor, by checkpoint name, as the engine received it in the
+        transfer :meth:`record_transfer` announced; None: the engine generates with the trained model's
+        own tensors (nothing moves), or cannot say."""
+        return None
+
 
 ENGINES: Registry[type[Engine]] = Registry("engine")
 """Engine classes by name (``--model.engine NAME``): ``@ENGINES.register("name")`` on an
@@ -312,6 +322,13 @@ def check_request(prompts: Sequence[Sequence[int]], n: int, params: GenerationSe
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty; engines need at least one prompt token")
+
+
+def tensor_sums(tensor: torch.Tensor) -> tuple[float, float]:
+    """``(sum, sum of squares)`` of a tensor's values in float64: what a weight transfer's two sides
+    compare (one altered value moves the second by its square)."""
+    values = tensor.detach().double()
+    return float(values.sum()), float(values.square().sum())
 
 
 def full_state_items(model: torch.nn.Module,

@@ -29,7 +29,7 @@ from transformers import (
 )
 
 from drmas.engines.base import (ENGINES, Engine, Placement, check_request,
-                                full_state_items, per_prompt)
+                                full_state_items, per_prompt, tensor_sums)
 from drmas.models import load_causal_lm
 from drmas.models.lora import activate
 from drmas.records import Completion, GenerationSettings
@@ -306,6 +306,12 @@ class HFEngine(Engine):
             return None
         cache.batch_select_indices(torch.tensor([slot[o] for o in owner], device=input_ids.device))
         return cache
+
+    def received_sums(self) -> dict[str, tuple[float, float]] | None:
+        """The sums of the engine's own copy (None without one: it generates with the trained model)."""
+        if not self.copy_weights:
+            return None
+        return {name: tensor_sums(t) for name, t in self.model.state_dict().items()}
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Without ``copy_weights`` nothing is copied: the engine generates with the model object

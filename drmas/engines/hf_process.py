@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from drmas.engines.base import check_request, full_state_items, per_prompt
+from drmas.engines.base import check_request, full_state_items, per_prompt, tensor_sums
 from drmas.engines.placement import device_env
 from drmas.engines.served import ServedEngine
 from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
@@ -56,6 +56,10 @@ class HFServer:
 
     def map_weights(self, path: str, size: int) -> None:
         self.buffer = map_shared(path, size)
+
+    def weight_sums(self) -> dict[str, tuple[float, float]]:
+        """The sums of this process's copy, as the transfers left it."""
+        return {name: tensor_sums(t) for name, t in self.state.items()}
 
     def load_chunk(self, **layout: Any) -> None:
         if self.buffer is None:
@@ -107,6 +111,9 @@ class HFProcessEngine(ServedEngine):
 
     def reseed(self, seed: int) -> None:
         self._call("reseed", seed=seed)
+
+    def received_sums(self) -> dict[str, tuple[float, float]]:
+        return self._call("weight_sums")
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Send ``model``'s state dict (gathered from the shards where sharded) chunk by chunk."""

@@ -129,20 +129,7 @@ class EngineRouting:
         every gather of the sharded weights that the others make, then every rank raises."""
         at("the weight sync")
         release_cached_memory(self.device)
-        if any(name not in self.engines for name in self.policies):
-            failure = None
-            alone = self._engine_class.builds_alone(self.device)
-            try:
-                for name in self.policies:
-                    if alone:  # the previous engine finished building before this one starts
-                        for engine in self.engines.values():
-                            engine.ready()
-                    self._engine(name)
-                for engine in self.engines.values():
-                    engine.ready()
-            except Exception as err:  # an engine that cannot load on this rank (memory, files)
-                failure = err
-            self._agree(failure)
+        self.build_engines()
         failure = None
         for name, policy in self.policies.items():
             engine = self._engine(name)
@@ -165,6 +152,25 @@ class EngineRouting:
         self._agree(failure)
         if seed is not None:
             self.reseed(seed)
+
+    def build_engines(self) -> None:
+        """Build the engines this rank does not have yet (one after the other where the engine class
+        says so), and agree with every rank that each built its own."""
+        if all(name in self.engines for name in self.policies):
+            return
+        failure = None
+        alone = self._engine_class.builds_alone(self.device)
+        try:
+            for name in self.policies:
+                if alone:  # the previous engine finished building before this one starts
+                    for engine in self.engines.values():
+                        engine.ready()
+                self._engine(name)
+            for engine in self.engines.values():
+                engine.ready()
+        except Exception as err:  # an engine that cannot load on this rank (memory, files)
+            failure = err
+        self._agree(failure)
 
     def reseed(self, seed: int) -> None:
         """Reseed every engine from ``seed`` (engines drawing from an RNG of their own: a stream each)."""

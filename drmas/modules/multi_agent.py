@@ -28,6 +28,7 @@ from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weigh
 from drmas.engines import Engine, parse_settings, resolve_engine
 from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.engine_routing import EngineRouting
+from drmas.modules.preflight import run_preflight
 from drmas.modules.memory import residue_report
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
 from drmas.modules.preemption import StopSignal
@@ -52,6 +53,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         loss: LossConfig = LossConfig(),  # noqa: B008 (frozen)
         prefix_sharing: bool = True,
         agent_grad_norms: bool = False,
+        preflight: bool | None = None,
     ) -> None:
         """
         Args:
@@ -76,6 +78,12 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 agent's own contribution to its policy's gradient (before clipping): micro-batches
                 then hold one agent each, and a gradient-sized buffer per agent is kept. One
                 device only; a diagnostic for the stability study (docs/stability.md).
+            preflight: the first-minute pass (``drmas.modules.preflight``): before the validation
+                before training, build the engines, send every policy's weights once and check
+                what arrived tensor by tensor and by the engine's log-probs, sleep and wake the
+                engines, and run one micro-batch forward and backward; a failure ends the run
+                naming the step, the rank and the policy. Unset: on where the engines run on GPUs
+                (where a defect would otherwise surface hours in), off on CPU.
 
         The engines draw from ``--data.rollout.seed``: each is reseeded before every rollout from it, the
         rank and the iteration.
@@ -107,6 +115,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                                         split=engine_placement == "split")
         self.loss = loss
         self.agent_grad_norms = agent_grad_norms
+        self.preflight = preflight
         self._agent_grads = AgentGradients()
         self.iteration = 0
         self._bad_loss = False
@@ -180,6 +189,14 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 print(policy.describe(self.engine_name), flush=True)
         self.stop_signal.install(self.trainer)
         self._place_engines()
+        on_gpu = self.device.type == "cuda" or self._engine_device is not None
+        if self.preflight if self.preflight is not None else on_gpu:
+            seconds, build = run_preflight(self)
+            if self.trainer.is_global_zero:
+                print(f"first-minute pass: every engine built, its weights sent and checked tensor by tensor "
+                      f"and by its log-probs, slept and woken, one micro-batch forward and backward: ok in "
+                      f"{seconds:.1f} s, {build:.1f} s of it the engines' build (--model.preflight)",
+                      flush=True)
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1

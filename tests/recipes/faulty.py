@@ -27,6 +27,8 @@ faults through $FAULTY_SPEC), so a fault can strike one rank of a sharded run. F
                   can be agreed there)
   freeze          SIGSTOP after the first micro-batch of ITERATION (a hung kernel, a stuck file system,
                   a paused VM); the pid is written to $FAULT_STAMP
+  corrupt_transfer  the engine processes (vLLM's, the HF one) alter one tensor as it arrives, in every
+                  weight transfer from the start (tests/recipes/corrupt_engine.py); ITERATION 0
 $FAULT_ATTEMPT limits the faults to one attempt of a torchrun job ($TORCHELASTIC_RESTART_COUNT).
 $FAULT_EXITS names a folder where each rank writes how and when it ended (rank<R>: exit code, time,
 and the line drmas ended it with).
@@ -272,6 +274,21 @@ def recording_exit(line: str) -> None:
 
 
 drmas.ranks._exit = recording_exit
+
+if "corrupt_transfer" in faults:
+    from drmas.engines.served import ServedEngine
+
+    spawn = ServedEngine._spawn
+
+    def corrupt_spawn(self, target, args, name, cores, env, build, on_gpu=False):
+        module = {"drmas.engines.vllm.process:serve": "corrupt_engine:serve_vllm",
+                  "drmas.engines.hf_process:serve": "corrupt_engine:serve_hf"}[target]
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = {**env, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+        return spawn(self, module, args, name, cores, env, build, on_gpu)
+
+    ServedEngine._spawn = corrupt_spawn
+
 
 # the recipe runs as __main__ with its own arguments; argv[0] stays this script (runpy would set
 # it to the recipe's path), which is what Lightning starts again for the other ranks

@@ -2,6 +2,7 @@
 sharded policies, sharded checkpoints and resume, as a user runs them."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -110,7 +111,10 @@ def test_math_with_one_model_per_agent_and_vllm_on_two_ranks_logs_every_rank_and
                 "verifier: {model: tiny-random, optim: {lr: 1.0e-3}}}")
     proc = run_recipe("math", tmp_path, *FSDP, "--model.engine", "vllm", "--model.policies", policies,
                       "--model.loss.entropy_coef", "0.01", "--data.rollout.tasks_per_iteration", "3",
-                      "--trainer.precision", "32-true")
+                      "--trainer.precision", "32-true", "--model.preflight", "true")
+    # the first-minute pass checked each policy's sharded weights against what its engines loaded,
+    # their sums added up over the two ranks' shards, and ran a sharded forward and backward
+    assert re.search(r"^first-minute pass: every engine built, .* ok in [\d.]+ s", proc.stdout, re.M)
     # each rank built its own engines, once, each in a process of its own on the rank's device
     assert_engines_in_processes_of_their_own(proc, {(r, p) for r in (0, 1) for p in AGENTS})
     cores = {line.rsplit("cores ", 1)[1].split(",")[0] for line in proc.stdout.splitlines()

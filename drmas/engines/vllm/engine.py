@@ -248,6 +248,12 @@ class VLLMEngine(ServedEngine):
     def reseed(self, seed: int) -> None:
         self._call("reseed", seed=seed)
 
+    def record_transfer(self) -> None:
+        self._call("record_transfer")
+
+    def received_sums(self) -> dict[str, tuple[float, float]]:
+        return self._call("received_sums")
+
     def _wake(self, tags: list[str] | None = None) -> None:
         """Wake what ``tags`` names (None: everything); the engine must then be fully awake unless only
         its weights were asked for. --- GPU path: not exercised by the CPU test suite. ---"""

@@ -47,6 +47,7 @@ class EngineServer:
         start = time.time()
         self.llm = build(self.vllm, llm_kwargs)
         self.built = (start, time.time())  # wall clock, comparable across a rank's engine processes
+        self.llm.collective_rpc(_tap_loads)  # sums what a transfer loads, once record_transfer asks
         self.adapters: dict[int, Any] = {}  # lora id -> its LoRARequest
 
     def describe(self) -> dict[str, Any]:
@@ -97,6 +98,19 @@ class EngineServer:
     def start_weight_update(self) -> None:
         self.llm.collective_rpc("start_weight_update")
 
+    def record_transfer(self) -> None:
+        """Sum each tensor the next transfer loads (:func:`_tap_loads`), for :meth:`received_sums`."""
+        global _received
+        _received = {}
+
+    def received_sums(self) -> dict[str, tuple[float, float]]:
+        """What the recorded transfer loaded, by checkpoint name (before vLLM fuses q/k/v or gate/up)."""
+        global _received
+        if _received is None:
+            raise RuntimeError("received_sums without record_transfer before the transfer")
+        sums, _received = _received, None
+        return sums
+
     def update_weights(self, update_info: Any) -> None:
         self.llm.collective_rpc("update_weights", args=(update_info,))
 
@@ -140,6 +154,33 @@ class EngineServer:
         """Whether the engine is fully awake afterwards. --- GPU path: not exercised by the CPU test
         suite. ---"""
         return self.llm.wake_up(tags=tags)
+
+
+_received: dict[str, tuple[float, float]] | None = None
+"""The sums of the tensors the recorded transfer loaded (None: no transfer is recorded)."""
+
+
+def _tap_loads(worker: Any) -> None:
+    """Run inside vLLM's worker (``collective_rpc``; the worker lives in this process): wrap its model's
+    ``load_weights``, through which every transfer backend loads checkpoint-format tensors, so that
+    while a transfer is recorded each tensor is summed as it passes, before vLLM fuses or shards it."""
+    from drmas.engines.base import tensor_sums
+
+    model = worker.get_model()
+    load = model.load_weights
+
+    def load_weights(weights: Any, *args: Any, **kwargs: Any) -> Any:
+        if _received is None:
+            return load(weights, *args, **kwargs)
+
+        def summed() -> Any:
+            for name, tensor in weights:
+                _received[name] = tensor_sums(tensor)
+                yield name, tensor
+
+        return load(summed(), *args, **kwargs)
+
+    model.load_weights = load_weights
 
 
 def _worker_device(worker: Any) -> str:
