@@ -4,6 +4,7 @@ checked against that list, so the linear view cannot drift from the code."""
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from itertools import groupby
 from pathlib import Path
@@ -37,7 +38,7 @@ HOOKS = [
 
 
 @pytest.mark.integration
-def test_a_run_plays_each_iteration_in_the_order_drmas_iteration_gives(tmp_path, monkeypatch):
+def test_a_run_plays_each_iteration_in_the_order_drmas_iteration_gives(tmp_path, monkeypatch, capsys):
     assert [step for step, _, _ in HOOKS] == list(iteration.STEPS)
     events: list[str] = []
     inside = []  # a validation plays a rollout of its own: its inner steps are not the iteration's
@@ -70,3 +71,7 @@ def test_a_run_plays_each_iteration_in_the_order_drmas_iteration_gives(tmp_path,
     one = list(iteration.STEPS)
     # the "before" validation, then each iteration in the documented order
     assert played == ["validate", *one, *one], played
+    # the first checkpoint's size and write time, once (a GPU config's is ~100 GB: it sets how often)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoint: ")]
+    assert len(said) == 1 and re.match(r"checkpoint: 0\.\d\d GB written in [\d.]+ s \(.*last\.ckpt; "
+                                       r"--checkpoint\.every_n_iterations 1 sets how often\)$", said[0]), said

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -32,6 +33,13 @@ def recover_checkpoint(filepath: str, move: bool) -> bool:
     if not move:
         return os.path.isfile(os.path.join(partial, COMPLETE))
     return recover_dir(partial, filepath)
+
+
+def checkpoint_bytes(path: str) -> int:
+    """A checkpoint's size on disk: its file, or every file of its directory (sharded)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 class IterationCheckpoint(ModelCheckpoint):
@@ -68,6 +76,7 @@ class IterationCheckpoint(ModelCheckpoint):
         super().__init__(dirpath=dirpath, save_last=every_n_iterations > 0, save_top_k=0,
                          every_n_epochs=every_n_iterations)
         self._last_written_epoch: int | None = None
+        self._timed = False  # the first save's size and time were printed
         self._saved_iteration: int | None = None  # the RL iteration in the last checkpoint this run wrote
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -89,6 +98,7 @@ class IterationCheckpoint(ModelCheckpoint):
         # a fixed hidden name (the same on every rank, which all write into it when sharded)
         partial = partial_path(filepath)
         at("the checkpoint")
+        start = time.perf_counter()
         if trainer.is_global_zero and os.path.lexists(partial):  # left by a kill: start it afresh
             shutil.rmtree(partial) if os.path.isdir(partial) else os.remove(partial)
         trainer.strategy.barrier("IterationCheckpoint.begin")
@@ -108,6 +118,11 @@ class IterationCheckpoint(ModelCheckpoint):
         if agreed is not None:
             raise failure if failure is not None else agreed
         self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero and not self._timed:  # once: what every later save will cost
+            self._timed = True
+            print(f"checkpoint: {checkpoint_bytes(filepath) / 1e9:.2f} GB written in "
+                  f"{time.perf_counter() - start:.1f} s ({filepath}; --checkpoint.every_n_iterations "
+                  f"{self._every_n_epochs} sets how often)", flush=True)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:

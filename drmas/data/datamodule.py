@@ -125,7 +125,7 @@ class RolloutDataModule(L.LightningDataModule):
         if self.current is None or self._current_started:
             backend = self._backend()
             if backend.iteration == 0 and self.validation.before_training:
-                self.validate()  # the "before" numbers, at step 0
+                self.validate(self.validation.before_tasks)  # the "before" numbers, at step 0
             # steps 1-5 of the iteration (drmas.iteration: the whole iteration in order)
             self.current, self._current_started = steps.prepare(backend, self.rollouts), False
         # A loader draws a seed for its workers from torch's global generator when it starts; with
@@ -135,16 +135,17 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity,
                           generator=rng)
 
-    def validate(self) -> dict[str, float]:
-        """Validate the current weights and log the scalars at the current iteration."""
+    def validate(self, limit: int | None = None) -> dict[str, float]:
+        """Validate the current weights and log the scalars at the current iteration (``limit``:
+        fewer tasks of each source)."""
         backend = self._backend()
-        scalars = self.rollouts.validate_all(backend, swap_probe=self.validation.swap_probe)
+        scalars = self.rollouts.validate_all(backend, swap_probe=self.validation.swap_probe, limit=limit)
         if scalars:
             backend.log_scalars(scalars)
-            self._record_tasks(backend)
+            self._record_tasks(backend, limit)
         return scalars
 
-    def _record_tasks(self, backend: RolloutBackend) -> None:
+    def _record_tasks(self, backend: RolloutBackend, limit: int | None = None) -> None:
         """Append each val task's correct count to ``<log dir>/validation.jsonl`` (rank 0): what a
         bootstrap over questions (``python -m drmas.report``) needs, which the scalars average away.
         A resumed run that validates an iteration again appends it again; readers keep the last."""
@@ -152,19 +153,19 @@ class RolloutDataModule(L.LightningDataModule):
         failure = None
         if backend.rank == 0 and log_dir and self.rollouts.last_validation is not None:
             try:
-                self._write_tasks(backend, log_dir)
+                self._write_tasks(backend, log_dir, limit)
             except Exception as err:  # a full disk: every rank hears of it (agreed)
                 failure = err
         at("the validation record")
         agree(backend.gather_objects, backend.rank, failure)
 
-    def _write_tasks(self, backend: RolloutBackend, log_dir: str) -> None:
+    def _write_tasks(self, backend: RolloutBackend, log_dir: str, limit: int | None = None) -> None:
         result = self.rollouts.last_validation
         correct: dict[str, int] = {}
         for ep in result.episodes:
             correct[ep.task_uid] = correct.get(ep.task_uid, 0) + int(ep.success)
         tasks = [{"uid": t.uid, "source": t.source or None, "correct": correct.get(t.uid, 0)}
-                 for t in self.rollouts.val_task_list("val")]
+                 for t in self.rollouts.val_task_list("val", limit)]
         line = json.dumps({"iteration": backend.iteration, "k": self.validation.k, "tasks": tasks})
         path = os.path.join(log_dir, VALIDATION_FILE)
         before = open(path).read() if os.path.exists(path) else ""

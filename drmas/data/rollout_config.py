@@ -73,12 +73,19 @@ class ValidationConfig:
     before_training: bool = True
     """Validate the initial policies before the first iteration (the "before" numbers); off saves
     that evaluation when they are known, e.g. from a ``validate`` run on the same weights."""
+    before_tasks: int | None = None
+    """Tasks of the validation before training (the first of each source, as ``tasks`` picks them;
+    at most ``tasks``); unset: ``tasks``. The GPU configs keep it small, so a run's first
+    minutes are not spent validating; set it to ``tasks`` (or ``null``) for the full "before"
+    numbers."""
     swap_probe: bool = False
     """Every validation also runs with the agents' policies swapped (each agent's prompts answered
     by the next agent's policy; two agents trade), logged under ``val_swapped/``: how much each
     policy specialised in its role. Needs one policy per agent; doubles validation's cost."""
 
     def __post_init__(self) -> None:
+        if self.before_tasks is not None and self.before_tasks < 0:
+            raise ValueError(f"validation.before_tasks must be >= 0 (or unset), got {self.before_tasks}")
         if self.tasks < 0 or self.k < 1 or self.every < 0:
             raise ValueError(f"validation needs tasks >= 0, k >= 1 and every >= 0, got {self.tasks}, "
                              f"{self.k}, {self.every}")

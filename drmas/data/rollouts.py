@@ -274,13 +274,14 @@ class Rollouts:
 
     # ---- validation -------------------------------------------------------------------------
 
-    def val_task_list(self, split: str = "val") -> list[Any]:
+    def val_task_list(self, split: str = "val", limit: int | None = None) -> list[Any]:
         """The first ``validation.tasks`` tasks of each source of the split (tasks without a ``source``
-        attribute form one source)."""
+        attribute form one source); ``limit``: fewer of each."""
+        count = self.validation.tasks if limit is None else min(limit, self.validation.tasks)
         per_source: dict[Any, list[Any]] = defaultdict(list)
         for t in check_tasks(self.workflow.tasks(split), self.workflow, split):
             group = per_source[t.source or None]
-            if len(group) < self.validation.tasks:
+            if len(group) < count:
                 group.append(t)
         return [t for group in per_source.values() for t in group]
 
@@ -294,18 +295,20 @@ class Rollouts:
         return {a: agents[(i + 1) % len(agents)] for i, a in enumerate(agents)}
 
     def validate_all(self, backend: RolloutBackend, split: str = "val",
-                     swap_probe: bool = False) -> dict[str, float]:
+                     swap_probe: bool = False, limit: int | None = None) -> dict[str, float]:
         """:meth:`validate`, then (``swap_probe``) the same with the policies swapped; the scalars
-        of both. :attr:`last_validation` keeps the first's samples."""
-        scalars = self.validate(backend, split=split)
+        of both. :attr:`last_validation` keeps the first's samples. ``limit``: fewer tasks of each
+        source (:meth:`val_task_list`)."""
+        scalars = self.validate(backend, split=split, limit=limit)
         played = self.last_validation
         if scalars and swap_probe:
-            scalars.update(self.validate(backend, swap=True, split=split))
+            scalars.update(self.validate(backend, swap=True, split=split, limit=limit))
             self.last_validation = played
         return scalars
 
     @torch.no_grad()
-    def validate(self, backend: RolloutBackend, swap: bool = False, split: str = "val") -> dict[str, float]:
+    def validate(self, backend: RolloutBackend, swap: bool = False, split: str = "val",
+                 limit: int | None = None) -> dict[str, float]:
         """``val/avg@k`` and ``val/pass@k`` over the val tasks, plus ``val/<source>/avg@k`` and
         ``val/<source>/pass@k`` per source when the tasks name one, ``val/success_rate``,
         ``val/turns_mean`` and per agent ``val/<agent>/reward_mean`` and ``valid_ratio`` ({} with
@@ -315,7 +318,9 @@ class Rollouts:
             return {}
         if not self.agent_map:
             self.bind(backend)
-        tasks = self.val_task_list(split)
+        tasks = self.val_task_list(split, limit)
+        if not tasks:
+            return {}
         # the same draws at every validation
         backend.sync_weights(seed=rollout_seed(self.config.seed, backend.rank, -1))
         mine = tasks[backend.rank :: backend.world_size]

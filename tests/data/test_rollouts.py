@@ -156,6 +156,16 @@ def test_validation_gives_avg_and_pass_at_k_per_source(workflow):
                        "val/success_rate": 0.5, "val/turns_mean": 1.0,
                        "val/solver/reward_mean": 0.5, "val/solver/valid_ratio": 1.0}
     assert calls == [2] and backend.syncs == 1
+    # a smaller validation (the one before training, --data.validation.before_tasks): the first task of
+    # each source alone, as the full one picks them; 0 plays nothing
+    calls.clear()
+    assert rollouts.val_task_list(limit=1) == tasks[:1] and rollouts.val_task_list(limit=5) == tasks
+    small = rollouts.validate(backend, limit=1)
+    assert small["val/avg@2"] == 0.5 and small["val/pass@2"] == 1.0 and calls == [2]
+    assert len(rollouts.last_validation.episodes) == 2  # one task, k = 2
+    assert rollouts.validate(backend, limit=0) == {} and backend.syncs == 2
+    with pytest.raises(ValueError, match=r"validation.before_tasks must be >= 0 \(or unset\), got -1"):
+        ValidationConfig(before_tasks=-1)
 
 
 def test_the_policy_swap_probe_answers_each_agent_with_the_other_policy():
