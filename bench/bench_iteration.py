@@ -11,7 +11,7 @@ backward; recomputation under gradient checkpointing is not counted).
 
     python bench/bench_iteration.py [--iterations 2] [--modes parallel tree] [--matmul 2048]
     python bench/bench_iteration.py --device cuda --model /path/to/hf_folder   # on one GPU, HF engine
-        [--peak-tflops 989 --peak-name "H200 bf16 dense"]   # also against a named peak
+        [--peak-tflops 989 --peak-name "H100/H200 SXM bf16 dense"]   # also against a named peak
 
 Each mode ends with one line ``update <mode>: ... tokens/s ...``, which the device check collects.
 """
@@ -82,7 +82,7 @@ def main() -> None:
     p.add_argument("--model", default="embedded:smollm2-135m-instruct",
                    help="the shared policy: a name or an HF folder")
     p.add_argument("--peak-tflops", type=float, default=None,
-                   help="also report the update against this peak (e.g. 989: H200's bf16 dense)")
+                   help="also report the update against this peak (e.g. 989: H100/H200 SXM bf16 dense)")
     p.add_argument("--peak-name", default="the given peak", help="what --peak-tflops is")
     args = p.parse_args()
     import torch

@@ -7,8 +7,10 @@
 #     bash scripts/device_check.sh --dry-run    # here: everything a CPU can do, nothing trained
 #     (device) bash scripts/device_check.sh     # with carry [".whl", ".devcarry"]
 #
-# Modes: (none) builds the random models, runs the tests marked `gpu` (tests/gpu) and the update
-# bench on SmolLM2-135M- and 1.7B-shaped models; `recipes` trains each recipe for 2 iterations on
+# Modes: (none) builds the random models, runs the tests marked `gpu` (tests/gpu), the GPU UUID
+# check (scripts/device_uuid.py), the first-minute pass on the HF engine (in the trainer's thread,
+# and in a process of its own that takes the weights through the host) and the update bench on
+# SmolLM2-135M- and 1.7B-shaped models; `recipes` trains each recipe for 2 iterations on
 # tiny-random (HF generate, bf16-mixed, one of them FSDP2); `8b` trains one iteration of an
 # 8B-shaped policy unsharded. Every step's result goes to $OUT/summary.txt, its output to
 # $OUT/steps.log; the script exits 1 when any step failed, and 2 (one line) without a CUDA device.
@@ -59,9 +61,17 @@ elif [ "$MODE" = "check" ]; then
     step models 300 "$PY" scripts/device_models.py .devcarry/tokenizer "$MODELS"
     step gpu_tests 300 env DRMAS_DEVICE_MODELS="$MODELS" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu -s
     grep -oE "(memory plan|fsdp|logprobs|cuda ipc|release) .*" "$LOG" >> "$SUMMARY"
-    for shape in s135 s1700; do  # the update's tokens/s and model FLOP/s against H200's bf16 dense peak
+    step uuid 120 "$PY" scripts/device_uuid.py
+    grep -E "^cuda:[0-9]+ GPU-" "$LOG" >> "$SUMMARY"
+    PASS=(--config configs/tiny_random.yaml --trainer.accelerator gpu --trainer.devices 1 --model.engine hf
+          --model.preflight true --trainer.max_epochs 1 --data.validation.tasks 0
+          --checkpoint.every_n_iterations 0 --trainer.logger.init_args.save_dir /tmp/runs_pass)
+    step preflight_hf 240 "$PY" recipes/search.py fit "${PASS[@]}"
+    step preflight_hf_process 240 "$PY" recipes/search.py fit "${PASS[@]}" --data.rollout.staleness 1
+    grep -E "^first-minute pass: " "$LOG" >> "$SUMMARY"
+    for shape in s135 s1700; do  # the update's tokens/s and model FLOP/s against the bf16 dense peak
         step "bench_$shape" 240 "$PY" bench/bench_iteration.py --device cuda --model "$MODELS/$shape" \
-            --modes parallel --iterations 2 --peak-tflops 989 --peak-name "H200 bf16 dense"
+            --modes parallel --iterations 2 --peak-tflops 989 --peak-name "H100/H200 SXM bf16 dense"
     done
     grep "^update " "$LOG" >> "$SUMMARY"
 elif [ "$MODE" = "recipes" ]; then
