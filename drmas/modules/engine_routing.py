@@ -153,6 +153,11 @@ class EngineRouting:
         if seed is not None:
             self.reseed(seed)
 
+    def resend_weights(self) -> None:
+        """Have the next :meth:`sync_weights` send every policy's weights, as if they had changed."""
+        for name in self.policies:
+            self._synced[name] = -1
+
     def build_engines(self) -> None:
         """Build the engines this rank does not have yet (one after the other where the engine class
         says so), and agree with every rank that each built its own."""

@@ -193,8 +193,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         if self.preflight if self.preflight is not None else on_gpu:
             seconds, build = run_preflight(self)
             if self.trainer.is_global_zero:
+                slept = "" if self.staleness else "slept and woken, "
                 print(f"first-minute pass: every engine built, its weights sent and checked tensor by tensor "
-                      f"and by its log-probs, slept and woken, one micro-batch forward and backward: ok in "
+                      f"and by its log-probs, {slept}one micro-batch forward and backward: ok in "
                       f"{seconds:.1f} s, {build:.1f} s of it the engines' build (--model.preflight)",
                       flush=True)
 

@@ -119,13 +119,12 @@ def _run(module: Any) -> float:
     start = time.perf_counter()
     module.build_engines()
     build = time.perf_counter() - start
-    for name in module.policies:
-        module._synced[name] = -1
-    try:
-        for engine in module.engines.values():
+    module.resend_weights()
+    for name, engine in module.engines.items():
+        try:
             engine.record_transfer()
-    except Exception as err:
-        failure = _fail("the engines' build", rank, "?", str(err))
+        except Exception as err:
+            failure = failure or _fail("the engines' build", rank, name, str(err))
     module._agree(failure)
     sums = {}
     for name, policy in module.policies.items():  # trainer-side sums first: a collective over the shards
@@ -153,13 +152,13 @@ def _run(module: Any) -> float:
         prompts[name] = policy.tokenizer(PROMPT, add_special_tokens=True)["input_ids"]
     samples = _logprobs_step(module, prompts, "the engine's log-probs against the trainer's")
     # 4. sleep and wake as the run will, then generate again
-    if not module.staleness:
+    if not module.staleness:  # (rollouts behind the update keep the engines awake)
         failure = None
-        try:
-            for engine in module.engines.values():
+        for name, engine in module.engines.items():
+            try:
                 engine.sleep()
-        except Exception as err:
-            failure = _fail("the engines' sleep", rank, "?", str(err))
+            except Exception as err:
+                failure = failure or _fail("the engines' sleep", rank, name, str(err))
         module._agree(failure)
         module.sync_weights()
         _logprobs_step(module, prompts, "generation after sleep and wake")
