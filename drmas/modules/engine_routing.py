@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from drmas.engines import Engine, EngineError, Placement, policy_settings
 from drmas.engines.base import finish_gathers, start_gathers
 from drmas.engines.placement import engine_gpu, local_ranks, overlap_cores, pin_process, rank_cores
+from drmas.models.shapes import model_shape
 from drmas.modules.memory import memory_plan, plan_terms
 from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
@@ -82,6 +83,16 @@ class EngineRouting:
         if not fits:
             refused = [b.refusal() for b in self._plan["budgets"] if not b.fits]
             raise ValueError(refused[0] if refused else plan)
+
+    def startup_refusal(self, device_bytes: int, device_name: str) -> str | None:
+        """The line refusing an engine that could not start on a GPU of ``device_bytes`` (its KV cache
+        would not hold one sequence: ``Engine.startup_budgets``), from the models' shapes alone, so
+        before any weights are read; None when every engine can start."""
+        shapes = {name: model_shape(p.model) for name, p in self.policies.items()}
+        budgets = self._engine_class.startup_budgets(self._team, self._engine_settings, shapes, device_bytes,
+                                                     device_name, self._in_flight(),
+                                                     self.engine_placement == "split")
+        return next((b.refusal() for b in budgets if not b.fits), None)
 
     def _choose_places(self) -> None:
         """Where this rank's engines run: ``--model.engine_placement split``, on a GPU the trainer

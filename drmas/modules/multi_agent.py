@@ -169,6 +169,11 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         """Under ``ModelParallelStrategy`` (``drmas.modules.sharding.FSDP``): shard every policy
         (and its reference) with FSDP2 over the data-parallel ranks."""
         strategy = self._trainer.strategy if self._trainer is not None else None
+        if self.device.type == "cuda":  # an engine that could not start, refused before the shards load
+            device = torch.cuda.get_device_properties(self.device)
+            refusal = self.startup_refusal(device.total_memory, device.name)
+            if refusal:
+                raise ValueError(refusal)
         if self._sharded or not isinstance(strategy, ModelParallelStrategy):
             for policy in self.policies.values():
                 if policy.deferred:  # built for sharding, trained whole after all

@@ -160,6 +160,20 @@ def test_gpu_memory_fractions_of_several_engines_must_fit_one_gpu():
         MultiAgentRL(policies={"a": tiny(engine_settings={"gpu_memory_utilization": 0})}, engine="vllm")
 
 
+def test_an_engine_that_could_not_start_on_its_gpu_is_refused_from_the_shapes_alone():
+    # what configure_model asks on a GPU before any shard is read: tiny-random's 2 x 49,152-token
+    # vocabulary logits for vLLM's 256 sequences, its weights and CUDA graphs within 1% of 8 GiB
+    module = MultiAgentRL(policies={"a": tiny(engine_settings={"gpu_memory_utilization": 0.01})},
+                          engine="vllm", engine_settings={"max_model_len": 2048})
+    refusal = module.startup_refusal(8 * 2**30, "NVIDIA L4")
+    assert refusal.startswith("the vLLM engine of a cannot start: of its 0.01 x 8.0 GiB, weights ")
+    assert refusal.endswith("give it a larger fraction (engine_settings: {gpu_memory_utilization: 0.10} or "
+                            "more), or a shorter max_model_len")
+    fits = MultiAgentRL(policies={"a": tiny()}, engine="vllm", engine_settings={"max_model_len": 2048})
+    assert fits.startup_refusal(8 * 2**30, "NVIDIA L4") is None
+    assert MultiAgentRL(policies={"a": tiny()}, engine="hf").startup_refusal(8 * 2**30, "x") is None
+
+
 def test_engine_settings_are_the_engines_own_and_unknown_keys_are_refused_by_name():
     with pytest.raises(ValueError, match=r"unknown setting 'kv_cache' of engine 'vllm' "
                                          r"in the engine_settings of policy 'a'; "
