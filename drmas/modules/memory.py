@@ -15,9 +15,9 @@ engines asleep at level 1 keep there (``Engine.asleep_host_bytes``: frozen polic
 Also in the peaks: FSDP2's root group (embeddings, final norm, head) held unsharded, with its
 gradient, from the forward to the end of the backward, and each process's CUDA context (an
 estimate). Per engine, what it takes as it starts on its GPU and the KV cache left to it
-(``Engine.startup_budgets``; for vLLM its profiling pass and CUDA graphs by vLLM's own rules,
-:mod:`drmas.engines.vllm.sizing`): an engine whose KV cache cannot hold one sequence is refused
-here, naming the settings that would let it start, instead of by vLLM after the weights loaded.
+(``Engine.startup_budgets``: each engine class's own rules, e.g. a profiling pass and CUDA
+graphs): an engine whose KV cache cannot hold one sequence is refused here, naming the settings
+that would let it start, instead of by the engine itself after the weights loaded.
 Once the engines have slept, what each one really holds is measured per process and compared with
 the plan (:func:`residue_report`).
 Not counted: activations, which depend on sequence lengths and gradient checkpointing; the plan

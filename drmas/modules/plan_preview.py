@@ -22,7 +22,7 @@ __all__ = ["DEVICES", "parse_device", "preview"]
 DEVICES = {
     "h100": (79.2, "NVIDIA H100 80GB HBM3"),
     "h200": (139.8, "NVIDIA H200"),
-    "a100": (79.2, "NVIDIA A100-SXM4-80GB"),  # vLLM takes smaller batch defaults on an A100
+    "a100": (79.2, "NVIDIA A100-SXM4-80GB"),  # an engine may size its batches by the name
 }
 """GPU kinds by name: the memory torch reports for each (GiB) and its device name."""
 
@@ -110,5 +110,5 @@ def preview(config: Any, device: str) -> tuple[str, bool]:
     text, fits = memory_plan(**terms)
     head = (f"memory plan of this config on {ranks} x {device_name} ({device_bytes / GIB:.1f} GiB), from the "
             "models' shapes; sequences a rollout sends each policy's engine at once: "
-            + ", ".join(f"{n} {k or 'unknown (vLLM decides)'}" for n, k in in_flight.items()))
+            + ", ".join(f"{n} {k or 'unknown (the engine decides)'}" for n, k in in_flight.items()))
     return head + "\n" + text, fits

@@ -5,11 +5,11 @@ in the engines' build, the weight transfer, sleep and wake or the update surface
 On each rank, for each policy, in this order (``--model.preflight``; on by default where engines
 run on GPUs):
 
-1. the engine is built and the policy's full weights are sent once (vLLM's engine starts with the
-   checkpoint's, so without this the first transfer would come at iteration 2's sync);
+1. the engine is built and the policy's full weights are sent once (an engine process starts with
+   the checkpoint's, so without this the first transfer would come at iteration 2's sync);
 2. what arrived is checked per tensor against what was sent: float64 sums and sums of squares of
-   each tensor in the transfer's dtype, taken engine-side as each tensor is loaded (before vLLM
-   fuses q/k/v or gate/up) and trainer-side over the shards (added up over the ranks);
+   each tensor in the transfer's dtype, taken engine-side as each tensor is loaded (before the
+   engine fuses q/k/v or gate/up) and trainer-side over the shards (added up over the ranks);
 3. the engine's log-probs of a fixed prompt's sampled tokens against the trainer's, within the
    engine dtype's tolerance (this catches a tensor loaded into the wrong place, which step 2 cannot);
 4. the engines sleep and wake as the run will (on GPUs: sleep, then a sync that wakes them and
@@ -37,7 +37,7 @@ __all__ = ["LOGPROB_TOLERANCE", "PreflightError", "compare_sums", "run_preflight
 LOGPROB_TOLERANCE = {torch.float32: 0.02, torch.bfloat16: 0.1, torch.float16: 0.1}
 """The largest mean absolute gap (nats per token) between the engine's log-probs and the trainer's
 on the fixed prompt, by the engine's dtype (the trainer computes in fp32 or under autocast).
-Measured on CPU: 0.001 with a float32 vLLM engine (tiny-random), 0.007 with a bfloat16 one
+Measured on CPU: 0.001 with a float32 engine process (tiny-random), 0.007 with a bfloat16 one
 (SmolLM2-135M against bf16-mixed); weights that are not the policy's are nats apart."""
 
 PROMPT = "The first-minute check of a weight transfer: count to ten. One, two,"
