@@ -18,6 +18,7 @@ __all__ = [
     "BatchSpec",
     "ChatPrompt",
     "Completion",
+    "EPISODES_DIR",
     "EpisodeResult",
     "GenerateFn",
     "GenerationSettings",
@@ -42,6 +43,9 @@ class Task(Protocol):
     """The dataset it came from (None or empty: not said). Validation keeps avg@k and pass@k per
     source, and ``validation.tasks`` counts per source."""
 
+
+EPISODES_DIR = "episodes"
+"""The folder of a run's log dir that keeps its samples as records (:mod:`drmas.data.episodes`)."""
 
 @dataclass(frozen=True)
 class ChatPrompt:
@@ -184,6 +188,11 @@ class Sample:
     version: int = 0
     """The weights that generated it: those after this many updates of its policy (iterations;
     the trainer at iteration k holds ``k - 1``, so its staleness there is ``k - 1 - version``)."""
+    candidate: int = 0
+    """Its index among the candidates sampled from one prompt at one tree node (tree sampling: the
+    node is its trajectory, agent and turn); 0 with one candidate per step."""
+    chosen: bool = True
+    """Whether it was the candidate executed (tree sampling); always with one candidate per step."""
     info: dict = field(default_factory=dict)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from drmas.callbacks import HFCheckpoint
+from drmas.records import EPISODES_DIR
 
 __all__ = ["format_summary"]
 
@@ -22,6 +23,9 @@ def format_summary(module: Any, trainer: Any = None) -> str:
     if trainer is not None and trainer.log_dir:
         lines.append(f"TensorBoard logs: {trainer.log_dir}   "
                      f"(tensorboard --logdir {os.path.dirname(trainer.log_dir)})")
+        episodes = os.path.join(trainer.log_dir, EPISODES_DIR)
+        if os.path.isdir(episodes):
+            lines.append(f"episodes:         {episodes}   (one .jsonl.gz per iteration and validation)")
         for cb in trainer.callbacks:
             if isinstance(cb, HFCheckpoint):
                 lines.append(f"HF checkpoints:   {cb.resolve_dirpath(trainer)}")

@@ -8,6 +8,7 @@ import lightning as L
 
 from drmas.algorithms import baseline_inflation, singleton_prompts
 from drmas.callbacks.contracts import AgentModule, PreparedSource, require
+from drmas.data.episodes import agent_table, log_markdown
 from drmas.data.gathered import outcome_scalars
 from drmas.records import PreparedIteration, RolloutResult
 
@@ -39,8 +40,8 @@ def rollout_scalars(result: RolloutResult) -> dict[str, float]:
 
 class RolloutStats(L.Callback):
     """Logs the statistics and timings of each prepared iteration (the data module's ``current``)
-    at its iteration, and one completion per agent as text every ``log_completions_every``
-    iterations."""
+    at its iteration, and every ``log_completions_every`` iterations, per agent, a Markdown table of
+    its samples of the best, median and worst advantage (:func:`~drmas.data.episodes.agent_table`)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require(pl_module, AgentModule, "RolloutStats")
@@ -76,13 +77,8 @@ class RolloutStats(L.Callback):
 
     @staticmethod
     def _log_text(trainer: L.Trainer, prepared: PreparedIteration) -> None:
-        seen = set()
+        by_agent = defaultdict(list)
         for s in prepared.samples:
-            if s.agent in seen:
-                continue
-            seen.add(s.agent)
-            text = f"reward {s.reward:+.3f}, advantage {s.advantage:+.3f}, valid {s.valid}\n\n    {s.text}"
-            for lg in trainer.loggers:
-                writer = getattr(lg, "experiment", None)
-                if hasattr(writer, "add_text"):
-                    writer.add_text(f"completions/{s.agent}", text, global_step=prepared.iteration)
+            by_agent[s.agent].append(s)
+        for agent, samples in by_agent.items():
+            log_markdown(trainer, f"completions/{agent}", agent_table(samples), prepared.iteration)

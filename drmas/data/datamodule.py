@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import lightning as L
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from drmas import iteration as steps
 from drmas.atomic import write_text
+from drmas.data.episodes import EpisodeRecords, keep, log_markdown, validation_table, write_records
 from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts, ValidationConfig
 from drmas.workflows.base import Workflow
 from drmas.ranks import agree, at
@@ -45,17 +47,21 @@ def _identity(x: Any) -> Any:
 
 class RolloutDataModule(L.LightningDataModule):
     def __init__(self, workflow: Workflow, rollout: RolloutConfig = RolloutConfig(),  # noqa: B008 (frozen)
-                 validation: ValidationConfig = ValidationConfig()) -> None:  # noqa: B008 (frozen)
+                 validation: ValidationConfig = ValidationConfig(),  # noqa: B008 (frozen)
+                 episodes: EpisodeRecords = EpisodeRecords()) -> None:  # noqa: B008 (frozen)
         """
         Args:
             workflow: the multi-agent workflow (its tasks, agents, prompts and rewards), by
                 registered name (``search``, ``math_solver_verifier``...) or class.
             rollout: how each iteration's rollout is played (``--data.rollout.group_size`` ...).
             validation: which tasks validation plays and how often (``--data.validation.k`` ...).
+            episodes: which samples are kept as data in the run's ``episodes/`` folder
+                (``--data.episodes.per_iteration`` ...; drmas.data.episodes).
         """
         super().__init__()
         self.rollouts = Rollouts(workflow, rollout, validation)
         self.validation = validation
+        self.episodes = episodes
         self.current: PreparedIteration | None = None
         """The current iteration, prepared for training (None before the first rollout)."""
         self._current_started = False  # whether training on ``current`` has begun
@@ -143,7 +149,32 @@ class RolloutDataModule(L.LightningDataModule):
         if scalars:
             backend.log_scalars(scalars)
             self._record_tasks(backend, limit)
+            sources = {t.uid: t.source for t in self.rollouts.val_task_list("val", limit)}
+            if backend.rank == 0 and self.rollouts.last_validation is not None:
+                log_markdown(self.trainer, "validation/first_answers",
+                             validation_table(self.rollouts.last_validation, sources), backend.iteration)
+            if self.episodes.validation:
+                self._write_episodes("val", backend.iteration, self.rollouts.last_validation, sources, None)
         return scalars
+
+    def _write_episodes(self, split: str, iteration: int, result: Any, sources: dict[Any, Any],
+                        limit: int | None) -> None:
+        """Rank 0 keeps ``result``'s samples as records (:mod:`drmas.data.episodes`); a failure (a
+        full disk) is heard by every rank."""
+        backend = self._backend()
+        log_dir = self.trainer.log_dir  # (a collective: every rank asks)
+        failure, start = None, time.perf_counter()
+        if backend.rank == 0 and log_dir and result is not None:
+            try:
+                tokenizer = backend.generate_fn(train=False).tokenizer
+                write_records(log_dir, split, iteration, keep(result.samples, limit), result.episodes,
+                              sources, lambda s: tokenizer(s.agent).decode(s.prompt_ids))
+            except Exception as err:
+                failure = err
+        at(f"the {split} episode records")
+        agree(backend.gather_objects, backend.rank, failure)
+        if split == "train":  # what keeping them costs the iteration
+            backend.log_scalars({"time/episodes_s": time.perf_counter() - start})
 
     def _record_tasks(self, backend: RolloutBackend, limit: int | None = None) -> None:
         """Append each val task's correct count to ``<log dir>/validation.jsonl`` (rank 0): what a
@@ -177,6 +208,11 @@ class RolloutDataModule(L.LightningDataModule):
         if self.rollouts.pipeline is not None:  # validation, the checkpoint and the next sync: engines idle
             at("the background rollout (drain)")
             backend.log_scalars(self.rollouts.pipeline.drain())
+        trained = self.current
+        if trained is not None and self.episodes.per_iteration != 0:  # after its update, as trained
+            sources = {t.uid: t.source for t in self.rollouts.sample_tasks(trained.iteration)}
+            self._write_episodes("train", trained.iteration, trained.rollout, sources,
+                                 self.episodes.per_iteration)
         final = trainer.max_epochs is not None and iteration >= trainer.max_epochs
         if final or (self.validation.every and iteration % self.validation.every == 0):
             self.validate()

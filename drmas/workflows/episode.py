@@ -227,8 +227,11 @@ class TurnWorkflow(Workflow):
         for ep, comps in zip(group, cands):
             acts = [next(actions) for _ in comps]
             recs = [self._record(ep, agent, c, a) for c, a in zip(comps, acts)]
+            best = pick_best([s.reward for s in recs], self.tie_break, rng)
+            for i, s in enumerate(recs):
+                s.candidate, s.chosen = i, i == best
             ep.samples.extend(recs)
-            self.advance(agent, ep.state, acts[pick_best([s.reward for s in recs], self.tie_break, rng)])
+            self.advance(agent, ep.state, acts[best])
 
     def _record(self, ep: _Episode, agent: str, c: Completion, a: Action) -> Sample:
         """The candidate as a sample, with its tree score (parallel sampling rescores at the end)."""

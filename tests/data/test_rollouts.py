@@ -2,6 +2,7 @@
 (the contract is all ``Rollouts`` may use), a real workflow plays, and the prepared iteration is checked."""
 
 import copy
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -480,3 +481,37 @@ def test_progress_is_part_of_the_rollout_contract_for_a_workflow_that_is_not_tur
 
     with pytest.raises(TypeError, match=r"Old.rollout takes no progress argument"):
         Rollouts(Old(tasks), RolloutConfig(), ValidationConfig(tasks=0))
+
+
+
+def test_each_sample_is_kept_as_a_record_with_its_terms_and_advantage(workflow, tmp_path):
+    from drmas.data.episodes import agent_table, keep, read_records, write_records
+
+    config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=1, seed=3)
+    rollouts = Rollouts(workflow, config, ValidationConfig(tasks=0))
+    task = rollouts.sample_tasks(1)[0]
+    plan = rollouts.prepare(ScriptedBackend(right_on_even(task)), iteration=1)
+    path = write_records(str(tmp_path), "train", 1, plan.samples, plan.rollout.episodes,
+                         {task.uid: "arithmetic"}, lambda s: f"prompt {s.prompt_ids}")
+    assert path == str(tmp_path / "episodes" / "iter_000001.jsonl.gz")
+    records = read_records(path)
+    a = 0.5 / (1 / 3) ** 0.5  # drmas on rewards 1, 0, 1, 0: +-0.5 / their unbiased std
+    assert [r["reward"] for r in records] == [1.0, 0.0, 1.0, 0.0]
+    assert [r["advantage"] for r in records] == pytest.approx([a, -a, a, -a], rel=1e-5)
+    assert [r["episode_success"] for r in records] == [True, False, True, False]
+    for r, s in zip(records, plan.samples):
+        assert (r["task"], r["trajectory"], r["agent"], r["policy"], r["turn"]) == (
+            str(task.uid), str(s.traj_uid), "solver", "p_solve", 0)
+        assert (r["split"], r["iteration"], r["source"], r["version"]) == ("train", 1, "arithmetic", 0)
+        assert (r["candidate"], r["chosen"]) == (0, True)  # parallel: one candidate per step
+        assert r["prompt"] == "prompt [7, 7, 7]" and r["response"] == s.text
+        assert (r["prompt_tokens"], r["response_tokens"]) == (3, len(s.response_ids))
+        assert (r["team_reward"], r["local_reward"], r["valid"]) == (s.team_reward, s.local_reward, True)
+        assert r["role_reward"] == s.info["role_reward"] and r["failure"] is None
+    # a cap keeps whole tasks, in the rollout's order
+    two = plan.samples + [dataclasses.replace(s, task_uid="other") for s in plan.samples]
+    assert len(keep(two, 5)) == 8 and len(keep(two, 4)) == 4 and keep(two, 0) == [] and keep(two, None) == two
+    table = agent_table(plan.samples).splitlines()
+    assert table[0].startswith("| sample | advantage |")
+    picked = [row.split(" | ")[:2] for row in table[2:]]
+    assert picked == [["| best", f"{a:+.3f}"], ["| median", f"{-a:+.3f}"], ["| worst", f"{-a:+.3f}"]]

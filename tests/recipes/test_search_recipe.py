@@ -8,6 +8,7 @@ from recipe_runs import ROOT, TINY, check_run, run_dir, scalars
 from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
+from drmas.data.episodes import read_records
 from drmas.engines import vllm_available
 from drmas.hardware import cpu_flags, default_precision
 
@@ -32,6 +33,26 @@ def test_parallel_sampling_trains_every_agent_with_its_own_advantages(rigged):
     assert s["train/shared/samples"][1] == sum(s[f"rollout/{a}/samples"][1] for a in AGENTS)
     # the end-of-run table
     assert "reward@first" in proc.stdout and "val/avg@2" in proc.stdout and "--ckpt_path" in proc.stdout
+    # every sample kept as a record after its update, every validation's with the verdict
+    folder = os.path.join(run_dir(tmp), "episodes")
+    assert f"episodes:         {folder}" in proc.stdout
+    iterations = sorted(s["rollout/verifier/samples"])
+    assert sorted(os.listdir(folder)) == ([f"iter_{k:06d}.jsonl.gz" for k in iterations]
+                                          + [f"val_iter_{k:06d}.jsonl.gz" for k in (0, iterations[-1])])
+    for k in iterations:
+        records = read_records(os.path.join(folder, f"iter_{k:06d}.jsonl.gz"))
+        for agent in AGENTS:
+            mine = [r for r in records if r["agent"] == agent]
+            assert len(mine) == s[f"rollout/{agent}/samples"][k]
+            mean = sum(r["reward"] for r in mine) / len(mine)
+            assert mean == pytest.approx(s[f"rollout/{agent}/reward_mean"][k])
+            assert (sum(abs(r["advantage"]) for r in mine) / len(mine)
+                    == pytest.approx(s[f"rollout/{agent}/advantage_abs_mean"][k], rel=1e-5))
+        assert {r["source"] for r in records} <= {"synthetic-1hop", "synthetic-2hop"}
+        assert all(r["prompt"] and r["version"] == k - 1 and r["chosen"] for r in records)
+    val = read_records(os.path.join(folder, f"val_iter_{iterations[-1]:06d}.jsonl.gz"))
+    successes = {(r["task"], r["trajectory"]): r["episode_success"] for r in val}
+    assert sum(successes.values()) / len(successes) == pytest.approx(s["val/success_rate"][iterations[-1]])
 
 
 def test_tree_sampling_with_at_grpo(tmp_path):

@@ -82,6 +82,9 @@ def test_tree_scores_candidates_on_their_own_and_executes_the_best():
                        ("closer", 0, 0.0), ("closer", 0, 2.0), ("closer", 0, -0.5)]
     assert res.episodes[0].success and res.episodes[0].turns == 1
     assert [c[2] for c in script.calls] == [3, 3] and {s.traj_uid for s in res.samples} == {"t#tree"}
+    # each node's candidates in order, the executed one marked: "3", then "stop"
+    assert [(s.candidate, s.chosen) for s in res.samples] == [(0, False), (1, False), (2, True),
+                                                               (0, False), (1, True), (2, False)]
 
 
 @pytest.mark.parametrize("role_rewards, expected",
