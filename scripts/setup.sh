@@ -89,6 +89,13 @@ if [ "$dev" = 1 ]; then
   # dependencies come with the dev extra.
   "${pip[@]}" install --no-deps llama-index-core==0.14.25 llama-index-llms-openai==0.8.3 \
     llama-index-llms-openai-like==0.8.1
+  # headless Chromium, in which the tests read the episodes page (tests/test_view.py); as root on
+  # Debian only, else those tests are skipped with a line saying how to install it
+  if ! command -v chromium > /dev/null && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    chromium_pkgs=(apt-get install -y -qq --no-install-recommends chromium chromium-driver)
+    "${chromium_pkgs[@]}" > /dev/null 2>&1 || { apt-get update -qq && "${chromium_pkgs[@]}" > /dev/null; } \
+      || echo "setup.sh: chromium did not install; the browser tests will be skipped" >&2
+  fi
 fi
 
 "$venv/bin/python" - <<'PY'
