@@ -5,6 +5,7 @@ import os
 import pytest
 from forked import run_script
 from recipe_runs import ROOT, TINY, check_run, run_dir, scalars
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
@@ -54,6 +55,20 @@ def test_parallel_sampling_trains_every_agent_with_its_own_advantages(rigged):
                     == pytest.approx(s[f"rollout/{agent}/advantage_abs_mean"][k], rel=1e-5))
         assert {r["source"] for r in records} <= {"synthetic-1hop", "synthetic-2hop"}
         assert all(r["prompt"] and r["version"] == k - 1 and r["chosen"] for r in records)
+    # the text dashboard: per agent a table of its best, median and worst sample at every iteration,
+    # and each validation's first answers per source
+    events = EventAccumulator(run_dir(tmp), size_guidance={"tensors": 0})
+    events.Reload()
+    text = {t: {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors(t)}
+            for t in events.Tags()["tensors"] if t.endswith("/text_summary")}
+    for agent in AGENTS:
+        tables = text[f"completions/{agent}/text_summary"]
+        assert sorted(tables) == iterations
+        assert [row.split(" | ")[0] for row in tables[iterations[-1]].splitlines()[2:]] == [
+            "| best", "| median", "| worst"]
+    first = text["validation/first_answers/text_summary"]
+    assert sorted(first) == [0, iterations[-1]]
+    assert "synthetic-1hop" in first[0] and "synthetic-2hop" in first[0]
     val = read_records(os.path.join(folder, f"val_iter_{iterations[-1]:06d}.jsonl.gz"))
     successes = {(r["task"], r["trajectory"]): r["episode_success"] for r in val}
     assert sum(successes.values()) / len(successes) == pytest.approx(s["val/success_rate"][iterations[-1]])
