@@ -228,3 +228,21 @@ def test_make_names_and_sizes():
     with pytest.raises(ValueError, match="sudoku size must be 4 or 9, got 6"):
         make("sudoku", size=6)
     assert GAMES.names() == ["plan_path", "sokoban", "sudoku"]
+
+
+def test_the_worked_examples_plan_is_invalid_on_every_board_of_every_size():
+    # the prompts' example, copied as the answer, is never a valid plan: some move is illegal (or,
+    # for Sudoku, it is no action at all), so copying it always takes the format penalty
+    from drmas.workflows.games.workflow import EXAMPLE_PLAN
+
+    boards = ([("plan_path", {"size": n}) for n in range(4, 11)]
+              + [("sokoban", {"size": n, "boxes": b}) for n in range(6, 9) for b in (1, 2)]
+              + [("sudoku", {"size": n}) for n in (4, 9)])
+    for name, size in boards:
+        for seed in range(20):
+            game = make(name, seed=seed, **size)
+            actions = type(game).parse_actions(EXAMPLE_PLAN)
+            if actions is None:  # not this game's action format
+                assert name == "sudoku"
+                continue
+            assert not all(game.apply(a) for a in actions), (name, size, seed)

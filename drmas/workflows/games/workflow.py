@@ -36,12 +36,17 @@ from drmas.workflows.programs import ProgramRunner, run_failure
 from drmas.workflows.sandbox import SandboxSettings
 from drmas.records import Completion
 
-__all__ = ["GameTask", "PlanningWorkflow", "parse_plan"]
+__all__ = ["EXAMPLE_PLAN", "GameTask", "PlanningWorkflow", "parse_plan"]
 
 AGENTS = ("tool_user", "planner")
 _TOOL = "{rules}\nBoard:\n{board}\n{context}Write a Python program that prints the actions to take."
 _PLAN = "{rules}\nBoard:\n{board}\n{context}Give the actions to take now as <actions>...</actions>."
-_EXAMPLE_BOARD = "S.#\n..#\n..G"
+# The worked example is a Plan-Path board wider than any task's: copied onto a task's board, its
+# eleven moves right leave any Plan-Path grid (4 to 10 wide) and hit a Sokoban room's walls (6 to 8
+# wide), and they are no Sudoku action: a copy is never a valid plan (tests/workflows/test_games.py).
+# (An agent of the AT-GRPO study learned to print the earlier example's plan on every board.)
+_EXAMPLE_BOARD = "S..........G"
+EXAMPLE_PLAN = ", ".join(["R"] * 11)
 
 
 def default_templates() -> dict[str, PromptTemplate]:
@@ -51,7 +56,7 @@ def default_templates() -> dict[str, PromptTemplate]:
             system="You write short Python programs that solve grid puzzles.",
             instruction=_TOOL,
             example_user=_TOOL.format(rules=rules, board=_EXAMPLE_BOARD, context=""),
-            example_assistant="```python\nprint('D, D, R, R')\n```",
+            example_assistant=f"```python\nprint('{EXAMPLE_PLAN}')\n```",
             prefill="```python\n",
             stop=("```",),
         ),
@@ -59,7 +64,7 @@ def default_templates() -> dict[str, PromptTemplate]:
             system="You solve grid puzzles step by step.",
             instruction=_PLAN,
             example_user=_PLAN.format(rules=rules, board=_EXAMPLE_BOARD, context=""),
-            example_assistant="<actions>D, D, R, R</actions>",
+            example_assistant=f"<actions>{EXAMPLE_PLAN}</actions>",
             prefill="<actions>",
             stop=("</actions>",),
         ),
