@@ -91,6 +91,8 @@ def _sample(r: dict, silent: bool) -> str:
     attrs = (f'class="sample{" chosen" if r["chosen"] else ""}" data-agent="{_esc(r["agent"])}" '
              f'data-turn="{r["turn"]}" data-reward="{r["reward"]}"')
     failure = f", failure: {_esc(r['failure'])}" if r.get("failure") else ""
+    if r.get("logprob_gap") is not None:  # engine against trainer, before the update
+        failure = f", log-prob gap {r['logprob_gap']:.4f} nats per token{failure}"
     return (f"<details {attrs}><summary>{head}</summary>"
             f"<div class=prompt><pre>{_esc(r['prompt'])}</pre></div>"
             f"<pre class=response>{_esc(r['response'])}</pre>"

@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader
 
 from drmas import iteration as steps
 from drmas.atomic import write_text
-from drmas.data.episodes import EpisodeRecords, keep, log_markdown, validation_table, write_records
+from drmas.data.episodes import (EpisodeRecords, keep, log_markdown, policy_gaps, validation_table,
+                                 write_records)
 from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts, ValidationConfig
 from drmas.workflows.base import Workflow
 from drmas.ranks import agree, at
@@ -164,11 +165,19 @@ class RolloutDataModule(L.LightningDataModule):
         backend = self._backend()
         log_dir = self.trainer.log_dir  # (a collective: every rank asks)
         failure, start = None, time.perf_counter()
+        gaps = {}
+        if split == "train":  # each rank's trained samples' log-prob gaps, on every rank
+            mine = getattr(backend, "sample_gaps", None)
+            for part in backend.gather_objects(dict(mine or {})):
+                gaps.update(part)
+            if mine is not None:
+                mine.clear()
         if backend.rank == 0 and log_dir and result is not None:
             try:
                 tokenizer = backend.generate_fn(train=False).tokenizer
                 write_records(log_dir, split, iteration, keep(result.samples, limit), result.episodes,
-                              sources, lambda s: tokenizer(s.agent).decode(s.prompt_ids))
+                              sources, lambda s: tokenizer(s.agent).decode(s.prompt_ids),
+                              policy_gaps(result.samples, gaps))
             except Exception as err:
                 failure = err
         at(f"the {split} episode records")

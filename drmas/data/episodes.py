@@ -20,7 +20,7 @@ from drmas.atomic import write_bytes
 from drmas.records import EPISODES_DIR, EpisodeResult, Sample
 
 __all__ = ["EPISODES_DIR", "EpisodeRecords", "agent_table", "episodes_path", "keep", "log_markdown",
-           "read_records", "sample_record", "validation_table", "write_records"]
+           "policy_gaps", "read_records", "sample_record", "validation_table", "write_records"]
 
 @dataclass(frozen=True)
 class EpisodeRecords:
@@ -53,12 +53,27 @@ def keep(samples: Sequence[Sample], limit: int | None) -> list[Sample]:
     return kept
 
 
+def policy_gaps(samples: Sequence[Sample], gaps: dict[tuple[str, int], float]) -> dict[int, float]:
+    """``id(sample)`` -> its log-prob gap, from ``gaps`` keyed as the trainer knows them: (policy,
+    index among that policy's samples, in rollout order)."""
+    seen: dict[str, int] = {}
+    out = {}
+    for s in samples:
+        i = seen.get(s.policy, 0)
+        seen[s.policy] = i + 1
+        if (s.policy, i) in gaps:
+            out[id(s)] = gaps[(s.policy, i)]
+    return out
+
+
 def sample_record(s: Sample, split: str, iteration: int, source: Any, prompt: str,
-                  episode: EpisodeResult | None) -> dict[str, Any]:
+                  episode: EpisodeResult | None, logprob_gap: float | None = None) -> dict[str, Any]:
     """One sample as a record: where it sits (split, iteration, task and its source, trajectory,
     agent, policy, turn, tree candidate and whether it was the one executed), its text (the prompt
     as the engine saw it, the response as the agent's parser read it), its tokens, every reward
-    term, the reward, the advantage, the weights that generated it, and its episode's outcome."""
+    term, the reward, the advantage, the weights that generated it, the mean gap per response token
+    between the engine's log-probs and the trainer's before the update (``logprob_gap``; None for a
+    sample no policy trained), and its episode's outcome."""
     return {
         "split": split, "iteration": iteration, "task": str(s.task_uid), "source": source,
         "trajectory": str(s.traj_uid), "agent": s.agent, "policy": s.policy, "turn": s.turn,
@@ -66,7 +81,7 @@ def sample_record(s: Sample, split: str, iteration: int, source: Any, prompt: st
         "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
         "valid": s.valid, "team_reward": s.team_reward, "local_reward": s.local_reward,
         "role_reward": s.info.get("role_reward"), "failure": s.info.get("failure"),
-        "reward": s.reward, "advantage": s.advantage, "version": s.version,
+        "reward": s.reward, "advantage": s.advantage, "version": s.version, "logprob_gap": logprob_gap,
         "episode_success": None if episode is None else episode.success,
         "episode_team_reward": None if episode is None else episode.team_reward,
         "info": {k: v for k, v in s.info.items() if k not in ("role_reward", "failure")},
@@ -81,12 +96,13 @@ def episodes_path(log_dir: str, split: str, iteration: int) -> str:
 
 def write_records(log_dir: str, split: str, iteration: int, samples: Sequence[Sample],
                   episodes: Sequence[EpisodeResult], sources: dict[Any, Any],
-                  decode: Callable[[Sample], str]) -> str:
+                  decode: Callable[[Sample], str], gaps: dict[int, float] | None = None) -> str:
     """Write the records of ``samples`` (``decode``: a sample's prompt as text; ``sources``: task uid
-    -> source) whole, or not at all; returns the file's path."""
+    -> source; ``gaps``: :func:`policy_gaps`) whole, or not at all; returns the file's path."""
     by_traj = {(e.task_uid, e.traj_uid): e for e in episodes}
+    gaps = gaps or {}
     lines = [json.dumps(sample_record(s, split, iteration, sources.get(s.task_uid), decode(s),
-                                      by_traj.get((s.task_uid, s.traj_uid))), default=str)
+                                      by_traj.get((s.task_uid, s.traj_uid)), gaps.get(id(s))), default=str)
              for s in samples]
     path = episodes_path(log_dir, split, iteration)
     os.makedirs(os.path.dirname(path), exist_ok=True)

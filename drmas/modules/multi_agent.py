@@ -128,6 +128,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._synced: dict[str, int] = {}
         self._busy: dict[str, Any] = {}  # policy -> its engine's BusyClock
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
+        self.sample_gaps: dict[tuple[str, int], float] = {}
+        """(policy, index among the policy's samples) -> the mean |trainer - engine| log-prob per
+        response token of a sample this rank trained, until the data module writes its record."""
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
@@ -277,8 +280,12 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                    else batch.attention_mask.sum())
             bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
             if batch.ppo_epoch == 0 and mask.any():  # the engine's weights are the trainer's here
-                gap = (old - batch.engine_logprobs)[mask].abs().max()
-                bucket["engine_logprob_gap_max"].append((float(gap), 0.0))
+                apart = (old - batch.engine_logprobs).abs() * mask
+                bucket["engine_logprob_gap_max"].append((float(apart.max()), 0.0))
+                # each sample's mean gap per token, for its record (drmas.data.episodes)
+                per_row = (apart.sum(1) / mask.sum(1).clamp(min=1)).tolist()
+                for i, gap in zip(batch.sample_index.tolist(), per_row):
+                    self.sample_gaps[(batch.policy, i)] = gap
             if importance_weights is not None and mask.any():
                 bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()),
                                                          batch.loss_scale))

@@ -55,6 +55,10 @@ def test_parallel_sampling_trains_every_agent_with_its_own_advantages(rigged):
                     == pytest.approx(s[f"rollout/{agent}/advantage_abs_mean"][k], rel=1e-5))
         assert {r["source"] for r in records} <= {"synthetic-1hop", "synthetic-2hop"}
         assert all(r["prompt"] and r["version"] == k - 1 and r["chosen"] for r in records)
+        # each sample's engine-vs-trainer gap per token, at most the largest token's gap logged
+        gaps = [r["logprob_gap"] for r in records]
+        assert all(g is not None and g >= 0 for g in gaps)
+        assert max(gaps) <= s["train/shared/engine_logprob_gap_max"][k] + 1e-6
     # the text dashboard: per agent a table of its best, median and worst sample at every iteration,
     # and each validation's first answers per source
     events = EventAccumulator(run_dir(tmp), size_guidance={"tensors": 0})
