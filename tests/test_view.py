@@ -89,3 +89,12 @@ def test_the_page_filters_in_a_browser(tmp_path):
     assert shown(rendered(page, "#agent=user")) == 3
     assert shown(rendered(page, "#rmin=0.4")) == 2  # the planner's 0.5 and 0.9
     assert shown(rendered(page, "#task=t1&agent=planner")) == 3 and shown(rendered(page, "#task=t2")) == 0
+    # and a picture of it, kept beside the test's files (docs/img/episodes_page.png is the main job's)
+    shot = tmp_path / "page.png"
+    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+            "--window-size=900,700", f"file://{page}#agent=planner"]
+    subprocess.run(argv, capture_output=True, timeout=120)
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (900, 700) and len(set(image.convert("L").getdata())) > 2  # not blank
