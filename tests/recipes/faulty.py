@@ -176,6 +176,7 @@ if faults.keys() & {"engine_error", "sigterm_rollout", "hold_rollout"}:
         class Failing:  # the trainer's generate function, failing on cue
             train = inner.train
             settings, prompt_tokens, check_stop = inner.settings, inner.prompt_tokens, inner.check_stop
+            tokenizer = inner.tokenizer
 
             def __call__(self, agent, prompts, n):
                 behind = threading.current_thread() is not threading.main_thread()

@@ -206,7 +206,9 @@ def test_a_program_that_finds_the_answer_key_outside_scores_one_and_zero_in_the_
     plain = subprocess.run([sys.executable, "-I", "-S", "-c", _cheat()], input=tests[0].input,
                            capture_output=True, text=True, timeout=60, check=True)
     assert plain.stdout == tests[0].output  # the cheat works wherever the key is readable
-    judge = Judge(SandboxSettings(time_limit_s=10.0, workers=1))
+    # the cheat walks the whole view (a few seconds alone; more beside the other worker and with
+    # a browser's files under /usr): a limit it never meets, so "ok" is what the view decides
+    judge = Judge(SandboxSettings(time_limit_s=40.0, workers=1))
     try:
         [verdicts] = judge.run([(_cheat(), tests)])
         [reference] = judge.run([(task.solution, tests)])
