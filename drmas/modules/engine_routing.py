@@ -84,6 +84,14 @@ class EngineRouting:
             refused = [b.refusal() for b in self._plan["budgets"] if not b.fits]
             raise ValueError(refused[0] if refused else plan)
 
+    def refuse_unstartable_engines(self) -> None:
+        """On a GPU, raise :meth:`startup_refusal`'s line for this rank's GPU, if any."""
+        if self.device.type == "cuda":
+            device = torch.cuda.get_device_properties(self.device)
+            refusal = self.startup_refusal(device.total_memory, device.name)
+            if refusal:
+                raise ValueError(refusal)
+
     def startup_refusal(self, device_bytes: int, device_name: str) -> str | None:
         """The line refusing an engine that could not start on a GPU of ``device_bytes`` (its KV cache
         would not hold one sequence: ``Engine.startup_budgets``), from the models' shapes alone, so

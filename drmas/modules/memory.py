@@ -34,7 +34,7 @@ import torch
 from drmas.engines import policy_settings
 from drmas.models.shapes import model_shape
 
-__all__ = ["CONTEXT_BYTES", "PLAN_LENGTH", "PolicyMemory", "largest_tensor", "memory_plan", "plan_length",
+__all__ = ["CONTEXT_BYTES", "PLAN_LENGTH", "PolicyMemory", "memory_plan", "plan_length",
            "plan_terms", "policy_memory", "residue_report"]
 
 GIB = 1024**3
@@ -77,12 +77,6 @@ def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> 
                         params * element if engine_copy else 0.0)
 
 
-def largest_tensor(model: torch.nn.Module) -> int:
-    """Elements of the model's largest tensor (a sharded one counts whole): what one weight transfer
-    gathers and buffers at once."""
-    return max((t.numel() for t in model.state_dict().values()), default=0)
-
-
 def plan_length(engine: Any, settings: Any, config: Any) -> int:
     """The longest sequence the plan counts for a policy: its engine's limit, else ``PLAN_LENGTH``."""
     return engine.context_limit(policy_settings(settings, config)) or PLAN_LENGTH
@@ -104,9 +98,9 @@ def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[
     fractions = [] if split else engine.device_fractions(team, settings)
     asleep = ([] if split else [f * device_bytes for f in fractions] if awake
               else engine.asleep_bytes(team, settings))
-    transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), largest_tensor(p.model), split)
-                   for p in policies.values())
     shapes = {n: model_shape(p.model) for n, p in policies.items()}
+    transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), shapes[n].largest, split)
+                   for n, p in policies.items())
     parameters = {n: s.parameters for n, s in shapes.items()}
     # FSDP2 keeps the root group (embeddings, final norm, head) gathered from the forward to the end
     # of the backward, with its gradient unsharded until the reduce-scatter: the largest policy's

@@ -32,7 +32,8 @@ from drmas.modules.preflight import run_preflight
 from drmas.modules.memory import residue_report
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import capture_rng, epoch_scalars, load_state, restore_rank_rng, save_state
+from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_gaps, restore_rank_rng,
+                                     save_state)
 from drmas.modules.sharding import check_precision
 from drmas.ranks import at, watch_state
 from drmas.records import BatchSpec, MicroBatch
@@ -78,12 +79,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 agent's own contribution to its policy's gradient (before clipping): micro-batches
                 then hold one agent each, and a gradient-sized buffer per agent is kept. One
                 device only; a diagnostic for the stability study (docs/stability.md).
-            preflight: the first-minute pass (``drmas.modules.preflight``): before the validation
-                before training, build the engines, send every policy's weights once and check
-                what arrived tensor by tensor and by the engine's log-probs, sleep and wake the
-                engines, and run one micro-batch forward and backward; a failure ends the run
-                naming the step, the rank and the policy. Unset: on where the engines run on GPUs
-                (where a defect would otherwise surface hours in), off on CPU.
+            preflight: the first-minute pass at start (``drmas.modules.preflight``: engines, one
+                checked weight transfer, sleep and wake, one micro-batch). Unset: on where the
+                engines run on GPUs (a defect would otherwise surface hours in), off on CPU.
 
         The engines draw from ``--data.rollout.seed``: each is reseeded before every rollout from it, the
         rank and the iteration.
@@ -128,9 +126,9 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._synced: dict[str, int] = {}
         self._busy: dict[str, Any] = {}  # policy -> its engine's BusyClock
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
+        # (policy, index among its samples) -> mean |trainer - engine| log-prob per response token
+        # of a sample this rank trained, until the data module writes its record
         self.sample_gaps: dict[tuple[str, int], float] = {}
-        """(policy, index among the policy's samples) -> the mean |trainer - engine| log-prob per
-        response token of a sample this rank trained, until the data module writes its record."""
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
@@ -172,11 +170,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         """Under ``ModelParallelStrategy`` (``drmas.modules.sharding.FSDP``): shard every policy
         (and its reference) with FSDP2 over the data-parallel ranks."""
         strategy = self._trainer.strategy if self._trainer is not None else None
-        if self.device.type == "cuda":  # an engine that could not start, refused before the shards load
-            device = torch.cuda.get_device_properties(self.device)
-            refusal = self.startup_refusal(device.total_memory, device.name)
-            if refusal:
-                raise ValueError(refusal)
+        self.refuse_unstartable_engines()  # before the shards load
         if self._sharded or not isinstance(strategy, ModelParallelStrategy):
             for policy in self.policies.values():
                 if policy.deferred:  # built for sharding, trained whole after all
@@ -199,13 +193,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._place_engines()
         on_gpu = self.device.type == "cuda" or self._engine_device is not None
         if self.preflight if self.preflight is not None else on_gpu:
-            seconds, build = run_preflight(self)
-            if self.trainer.is_global_zero:
-                slept = "" if self.staleness else "slept and woken, "
-                print(f"first-minute pass: every engine built, its weights sent and checked tensor by tensor "
-                      f"and by its log-probs, {slept}one micro-batch forward and backward: ok in "
-                      f"{seconds:.1f} s, {build:.1f} s of it the engines' build (--model.preflight)",
-                      flush=True)
+            run_preflight(self)
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
@@ -280,12 +268,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                    else batch.attention_mask.sum())
             bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
             if batch.ppo_epoch == 0 and mask.any():  # the engine's weights are the trainer's here
-                apart = (old - batch.engine_logprobs).abs() * mask
-                bucket["engine_logprob_gap_max"].append((float(apart.max()), 0.0))
-                # each sample's mean gap per token, for its record (drmas.data.episodes)
-                per_row = (apart.sum(1) / mask.sum(1).clamp(min=1)).tolist()
-                for i, gap in zip(batch.sample_index.tolist(), per_row):
-                    self.sample_gaps[(batch.policy, i)] = gap
+                largest = record_gaps(self.sample_gaps, batch, old)
+                bucket["engine_logprob_gap_max"].append((largest, 0.0))
             if importance_weights is not None and mask.any():
                 bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()),
                                                          batch.loss_scale))

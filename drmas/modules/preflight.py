@@ -104,13 +104,32 @@ def _batch(policy: Any, prompt: list[int], response: list[int], rows: int,
 
 
 def run_preflight(module: Any) -> tuple[float, float]:
-    """The pass on this rank (a collective: every rank runs it): its wall time in seconds, and the
-    part of it the engines' build took (which the first rollout's sync would wait for otherwise)."""
+    """The pass on this rank (a collective: every rank runs it), its line printed by rank 0: its wall
+    time in seconds, and the part of it the engines' build took (which the first rollout's sync
+    would wait for otherwise)."""
     start = time.perf_counter()
     devices = [module.device] if module.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         build = _run(module)
-    return time.perf_counter() - start, build
+    seconds = time.perf_counter() - start
+    if module.rank == 0:
+        slept = "" if module.staleness else "slept and woken, "
+        print(f"first-minute pass: every engine built, its weights sent and checked tensor by tensor and by "
+              f"its log-probs, {slept}one micro-batch forward and backward: ok in {seconds:.1f} s, "
+              f"{build:.1f} s of it the engines' build (--model.preflight)", flush=True)
+    return seconds, build
+
+
+def _on_each_engine(module: Any, step: str, call: str) -> None:
+    """``engine.<call>()`` on every engine of this rank; a failure, named by the step and the
+    policy, agreed by every rank."""
+    failure = None
+    for name, engine in module.engines.items():
+        try:
+            getattr(engine, call)()
+        except Exception as err:
+            failure = failure or _fail(step, module.rank, name, str(err))
+    module._agree(failure)
 
 
 def _run(module: Any) -> float:
@@ -120,12 +139,7 @@ def _run(module: Any) -> float:
     module.build_engines()
     build = time.perf_counter() - start
     module.resend_weights()
-    for name, engine in module.engines.items():
-        try:
-            engine.record_transfer()
-        except Exception as err:
-            failure = failure or _fail("the engines' build", rank, name, str(err))
-    module._agree(failure)
+    _on_each_engine(module, "the engines' build", "record_transfer")
     sums = {}
     for name, policy in module.policies.items():  # trainer-side sums first: a collective over the shards
         engine = module.engines[name]
@@ -153,13 +167,7 @@ def _run(module: Any) -> float:
     samples = _logprobs_step(module, prompts, "the engine's log-probs against the trainer's")
     # 4. sleep and wake as the run will, then generate again
     if not module.staleness:  # (rollouts behind the update keep the engines awake)
-        failure = None
-        for name, engine in module.engines.items():
-            try:
-                engine.sleep()
-            except Exception as err:
-                failure = failure or _fail("the engines' sleep", rank, name, str(err))
-        module._agree(failure)
+        _on_each_engine(module, "the engines' sleep", "sleep")
         module.sync_weights()
         _logprobs_step(module, prompts, "generation after sleep and wake")
     # 5. one micro-batch forward and backward per trainable policy, no step

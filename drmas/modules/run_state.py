@@ -13,8 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.hardware import machine
 
-__all__ = ["capture_rng", "epoch_scalars", "load_state", "restore_rank_rng", "restore_rng", "save_state",
-           "seed_rng"]
+__all__ = ["capture_rng", "epoch_scalars", "load_state", "record_gaps", "restore_rank_rng", "restore_rng",
+           "save_state", "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -115,3 +115,14 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
                 scalars[f"train/{name}/{key}"] = (sum(v * w for v, w in values)
                                                   / max(sum(w for _, w in values), 1e-12))
     return scalars
+
+
+def record_gaps(gaps: dict[tuple[str, int], float], batch: Any, old: torch.Tensor) -> float:
+    """Each sample's mean gap per response token between the trainer's log-probs (``old``, before
+    the update) and the engine's, into ``gaps`` by (policy, sample index) for its record
+    (drmas.data.episodes); returns the largest token's gap."""
+    apart = (old - batch.engine_logprobs).abs() * batch.response_mask
+    per_row = (apart.sum(1) / batch.response_mask.sum(1).clamp(min=1)).tolist()
+    for i, gap in zip(batch.sample_index.tolist(), per_row):
+        gaps[(batch.policy, i)] = gap
+    return float(apart.max())
