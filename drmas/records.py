@@ -193,6 +193,8 @@ class Sample:
     node is its trajectory, agent and turn); 0 with one candidate per step."""
     chosen: bool = True
     """Whether it was the candidate executed (tree sampling); always with one candidate per step."""
+    cut: bool = False
+    """The response ended at its token limit (finish reason ``length``), not at a stop."""
     info: dict = field(default_factory=dict)
 
 

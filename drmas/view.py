@@ -6,9 +6,11 @@ log dir, :mod:`drmas.data.episodes`), to open from the file in any browser, no s
 
 Per iteration (and validation), each task's episodes: every trajectory's turns in order, each
 turn's agents; under tree sampling each node's candidates with their rewards and advantages, the
-executed one marked. Groups whose rewards are all equal (their advantages all zero: they teach
-nothing) are flagged, and counted per agent and turn at the top of each iteration. Filters by
-agent, turn, source, reward and task (one task followed across iterations) run in the page.
+executed one marked; an agents-workflow episode's calls with the program's messages and tool
+calls; a trained sample's tokens shaded by the trainer-vs-engine log-prob gap. The estimator's
+groups whose advantages are all zero (they teach nothing) are flagged, and counted per agent and
+turn at the top of each iteration. Filters by agent, turn, source, reward and task (one task
+followed across iterations) run in the page and follow its address.
 
 The page is HTML's own ``<details>`` (collapsible without script) and a few lines of inline
 script for the filters: no front-end library, so nothing to fetch or build, and a crashed run's
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import glob
 import html
+import json
 import os
 import re
 from collections import Counter, defaultdict
@@ -55,23 +58,49 @@ def _node(r: dict) -> tuple:
 
 
 def silent_groups(records: Sequence[dict]) -> Counter:
-    """Silent groups per ``(agent, turn)``: a tree node's candidates (or, with one candidate per step,
-    one agent's samples of one task at one turn) whose rewards are all equal, so their group-relative
-    advantages are all zero."""
+    """Silent groups per ``(agent, turn)``: groups of the run's estimator (a record's ``group``)
+    whose advantages are all zero, so they teach nothing; a group spanning several agents or turns
+    counts once at each. Where the estimator named no group: a tree node's candidates (or, with one
+    candidate per step, one agent's samples of one task at one turn) whose rewards are all equal."""
     nodes = Counter(_node(r) for r in records)
-    groups: dict[tuple, list[float]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        key = _node(r) if nodes[_node(r)] > 1 else (r["task"], r["agent"], r["turn"])
-        groups[key].append(r["reward"])
+        if r.get("group") is not None:
+            groups[("group", r["group"])].append(r)
+        else:
+            groups[_node(r) if nodes[_node(r)] > 1 else (r["task"], r["agent"], r["turn"])].append(r)
     silent: Counter = Counter()
-    for key, rewards in groups.items():
-        if len(rewards) > 1 and max(rewards) == min(rewards):
-            silent[(key[-2], key[-1])] += 1
+    for key, rs in groups.items():
+        flat = (all(r["advantage"] == 0 for r in rs) if key[0] == "group"
+                else len({r["reward"] for r in rs}) == 1)
+        if len(rs) > 1 and flat:
+            silent.update({(r["agent"], r["turn"]) for r in rs})
     return silent
 
 
 def _esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
+
+
+def _tokens(r: dict) -> str:
+    """The response's tokens, each shaded by ``trainer - engine`` log-prob (red: the trainer finds
+    it less likely than the engine did, blue: more; full colour at 0.5 nats or more)."""
+    spans = []
+    for piece, d in zip(r["tokens"], r["token_logprob_diff"]):
+        colour = "220,40,40" if d < 0 else "40,90,220"
+        spans.append(f'<span style="background:rgba({colour},{min(abs(d) / 0.5, 1):.2f})" '
+                     f'title="{d:+.4f}">{_esc(piece)}</span>')
+    return f"<pre class=tokens>{''.join(spans)}</pre>"
+
+
+def _messages(r: dict) -> str:
+    """An agents-workflow call as the program made it: its messages, then the tool calls answered."""
+    rows = []
+    for m in r["info"]["messages"]:
+        extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+        more = f"<div class=meta>{_esc(json.dumps(extra))}</div>" if extra else ""
+        rows.append(f"<div class=message><b>{_esc(m['role'])}</b><pre>{_esc(m['content'])}</pre>{more}</div>")
+    return f"<div class=prompt>{''.join(rows)}</div>"
 
 
 def _sample(r: dict, silent: bool) -> str:
@@ -82,9 +111,13 @@ def _sample(r: dict, silent: bool) -> str:
         marks.append("executed")
     if not r["valid"]:
         marks.append("invalid")
+    if r.get("cut"):
+        marks.append("cut at its token limit")
     if silent:
         marks.append("silent group")
-    head = (f"<b>{_esc(r['agent'])}</b> turn {r['turn']}"
+    info = r.get("info") or {}
+    call = f"call {info['call']}: " if "call" in info else ""
+    head = (f"{call}<b>{_esc(r['agent'])}</b> turn {r['turn']}"
             + (f" candidate {r['candidate']}" if r.get("_k", 1) > 1 else "")
             + f" · reward {r['reward']:+.3f} (team {r['team_reward']:+.3f}, local {r['local_reward']:+.3f})"
             + f" · advantage {r['advantage']:+.3f}" + "".join(f" · <i>{m}</i>" for m in marks))
@@ -93,11 +126,16 @@ def _sample(r: dict, silent: bool) -> str:
     failure = f", failure: {_esc(r['failure'])}" if r.get("failure") else ""
     if r.get("logprob_gap") is not None:  # engine against trainer, before the update
         failure = f", log-prob gap {r['logprob_gap']:.4f} nats per token{failure}"
-    return (f"<details {attrs}><summary>{head}</summary>"
-            f"<div class=prompt><pre>{_esc(r['prompt'])}</pre></div>"
-            f"<pre class=response>{_esc(r['response'])}</pre>"
+    group = f", group {_esc(r['group'])}" if r.get("group") else ""
+    prompt = (_messages(r) if info.get("messages")
+              else f"<div class=prompt><pre>{_esc(r['prompt'])}</pre></div>")
+    calls = "".join(f"<div class=tool-call>tool call <pre>{_esc(json.dumps(c, indent=1))}</pre></div>"
+                    for c in info.get("tool_calls") or ())
+    tokens = _tokens(r) if r.get("tokens") else ""
+    return (f"<details {attrs}><summary>{head}</summary>{prompt}"
+            f"<pre class=response>{_esc(r['response'])}</pre>{calls}{tokens}"
             f"<div class=meta>{r['prompt_tokens']} prompt tokens, {r['response_tokens']} response tokens, "
-            f"weights v{r['version']}{failure}</div></details>")
+            f"weights v{r['version']}{group}{failure}</div></details>")
 
 
 def _iteration(split: str, k: int, records: list[dict]) -> str:
@@ -149,8 +187,10 @@ _STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;max-width:70em}h2{b
 details{margin:.2em 0 .2em 1em}summary{cursor:pointer}.sample{border-left:3px solid #bbb;padding-left:.5em}
 .sample.chosen{border-left-color:#2a7}.node{border:1px dashed #aaa;padding:.3em;margin:.3em 0 .3em 1em}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.4em;margin:.2em 0}.prompt pre{color:#555;max-height:12em;
-overflow:auto}.meta{color:#777;font-size:12px}#filters{position:sticky;top:0;background:#fff;padding:.5em 0;
-border-bottom:1px solid #ddd}#filters input,#filters select{margin-right:1em}"""
+overflow:auto}.meta{color:#777;font-size:12px}.tokens{background:#fff;border:1px solid #eee}
+.message pre{margin-left:1em}.tool-call pre{background:#eef6ee}
+#filters{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:1px solid #ddd}
+#filters input,#filters select{margin-right:1em}"""
 
 _SCRIPT = """
 function apply() {
@@ -176,12 +216,19 @@ function apply() {
     .map(id => id + '=' + encodeURIComponent(f(id)));
   history.replaceState(null, '', asked.length ? '#' + asked.join('&') : location.pathname);
 }
-// a filter in the address (episodes.html#agent=searcher&turn=1) is applied as the page opens
-new URLSearchParams(location.hash.slice(1)).forEach((value, id) => {
-  const e = document.getElementById(id); if (e) e.value = value;
+// a filter in the address (episodes.html#agent=searcher&turn=1) is applied as the page opens, and
+// when the address changes
+function fromAddress() {
+  const asked = new URLSearchParams(location.hash.slice(1));
+  document.querySelectorAll('#filters input, #filters select')
+    .forEach(e => { e.value = asked.get(e.id) || ''; });
+  apply();
+}
+window.addEventListener('hashchange', fromAddress);
+document.querySelectorAll('#filters input, #filters select').forEach(e => {
+  e.addEventListener('input', apply); e.addEventListener('change', apply);
 });
-document.querySelectorAll('#filters input, #filters select').forEach(e => e.addEventListener('input', apply));
-apply();
+fromAddress();
 """
 
 

@@ -11,6 +11,7 @@ from drmas.algorithms.advantages import (
     compute_advantages,
     estimators_for,
     group_advantages,
+    group_of,
     register_estimator,
     singleton_prompts,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "estimators_for",
     "format_term",
     "group_advantages",
+    "group_of",
     "mix_rewards",
     "policy_loss",
     "register_aggregation",

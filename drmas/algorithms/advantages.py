@@ -28,6 +28,7 @@ __all__ = [
     "compute_advantages",
     "estimators_for",
     "group_advantages",
+    "group_of",
     "register_estimator",
 ]
 
@@ -124,10 +125,13 @@ ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 """Estimators by name (``--data.rollout.estimator NAME``); each has ``samplings``."""
 
 
-def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS) -> Callable[[Estimator], Estimator]:
+def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS,
+                       group: Callable[[Any], Hashable] | None = None) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator ``fn(samples, scale, eps) -> Tensor[N]`` to the registry,
     for the ``samplings`` its groups make sense in (a workflow may narrow them further with
-    ``Workflow.estimators``); the function returns one advantage per sample.
+    ``Workflow.estimators``); the function returns one advantage per sample. ``group(sample)``:
+    the key of the group a sample's advantage is relative to, which a run's episode records show
+    (None: not said).
     """
     bad = set(samplings) - set(SAMPLINGS)
     if bad or not samplings:
@@ -137,9 +141,16 @@ def register_estimator(name: str, samplings: Sequence[str] = SAMPLINGS) -> Calla
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         fn.samplings = tuple(samplings)  # type: ignore[attr-defined]
+        fn.group = group  # type: ignore[attr-defined]
         return ADVANTAGE_ESTIMATORS.register(name)(fn)
 
     return deco
+
+
+def group_of(estimator: str, sample: Any) -> Hashable | None:
+    """The key of ``sample``'s group under ``estimator`` (None where the estimator does not say)."""
+    key = getattr(ADVANTAGE_ESTIMATORS.get(estimator), "group", None)
+    return None if key is None else key(sample)
 
 
 def estimators_for(sampling: str) -> tuple[str, ...]:
@@ -168,29 +179,40 @@ def _per_trajectory(samples: Sequence[Any]) -> tuple[Tensor, Tensor, list[Hashab
     return traj, score, tasks
 
 
+def _by_task(s: Any) -> Hashable:
+    return s.task_uid
+
+
+def _by_agent(s: Any) -> Hashable:
+    return (s.task_uid, s.agent)
+
+
+def _by_node(s: Any) -> Hashable:
+    return (s.task_uid, s.traj_uid, s.agent, s.turn)
+
+
 # Parallel trajectories never share an (env, agent, turn) node (at_grpo's groups); a tree has one
 # executed trajectory per task, so no trajectory-level groups (grpo, rloo).
-@register_estimator("grpo", samplings=("parallel",))
+@register_estimator("grpo", samplings=("parallel",), group=_by_task)
 def _grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Global baseline: one score per trajectory (its mean reward), grouped by task."""
     traj, score, tasks = _per_trajectory(samples)
     return group_advantages(score, tasks, scale, eps)[traj]
 
 
-@register_estimator("grpo_step")
+@register_estimator("grpo_step", group=_by_task)
 def _grpo_step(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Global baseline at step level: each sample's own reward, grouped by task."""
-    return group_advantages(_rewards(samples), [s.task_uid for s in samples], scale, eps)
+    return group_advantages(_rewards(samples), [_by_task(s) for s in samples], scale, eps)
 
 
-@register_estimator("drmas")
+@register_estimator("drmas", group=_by_agent)
 def _drmas(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Dr. MAS agent-wise baseline: each sample's own reward, grouped by (task, agent)."""
-    keys = [(s.task_uid, s.agent) for s in samples]
-    return group_advantages(_rewards(samples), keys, scale, eps)
+    return group_advantages(_rewards(samples), [_by_agent(s) for s in samples], scale, eps)
 
 
-@register_estimator("at_grpo", samplings=("tree",))
+@register_estimator("at_grpo", samplings=("tree",), group=_by_node)
 def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """AT-GRPO: each sample's own reward, grouped by (tree, agent, turn): a tree is one task's
     executed trajectory, whose every step's candidates are recorded under its ``traj_uid``.
@@ -198,11 +220,10 @@ def _at_grpo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     The task is part of the key as well, so two tasks can never share a group even if a
     trajectory id were reused across them.
     """
-    keys = [(s.task_uid, s.traj_uid, s.agent, s.turn) for s in samples]
-    return group_advantages(_rewards(samples), keys, scale, eps)
+    return group_advantages(_rewards(samples), [_by_node(s) for s in samples], scale, eps)
 
 
-@register_estimator("rloo", samplings=("parallel",))
+@register_estimator("rloo", samplings=("parallel",), group=_by_task)
 def _rloo(samples: Sequence[Any], scale: str, eps: float) -> Tensor:
     """Leave-one-out: trajectory score minus the mean of the other trajectories of its task.
 

@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from drmas import iteration as steps
+from drmas.algorithms import group_of
 from drmas.atomic import write_text
 from drmas.data.episodes import (EpisodeRecords, keep, log_markdown, policy_gaps, validation_table,
                                  write_records)
@@ -174,10 +175,11 @@ class RolloutDataModule(L.LightningDataModule):
                 mine.clear()
         if backend.rank == 0 and log_dir and result is not None:
             try:
-                tokenizer = backend.generate_fn(train=False).tokenizer
+                estimator = self.rollouts.config.estimator
                 write_records(log_dir, split, iteration, keep(result.samples, limit), result.episodes,
-                              sources, lambda s: tokenizer(s.agent).decode(s.prompt_ids),
-                              policy_gaps(result.samples, gaps))
+                              sources, backend.generate_fn(train=False).tokenizer,
+                              policy_gaps(result.samples, gaps),
+                              (lambda s: group_of(estimator, s)) if split == "train" else None)
             except Exception as err:
                 failure = err
         at(f"the {split} episode records")

@@ -53,8 +53,8 @@ def keep(samples: Sequence[Sample], limit: int | None) -> list[Sample]:
     return kept
 
 
-def policy_gaps(samples: Sequence[Sample], gaps: dict[tuple[str, int], float]) -> dict[int, float]:
-    """``id(sample)`` -> its log-prob gap, from ``gaps`` keyed as the trainer knows them: (policy,
+def policy_gaps(samples: Sequence[Sample], gaps: dict[tuple[str, int], Any]) -> dict[int, Any]:
+    """``id(sample)`` -> its log-prob gaps, from ``gaps`` keyed as the trainer knows them: (policy,
     index among that policy's samples, in rollout order)."""
     seen: dict[str, int] = {}
     out = {}
@@ -67,21 +67,28 @@ def policy_gaps(samples: Sequence[Sample], gaps: dict[tuple[str, int], float]) -
 
 
 def sample_record(s: Sample, split: str, iteration: int, source: Any, prompt: str,
-                  episode: EpisodeResult | None, logprob_gap: float | None = None) -> dict[str, Any]:
+                  episode: EpisodeResult | None, group: Any = None, gaps: tuple[float, Any] | None = None,
+                  pieces: Sequence[str] | None = None) -> dict[str, Any]:
     """One sample as a record: where it sits (split, iteration, task and its source, trajectory,
-    agent, policy, turn, tree candidate and whether it was the one executed), its text (the prompt
-    as the engine saw it, the response as the agent's parser read it), its tokens, every reward
-    term, the reward, the advantage, the weights that generated it, the mean gap per response token
-    between the engine's log-probs and the trainer's before the update (``logprob_gap``; None for a
-    sample no policy trained), and its episode's outcome."""
+    agent, policy, turn, tree candidate and whether it was the one executed, the estimator's group
+    its advantage is relative to), its text (the prompt as the engine saw it, the response as the
+    agent's parser read it), its tokens and whether the response was cut at its limit, every reward
+    term, the reward, the advantage, the weights that generated it, its episode's outcome, and for
+    a trained sample the gap between the trainer's log-probs (before the update) and the engine's:
+    the mean absolute gap per response token (``logprob_gap``) and each response token's text
+    (``tokens``) with its ``trainer - engine`` (``token_logprob_diff``); None where not trained."""
+    diffs = None if gaps is None else [round(float(d), 4) for d in gaps[1]]
     return {
         "split": split, "iteration": iteration, "task": str(s.task_uid), "source": source,
         "trajectory": str(s.traj_uid), "agent": s.agent, "policy": s.policy, "turn": s.turn,
-        "candidate": s.candidate, "chosen": s.chosen, "prompt": prompt, "response": s.text,
-        "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
+        "candidate": s.candidate, "chosen": s.chosen, "group": None if group is None else str(group),
+        "prompt": prompt, "response": s.text, "prompt_tokens": len(s.prompt_ids),
+        "response_tokens": len(s.response_ids), "cut": s.cut,
         "valid": s.valid, "team_reward": s.team_reward, "local_reward": s.local_reward,
         "role_reward": s.info.get("role_reward"), "failure": s.info.get("failure"),
-        "reward": s.reward, "advantage": s.advantage, "version": s.version, "logprob_gap": logprob_gap,
+        "reward": s.reward, "advantage": s.advantage, "version": s.version,
+        "logprob_gap": None if gaps is None else gaps[0],
+        "tokens": None if diffs is None else list(pieces or ()), "token_logprob_diff": diffs,
         "episode_success": None if episode is None else episode.success,
         "episode_team_reward": None if episode is None else episode.team_reward,
         "info": {k: v for k, v in s.info.items() if k not in ("role_reward", "failure")},
@@ -95,15 +102,22 @@ def episodes_path(log_dir: str, split: str, iteration: int) -> str:
 
 
 def write_records(log_dir: str, split: str, iteration: int, samples: Sequence[Sample],
-                  episodes: Sequence[EpisodeResult], sources: dict[Any, Any],
-                  decode: Callable[[Sample], str], gaps: dict[int, float] | None = None) -> str:
-    """Write the records of ``samples`` (``decode``: a sample's prompt as text; ``sources``: task uid
-    -> source; ``gaps``: :func:`policy_gaps`) whole, or not at all; returns the file's path."""
+                  episodes: Sequence[EpisodeResult], sources: dict[Any, Any], tokenizer: Callable[[str], Any],
+                  gaps: dict[int, Any] | None = None, group: Callable[[Sample], Any] | None = None) -> str:
+    """Write the records of ``samples`` whole, or not at all; returns the file's path. ``sources``:
+    task uid -> source; ``tokenizer(agent)``: the tokenizer its prompts and tokens are decoded with;
+    ``gaps``: :func:`policy_gaps`; ``group(sample)``: its estimator group's key."""
     by_traj = {(e.task_uid, e.traj_uid): e for e in episodes}
     gaps = gaps or {}
-    lines = [json.dumps(sample_record(s, split, iteration, sources.get(s.task_uid), decode(s),
-                                      by_traj.get((s.task_uid, s.traj_uid)), gaps.get(id(s))), default=str)
-             for s in samples]
+    lines = []
+    for s in samples:
+        tok = tokenizer(s.agent)
+        gap = gaps.get(id(s))
+        # each response token on its own (a character split across tokens shows as a replacement)
+        pieces = tok.batch_decode([[t] for t in s.response_ids]) if gap is not None else None
+        record = sample_record(s, split, iteration, sources.get(s.task_uid), tok.decode(s.prompt_ids),
+                               by_traj.get((s.task_uid, s.traj_uid)), group and group(s), gap, pieces)
+        lines.append(json.dumps(record, default=str))
     path = episodes_path(log_dir, split, iteration)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # mtime 0: the same records make the same bytes

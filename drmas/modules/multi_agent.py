@@ -128,7 +128,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
         # (policy, index among its samples) -> mean |trainer - engine| log-prob per response token
         # of a sample this rank trained, until the data module writes its record
-        self.sample_gaps: dict[tuple[str, int], float] = {}
+        self.sample_gaps: dict[tuple[str, int], tuple[float, Any]] = {}
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []

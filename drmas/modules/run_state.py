@@ -117,12 +117,14 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
     return scalars
 
 
-def record_gaps(gaps: dict[tuple[str, int], float], batch: Any, old: torch.Tensor) -> float:
-    """Each sample's mean gap per response token between the trainer's log-probs (``old``, before
-    the update) and the engine's, into ``gaps`` by (policy, sample index) for its record
-    (drmas.data.episodes); returns the largest token's gap."""
-    apart = (old - batch.engine_logprobs).abs() * batch.response_mask
-    per_row = (apart.sum(1) / batch.response_mask.sum(1).clamp(min=1)).tolist()
-    for i, gap in zip(batch.sample_index.tolist(), per_row):
-        gaps[(batch.policy, i)] = gap
-    return float(apart.max())
+def record_gaps(gaps: dict[tuple[str, int], tuple[float, Any]], batch: Any, old: torch.Tensor) -> float:
+    """Each sample's log-prob gap between the trainer (``old``, before the update) and the engine,
+    into ``gaps`` by (policy, sample index) for its record (drmas.data.episodes): the mean absolute
+    gap per response token, and every response token's ``trainer - engine`` as float16 (2 bytes a
+    token, gathered from every rank); returns the largest token's gap."""
+    diff = (old - batch.engine_logprobs) * batch.response_mask
+    mask = batch.response_mask.bool()
+    per_row = (diff.abs().sum(1) / batch.response_mask.sum(1).clamp(min=1)).tolist()
+    for row, (i, gap) in enumerate(zip(batch.sample_index.tolist(), per_row)):
+        gaps[(batch.policy, i)] = (gap, diff[row][mask[row]].to(torch.float16).cpu().numpy())
+    return float(diff.abs().max())

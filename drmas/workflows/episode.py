@@ -238,7 +238,7 @@ class TurnWorkflow(Workflow):
         s = Sample(
             task_uid=ep.state.task.uid, traj_uid=ep.traj_uid, agent=agent, turn=ep.state.turn,
             policy="", prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
-            text=c.text, valid=a.valid, info={"role_reward": a.role_reward},
+            text=c.text, valid=a.valid, cut=c.finish_reason == "length", info={"role_reward": a.role_reward},
         )
         if a.failure is not None:
             s.info["failure"] = a.failure

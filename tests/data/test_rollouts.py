@@ -6,6 +6,7 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from drmas.data.datamodule import RolloutDataModule
@@ -485,14 +486,27 @@ def test_progress_is_part_of_the_rollout_contract_for_a_workflow_that_is_not_tur
 
 
 def test_each_sample_is_kept_as_a_record_with_its_terms_and_advantage(workflow, tmp_path):
-    from drmas.data.episodes import agent_table, keep, read_records, write_records
+    from drmas.algorithms import group_of
+    from drmas.data.episodes import agent_table, keep, policy_gaps, read_records, write_records
 
     config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=1, seed=3)
     rollouts = Rollouts(workflow, config, ValidationConfig(tasks=0))
     task = rollouts.sample_tasks(1)[0]
     plan = rollouts.prepare(ScriptedBackend(right_on_even(task)), iteration=1)
+    class Tokens:  # the text of token ids, as the records decode them
+        def decode(self, ids):
+            return f"prompt {ids}"
+
+        def batch_decode(self, rows):
+            return [f"<{ids[0]}>" for ids in rows]
+
+    # the trainer's gaps of the first sample of p_solve: two tokens, trainer - engine -0.25 and 0.5
+    first = plan.samples[0]
+    diffs = np.array([-0.25, 0.5] + [0.0] * (len(first.response_ids) - 2), dtype=np.float16)
     path = write_records(str(tmp_path), "train", 1, plan.samples, plan.rollout.episodes,
-                         {task.uid: "arithmetic"}, lambda s: f"prompt {s.prompt_ids}")
+                         {task.uid: "arithmetic"}, lambda agent: Tokens(),
+                         policy_gaps(plan.samples, {("p_solve", 0): (0.125, diffs)}),
+                         lambda s: group_of("drmas", s))
     assert path == str(tmp_path / "episodes" / "iter_000001.jsonl.gz")
     records = read_records(path)
     a = 0.5 / (1 / 3) ** 0.5  # drmas on rewards 1, 0, 1, 0: +-0.5 / their unbiased std
@@ -508,6 +522,10 @@ def test_each_sample_is_kept_as_a_record_with_its_terms_and_advantage(workflow, 
         assert (r["prompt_tokens"], r["response_tokens"]) == (3, len(s.response_ids))
         assert (r["team_reward"], r["local_reward"], r["valid"]) == (s.team_reward, s.local_reward, True)
         assert r["role_reward"] == s.info["role_reward"] and r["failure"] is None
+        assert r["group"] == str((task.uid, "solver")) and r["cut"] is False  # drmas: (task, agent)
+    assert records[0]["logprob_gap"] == 0.125 and records[0]["token_logprob_diff"][:2] == [-0.25, 0.5]
+    assert records[0]["tokens"] == [f"<{t}>" for t in first.response_ids]
+    assert all(r["logprob_gap"] is r["tokens"] is r["token_logprob_diff"] is None for r in records[1:])
     # a cap keeps whole tasks, in the rollout's order
     two = plan.samples + [dataclasses.replace(s, task_uid="other") for s in plan.samples]
     assert len(keep(two, 5)) == 8 and len(keep(two, 4)) == 4 and keep(two, 0) == [] and keep(two, None) == two

@@ -4,6 +4,7 @@ import math
 from dataclasses import replace
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -108,6 +109,22 @@ def test_one_step_raises_positive_and_lowers_negative_advantage_responses():
     assert delta[0] > 0 and delta[2] > 0, delta  # advantages +1, +0.5
     assert delta[1] < 0 and delta[3] < 0, delta  # advantages -1, -0.5
     assert m.policies["p"].version == 1
+
+
+def test_each_samples_trainer_vs_engine_gap_is_kept_per_token_for_its_record():
+    m = module(lr=1e-2, ppo_epochs=2)
+    b = make_micro_batches(samples(), "p", BatchSpec(pad_id=m.batch_spec("p").pad_id, micro_batch_size=8))[0]
+    with torch.no_grad():
+        logp, _ = m.token_logprobs(m.policies["p"], b, 1.0)
+    before = {i: logp[row][b.response_mask[row].bool()] for row, i in enumerate(b.sample_index.tolist())}
+    fit(m, 2, ppo_epochs=2)  # the second epoch's moved weights must not overwrite the first's gaps
+    assert sorted(m.sample_gaps) == [("p", i) for i in range(len(RESPONSES))]
+    for i, response in enumerate(RESPONSES):
+        mean, tokens = m.sample_gaps[("p", i)]
+        # the engine's log-probs are all 0 here: trainer - engine is the trainer's own, token by token
+        assert len(tokens) == len(response) and tokens.dtype == np.float16
+        torch.testing.assert_close(torch.from_numpy(tokens).float(), before[i], rtol=2e-3, atol=2e-3)
+        assert mean == pytest.approx(float(before[i].abs().mean()), rel=1e-3)
 
 
 def test_the_second_ppo_epoch_sees_moved_ratios_and_clipping_engages():

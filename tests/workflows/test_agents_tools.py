@@ -77,6 +77,16 @@ def test_a_tool_call_round_trip_and_a_malformed_call(tasks_file, out):
     by_text = {s.text: s for s in result.samples}
     assert not by_text[reply("writer", ChatPrompt((("user", "broken"),)), 0)].valid  # the format penalty
     assert by_text["Calling. " + CALL].valid
+    # each sample keeps the call as the program made it, for the episode records: its place among the
+    # episode's calls, the messages (the tool's answer with its id) and the tool calls it was answered
+    summed = sorted((x.info for x in result.samples if x.traj_uid == by_text["The sum is 5."].traj_uid),
+                    key=lambda info: info["call"])
+    assert [info["call"] for info in summed] == [0, 1, 2, 3]  # first, final, unknown, none
+    first, final = summed[:2]
+    assert first["tool_calls"][0]["id"] == seen["first"][2][0].id
+    assert first["tool_calls"][0]["function"]["name"] == "add" and final["tool_calls"] == []
+    assert final["messages"][-1] == {"role": "tool", "content": "5", "tool_call_id": seen["first"][2][0].id}
+    assert final["messages"][1]["tool_calls"][0]["id"] == seen["first"][2][0].id
     scalars = wf.scalars(result.counts)
     requests = scalars["endpoint/requests"]
     assert requests == 5  # sum: first, final, unknown, none; broken: first; the named one was refused

@@ -44,6 +44,14 @@ class Record:
     own_cap: bool = False
     response_id: str = ""
     """The id the client saw (an episode may reward this call by it)."""
+    call: int = 0
+    """Its place among the episode's calls, every agent's together (the episode records' order)."""
+    messages: tuple[tuple[str, str], ...] = ()
+    """The request's messages as (role, content)."""
+    fields: tuple[str, ...] = ()
+    """Per message, its OpenAI fields beyond role and content as JSON text (``ChatPrompt.fields``)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """The tool calls parsed out of the answer, as the client was shown them."""
 
 
 @dataclass
@@ -77,7 +85,9 @@ class Session:
             for r in replies:
                 turn = self._turns.get(agent, 0)
                 self._turns[agent] = turn + 1
-                self.records.append(Record(agent, turn, r.completion, r.malformed > 0, req.own_cap, r.id))
+                self.records.append(Record(agent, turn, r.completion, r.malformed > 0, req.own_cap, r.id,
+                                           len(self.records), req.prompt.messages, req.prompt.fields,
+                                           r.tool_calls))
             return True
 
     def close(self) -> None:

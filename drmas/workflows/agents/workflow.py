@@ -15,6 +15,7 @@ episodes the infrastructure failed (a timeout, a lost worker) are dropped.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -306,9 +307,15 @@ class AgentsWorkflow(Workflow):
     @staticmethod
     def _sample(run: EpisodeRun, rec: Any, team: float, local: float, reward: float) -> Sample:
         c = rec.completion
+        # the call as the program made it, for the episode records (drmas.data.episodes)
+        extra = [json.loads(f) if f else {} for f in rec.fields] or [{} for _ in rec.messages]
+        messages = [{"role": role, "content": content, **more}
+                    for (role, content), more in zip(rec.messages, extra)]
         return Sample(task_uid=run.task.uid, traj_uid=run.traj_uid, agent=rec.agent, turn=rec.turn, policy="",
                       prompt_ids=c.prompt_ids, response_ids=c.response_ids, engine_logprobs=c.logprobs,
-                      text=c.text, valid=_valid(rec), team_reward=team, local_reward=local, reward=reward)
+                      text=c.text, valid=_valid(rec), team_reward=team, local_reward=local, reward=reward,
+                      cut=c.finish_reason == "length",
+                      info={"call": rec.call, "messages": messages, "tool_calls": rec.tool_calls})
 
     def _program_failures(self, result: RolloutResult, runs: Sequence[EpisodeRun]) -> None:
         """Count the episodes whose program raised and say the most common error in one line; stop
