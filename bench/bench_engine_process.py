@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from drmas.engines.base import full_state_items
+from drmas.engines.base import FullState
 from drmas.hardware import machine
 from drmas.models import load_causal_lm, resolve_model_path
 from drmas.records import GenerationSettings
@@ -63,7 +63,7 @@ def main() -> None:
 
     separate = VLLMEngine(path, VLLMSettings(dtype="float32", max_model_len=1024, kv_cache_gib=0.5))
     try:
-        sync_sep = median_time(lambda: separate.sync_weights(model), args.repeats)
+        sync_sep = median_time(lambda: separate.sync_weights(FullState(model, torch.float32)), args.repeats)
         roll_sep = median_time(lambda: separate.generate(prompts, args.n, params), args.repeats)
     finally:
         separate.close()
@@ -77,7 +77,7 @@ def main() -> None:
     requests = [vllm.TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def sync_in() -> None:
-        weights = full_state_items(model, torch.float32)
+        weights = iter(FullState(model, torch.float32))
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         llm.reset_prefix_cache()
 

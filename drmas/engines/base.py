@@ -13,9 +13,8 @@ import torch
 from drmas.records import Completion, GenerationSettings
 from drmas.registry import Registry
 
-__all__ = ["ENGINES", "Engine", "EngineError", "Placement", "check_request",
-           "finish_gathers", "full_state_items", "parse_settings", "per_prompt", "policy_settings",
-           "resolve_engine", "start_gathers", "tensor_sums"]
+__all__ = ["ENGINES", "Engine", "EngineError", "FullState", "Placement", "check_request", "parse_settings",
+           "per_prompt", "policy_settings", "resolve_engine", "tensor_sums"]
 
 
 @dataclass(frozen=True)
@@ -189,8 +188,9 @@ class Engine(ABC):
         different ones (:func:`per_prompt` resolves them)."""
 
     @abstractmethod
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Serve ``model``'s current weights from now on."""
+    def sync_weights(self, weights: FullState) -> None:
+        """Serve the current weights of ``weights.model`` from now on (a copy made from the pass of
+        full tensors ``weights`` is, in ``transfer_dtype``, or the model object itself)."""
 
     def ready(self) -> None:
         """Block until the engine can serve; an engine that builds in the background (a process
@@ -331,25 +331,36 @@ def tensor_sums(tensor: torch.Tensor) -> tuple[float, float]:
     return float(values.sum()), float(values.square().sum())
 
 
-def full_state_items(model: torch.nn.Module,
-                     dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """``model``'s state-dict items one at a time, each a full tensor (floating ones cast to ``dtype``).
+class FullState:
+    """One pass over ``model``'s state dict, each item a full tensor (floating ones cast to ``dtype``),
+    for one engine's weight sync; it holds its own count of the gathers made, so no state outlives
+    the sync.
 
     A sharded (FSDP2) parameter is gathered from every rank when its turn comes and dropped once
     the consumer has copied it, so no rank holds a second full copy of the model; its local shard
     is cast first, so the gather moves the target dtype's bytes. Gathering is a collective: every
-    rank must consume the whole iterator, in the same order (a consumer that fails midway:
-    :func:`finish_gathers`).
+    rank must make the whole pass, in the same order; a rank whose consumer failed midway makes the
+    rest with :meth:`finish`. Engines that use the model object itself (no copy) read :attr:`model`.
     """
-    _yielded[id(model)] = (0, dtype)
-    for i, (name, tensor) in enumerate(model.state_dict().items()):
-        tensor = _full(_cast(tensor.detach(), dtype))
-        _yielded[id(model)] = (i + 1, dtype)
-        yield name, tensor
 
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        self.model, self.dtype = model, dtype
+        self.gathered = 0
+        """Items of the current pass gathered so far."""
 
-# id(model) -> (items full_state_items has gathered in this pass, their dtype)
-_yielded: dict[int, tuple[int, torch.dtype | None]] = {}
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.gathered = 0
+        for name, tensor in self.model.state_dict().items():
+            full = _full(_cast(tensor.detach(), self.dtype))
+            self.gathered += 1
+            yield name, full
+
+    def finish(self) -> None:
+        """Make, and drop, the gathers of the pass that this rank's consumer left undone (it failed):
+        the other ranks are not left waiting inside a gather."""
+        for _, tensor in list(self.model.state_dict().items())[self.gathered:]:
+            _full(_cast(tensor.detach(), self.dtype))
+            self.gathered += 1
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -363,17 +374,3 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type != mesh:  # an offloaded shard (fsdp_offload): gather where the group runs
         tensor = tensor.to(mesh)
     return tensor.full_tensor()
-
-
-def start_gathers(model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
-    """Count :func:`full_state_items`'s gathers of ``model`` (in ``dtype``, the engine's) from here."""
-    _yielded[id(model)] = (0, dtype)
-
-
-def finish_gathers(model: torch.nn.Module) -> None:
-    """Make, and drop, the gathers of ``model``'s sharded tensors that the other ranks make in a
-    pass of :func:`full_state_items` and that this rank's consumer left undone since
-    :func:`start_gathers` (it failed): the other ranks are not left waiting inside a gather."""
-    done, dtype = _yielded.pop(id(model), (0, None))
-    for _, tensor in list(model.state_dict().items())[done:]:
-        _full(_cast(tensor.detach(), dtype))

@@ -29,7 +29,7 @@ from transformers import (
 )
 
 from drmas.engines.base import (ENGINES, Engine, Placement, check_request,
-                                full_state_items, per_prompt, tensor_sums)
+                                FullState, per_prompt, tensor_sums)
 from drmas.models import load_causal_lm
 from drmas.models.lora import activate
 from drmas.records import Completion, GenerationSettings
@@ -313,16 +313,16 @@ class HFEngine(Engine):
             return None
         return {name: tensor_sums(t) for name, t in self.model.state_dict().items()}
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
+    def sync_weights(self, weights: FullState) -> None:
         """Without ``copy_weights`` nothing is copied: the engine generates with the model object
-        it was given, and a different object replaces the one used so far. With it, ``model``'s
+        it was given, and a different object replaces the one used so far. With it, the model's
         weights are copied into the engine's model tensor by tensor (gathered from the shards)."""
         if not self.copy_weights:
-            self.model = model
+            self.model = weights.model
             return
         own = self.model.state_dict()
         with torch.no_grad():
-            for name, tensor in full_state_items(model):
+            for name, tensor in weights:
                 own[name].copy_(tensor)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from drmas.engines.base import check_request, full_state_items, per_prompt, tensor_sums
+from drmas.engines.base import FullState, check_request, per_prompt, tensor_sums
 from drmas.engines.placement import device_env
 from drmas.engines.served import ServedEngine
 from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
@@ -115,11 +115,11 @@ class HFProcessEngine(ServedEngine):
     def received_sums(self) -> dict[str, tuple[float, float]]:
         return self._call("weight_sums")
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Send ``model``'s state dict (gathered from the shards where sharded) chunk by chunk."""
+    def sync_weights(self, weights: FullState) -> None:
+        """Send the model's state dict (gathered from the shards where sharded) chunk by chunk."""
         if self._buffer is None:
-            largest = max(t.numel() * t.element_size() for t in model.state_dict().values())
+            largest = max(t.numel() * t.element_size() for t in weights.model.state_dict().values())
             size = aligned(max(BUFFER_BYTES, largest))
             with shared_file(size) as (self._buffer, path):
                 self._call("map_weights", path=path, size=size)
-        send_chunks(full_state_items(model), self._buffer, lambda layout: self._call("load_chunk", **layout))
+        send_chunks(weights, self._buffer, lambda layout: self._call("load_chunk", **layout))

@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.engines import Engine, EngineError, Placement, policy_settings
-from drmas.engines.base import finish_gathers, start_gathers
+from drmas.engines.base import FullState
 from drmas.engines.placement import engine_gpu, local_ranks, overlap_cores, pin_process, rank_cores
 from drmas.models.shapes import model_shape
 from drmas.modules.memory import memory_plan, plan_terms
@@ -153,15 +153,15 @@ class EngineRouting:
         for name, policy in self.policies.items():
             engine = self._engine(name)
             if self._synced[name] != policy.version or engine.asleep:
-                start_gathers(policy.model, engine.transfer_dtype)
+                weights = FullState(policy.model, engine.transfer_dtype)
                 try:
                     if failure is None:  # after a failure: the gathers only
-                        engine.sync_weights(policy.model)
+                        engine.sync_weights(weights)
                         self._synced[name] = policy.version
                 except Exception as err:  # the engine process died, a transfer failed
                     failure = err
                 if self._sharded:
-                    finish_gathers(policy.model)
+                    weights.finish()
         if failure is None:
             try:
                 for engine in self.engines.values():

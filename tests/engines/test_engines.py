@@ -16,7 +16,7 @@ import torch
 
 from drmas.engines import ENGINES, HFEngine, vllm_available
 from drmas.records import Completion, GenerationSettings
-from drmas.engines.base import check_request
+from drmas.engines.base import FullState, check_request
 from drmas.models import load_causal_lm, resolve_model_path
 
 GREEDY = GenerationSettings(temperature=0.0, max_new_tokens=24)
@@ -234,7 +234,7 @@ def test_hf_sync_weights_switches_model(tiny):
     model, tok = tiny
     engine = HFEngine(model, tok)
     other = copy.deepcopy(model)
-    engine.sync_weights(other)
+    engine.sync_weights(FullState(other, engine.transfer_dtype))
     assert engine.model is other
 
 
@@ -414,7 +414,7 @@ def test_vllm_engines_each_in_a_process_of_their_own(tiny, prompts, vllm_engine,
     finally:
         other.close()
     assert not os.path.exists(f"/proc/{other.pid}")  # ended and reaped
-    vllm_engine.sync_weights(model)
+    vllm_engine.sync_weights(FullState(model, vllm_engine.transfer_dtype))
     assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
 
 
@@ -466,11 +466,12 @@ def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):
     expected = [g[0].response_ids for g in HFEngine(trained, tok).generate(prompts, 1, GREEDY)]
     assert expected != before, "the perturbation should change the greedy output"
 
-    vllm_engine.sync_weights(trained)
+    vllm_engine.sync_weights(FullState(trained, vllm_engine.transfer_dtype))
     after = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]
     assert after == expected
 
-    vllm_engine.sync_weights(model)  # and back: the other tests share this engine
+    # and back: the other tests share this engine
+    vllm_engine.sync_weights(FullState(model, vllm_engine.transfer_dtype))
     assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before
 
 
@@ -509,7 +510,7 @@ def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refu
     assert expected != before
     monkeypatch.setattr(vllm_engine, "_transfer", None)  # a transfer of its own, with a 4 KiB buffer
     monkeypatch.setattr(vllm_engine, "transfer_buffer", 4096)
-    vllm_engine.sync_weights(trained)
+    vllm_engine.sync_weights(FullState(trained, vllm_engine.transfer_dtype))
     assert "buffer raised from 0 MiB to" in capsys.readouterr().out
     assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == expected
 
@@ -524,6 +525,7 @@ def test_vllm_transfer_in_chunks_smaller_than_a_tensor_and_a_missing_weight_refu
     refused = (r"left 1 layer\(s\) of the engine's model without a tensor: model\.layers\.0\.mlp\.down_proj "
                r"\(the trainer's state-dict")
     with pytest.raises(EngineProcessError, match=refused):
-        vllm_engine.sync_weights(Missing(model))
-    vllm_engine.sync_weights(model)  # and back: the other tests share this engine
+        vllm_engine.sync_weights(FullState(Missing(model), vllm_engine.transfer_dtype))
+    # and back: the other tests share this engine
+    vllm_engine.sync_weights(FullState(model, vllm_engine.transfer_dtype))
     assert [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)] == before

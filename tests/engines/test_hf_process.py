@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from drmas.engines.base import FullState
 from drmas.engines import HFEngine, hf_process
 from drmas.engines.hf_process import HFProcessEngine
 from drmas.engines.served import EngineProcessError
@@ -33,7 +34,7 @@ def test_it_generates_what_the_in_process_engine_does_after_taking_new_weights(p
             p.add_(0.05 * torch.randn_like(p))
     engine = HFProcessEngine(policy, [0])
     try:
-        engine.sync_weights(policy.model)
+        engine.sync_weights(FullState(policy.model, engine.transfer_dtype))
         prompts = [policy.tokenizer("The sky is")["input_ids"], policy.tokenizer("Two and two")["input_ids"]]
         params = GenerationSettings(temperature=1.0, max_new_tokens=6)
         engine.reseed(11)

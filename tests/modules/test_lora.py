@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_training_step import PROMPT, RESPONSES
 
+from drmas.engines.base import FullState
 from drmas.algorithms import LossConfig
 from drmas.data.batching import make_micro_batches
 from drmas.engines import vllm_available
@@ -136,14 +137,14 @@ def test_one_vllm_engine_serves_both_adapters_and_syncs_only_adapters(trained):
         assert len(pool) == 1 and views["pa"].engine is views["pb"].engine  # one engine, one base
         engine = views["pa"].engine
         for name in ("pa", "pb"):
-            views[name].sync_weights(m.policies[name].model)
+            views[name].sync_weights(FullState(m.policies[name].model, views[name].transfer_dtype))
         for name in ("pa", "pb", "pa"):
             (gen,), = views[name].generate([PROMPT], 1, GenerationSettings(temperature=1.0, max_new_tokens=6))
             assert torch.allclose(torch.tensor(gen.logprobs),
                                   _trainer_logprobs(m, name, PROMPT, gen.response_ids), atol=1e-4)
         # a new version is published under a new name (vLLM's prefix cache is keyed by it)
         before = engine.adapter_version("pa")
-        views["pa"].sync_weights(m.policies["pa"].model)
+        views["pa"].sync_weights(FullState(m.policies["pa"].model, views["pa"].transfer_dtype))
         assert engine.adapter_version("pa") != before and engine.adapter_version("pb") == "pb-v2"
         # only adapter files, the old one gone
         assert sorted(os.listdir(engine._lora_dir)) == ["pa-3", "pb-2"]

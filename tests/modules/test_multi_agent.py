@@ -228,7 +228,7 @@ def test_engines_sleep_for_the_update_and_sync_wakes_them():
         def asleep(self):
             return self._asleep
 
-        def sync_weights(self, model):
+        def sync_weights(self, weights):
             self._asleep, self.synced = False, self.synced + 1
 
     module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")

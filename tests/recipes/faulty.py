@@ -229,18 +229,17 @@ if "load_error" in faults:
     Policy.load_weights = failing_load
 
 if "sync_error" in faults:
-    from drmas.engines.base import full_state_items
     from drmas.engines.hf import HFEngine
 
     hf_sync = HFEngine.sync_weights
 
-    def failing_sync(self, model):
+    def failing_sync(self, weights):
         if struck("sync_error") and not state.get("synced_badly"):
             state["synced_badly"] = True
-            for _, (name, tensor) in zip(range(3), full_state_items(model)):
+            for _, (name, tensor) in zip(range(3), weights):
                 self.model.state_dict()[name].copy_(tensor)
             raise RuntimeError("the engine was lost mid-transfer (injected)")
-        return hf_sync(self, model)
+        return hf_sync(self, weights)
 
     HFEngine.sync_weights = failing_sync
 

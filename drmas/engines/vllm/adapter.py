@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
 
-from drmas.engines.base import Engine
+from drmas.engines.base import Engine, FullState
 from drmas.records import Completion, GenerationSettings
 
 __all__ = ["VLLMAdapter"]
@@ -37,8 +36,8 @@ class VLLMAdapter(Engine):
     def reseed(self, seed: int) -> None:
         self.engine.reseed(seed)
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        self.engine.sync_adapter(model, self.adapter)
+    def sync_weights(self, weights: FullState) -> None:
+        self.engine.sync_adapter(weights.model, self.adapter)
 
     @property
     def asleep(self) -> bool:

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 import torch
 
 from drmas import console
-from drmas.engines.base import ENGINES, Engine, Placement, check_request, per_prompt, policy_settings
+from drmas.engines.base import (ENGINES, Engine, FullState, Placement, check_request, per_prompt,
+                                policy_settings)
 from drmas.engines.served import EngineProcessError, ServedEngine
 from drmas.engines.vllm.adapter import VLLMAdapter
 from drmas.engines.vllm.runtime import vllm_available
@@ -269,9 +270,10 @@ class VLLMEngine(ServedEngine):
             self._wake()
             self._asleep = False
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Send ``model``'s state dict (checkpoint-format names, i.e. those of the HF model, cast to the
-        engine dtype) through the weight transfer; every rank of a sharded model calls it alike."""
+    def sync_weights(self, weights: FullState) -> None:
+        """Send the model's state dict (checkpoint-format names, i.e. those of the HF model, cast to the
+        engine dtype: ``weights.dtype`` is :attr:`transfer_dtype`) through the weight transfer; every
+        rank of a sharded model calls it alike."""
         from drmas.engines.vllm.transfer import trainer_engine
 
         if self._asleep and self.sleep_level == 1:  # weights kept on the host: back whole, then overwritten
@@ -283,9 +285,9 @@ class VLLMEngine(ServedEngine):
         if self._asleep:  # GPU only: the weight memory back, then the weights, then the KV cache
             self._wake(["weights"])
         if self._transfer is None:
-            self._transfer = trainer_engine(model, self.dtype, self._call, self.on_gpu, self.transfer_buffer,
+            self._transfer = trainer_engine(weights, self._call, self.on_gpu, self.transfer_buffer,
                                             self.name, self.split)
-        self._transfer.source.model = model  # the same engine may be handed another model object
+        self._transfer.source.weights = weights  # this sync's pass (the model object may be another)
         self._transfer.send_weights()
         if self._asleep:
             self._wake(["kv_cache"])

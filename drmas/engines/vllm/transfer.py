@@ -51,7 +51,7 @@ from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo, T
                                                    WeightTransferUpdateInfo)
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-from drmas.engines.base import full_state_items
+from drmas.engines.base import FullState
 from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
 from drmas.engines.vllm.settings import NCCL_BUFFERS
 
@@ -61,16 +61,17 @@ BACKEND = "drmas_shm"
 
 
 class StateSource(WeightSource):
-    """A model's state dict as vLLM's ``WeightSource``: checkpoint-format names, each tensor cast to
-    the engine's dtype and gathered whole (FSDP shards; a collective, in the same order on every
-    rank) only when its turn comes."""
+    """A sync's pass over a model's state dict (:class:`~drmas.engines.base.FullState`) as vLLM's
+    ``WeightSource``: checkpoint-format names, each tensor cast to the engine's dtype and gathered
+    whole (FSDP shards; a collective, in the same order on every rank) only when its turn comes."""
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
-        self.model, self.dtype = model, dtype
+    def __init__(self, weights: FullState) -> None:
+        self.weights = weights
 
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(name, self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape))
-                for name, t in self.model.state_dict().items()]
+        dtype = self.weights.dtype
+        return [ParamMeta(name, dtype if dtype and t.is_floating_point() else t.dtype, tuple(t.shape))
+                for name, t in self.weights.model.state_dict().items()]
 
     def largest(self) -> tuple[str, int]:
         """The largest tensor's name and its bytes in the engine's dtype (none: ``("", 0)``)."""
@@ -78,7 +79,7 @@ class StateSource(WeightSource):
                    key=lambda item: item[1], default=("", 0))
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return full_state_items(self.model, self.dtype)
+        return iter(self.weights)
 
 
 class ProcessClient:
@@ -240,14 +241,14 @@ def nccl_init_info(size: int, port: int | None = None) -> Any:
                                packed=True, packed_buffer_size_bytes=size, packed_num_buffers=NCCL_BUFFERS)
 
 
-def trainer_engine(model: torch.nn.Module, dtype: torch.dtype, call: Callable[..., Any], on_gpu: bool,
-                   buffer_bytes: int, name: str = "", split: bool = False) -> TrainerWeightTransferEngine:
+def trainer_engine(weights: FullState, call: Callable[..., Any], on_gpu: bool, buffer_bytes: int,
+                   name: str = "", split: bool = False) -> TrainerWeightTransferEngine:
     """The trainer side of one engine process's transfer, rendezvoused (``ipc`` on the trainer's GPU,
     ``nccl`` on a GPU of the engine's own, ``drmas_shm`` on CPU: :func:`transfer_backend`), with a
     buffer of :func:`transfer_size`. ``rank=0``: every trainer rank is the one sender to its own
     engine process."""
     register()
-    source, client = StateSource(model, dtype), ProcessClient(call, concurrent=split and on_gpu)
+    source, client = StateSource(weights), ProcessClient(call, concurrent=split and on_gpu)
     size = transfer_size(source, buffer_bytes, name)
     if on_gpu and split:  # --- GPU path: not exercised by the CPU test suite ---
         return WeightTransferTrainerFactory.trainer_init(nccl_init_info(size), client=client, source=source)
