@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
+from drmas.engines.sizing import EngineSizing
 from drmas.records import Completion, GenerationSettings
 from drmas.registry import Registry
 
@@ -65,11 +66,10 @@ class Engine(ABC):
     """Generates from token-id prompts with the current weights of one policy.
 
     An engine class declares its settings (:attr:`settings_type`), builds itself for a policy
-    (:meth:`create`) and says what device memory it keeps (:meth:`device_fractions`,
-    :meth:`keeps_copy`, :meth:`check_memory`) and how long a sequence it takes
-    (:meth:`context_limit`); registered in :data:`ENGINES` under a name, it is chosen with
-    ``--model.engine NAME``, or by ``auto`` (:func:`resolve_engine`). The trainer knows no engine
-    by name.
+    (:meth:`create`), says how long a sequence it takes (:meth:`context_limit`) and, apart, what
+    device memory it keeps (:attr:`sizing`, for the memory plan); registered in :data:`ENGINES`
+    under a name, it is chosen with ``--model.engine NAME``, or by ``auto``
+    (:func:`resolve_engine`). The trainer knows no engine by name.
     """
 
     settings_type: ClassVar[type | None] = None
@@ -79,6 +79,8 @@ class Engine(ABC):
     """Its place in ``--model.engine auto``'s choice: the available engine with the highest
     preference is taken; None: chosen only by name. Read from the class itself, not inherited:
     a subclass registered under a name of its own takes part only if it sets one."""
+    sizing: ClassVar[type[EngineSizing]] = EngineSizing
+    """What its engines take of device and host memory (:class:`~drmas.engines.sizing.EngineSizing`)."""
 
     @classmethod
     def own_process(cls, overlapped: bool) -> bool:
@@ -114,53 +116,13 @@ class Engine(ABC):
         """Refuse a placement this engine cannot follow (a one-line ValueError); every rank checks
         its own before any rank builds an engine."""
 
-    @classmethod
-    def check_memory(cls, team: dict[str, Any], settings: Any, on_gpu: bool, split: bool = False) -> None:
-        """Refuse, before anything is built, engines that cannot fit (a one-line ValueError); ``split``:
-        on a GPU of their own."""
-
-    @classmethod
-    def startup_budgets(cls, team: dict[str, Any], settings: Any, shapes: dict[str, Any], device_bytes: int,
-                        device_name: str, in_flight: dict[str, int], split: bool) -> list[Any]:
-        """For the memory plan: what each engine takes as it starts on its GPU of ``device_bytes``
-        (``shapes``: each policy's :class:`~drmas.models.shapes.ModelShape`; ``in_flight``: as
-        :attr:`Placement.in_flight`), each with ``line()``, ``fits`` and ``refusal()``; none by default."""
-        return []
-
-    @classmethod
-    def device_fractions(cls, team: dict[str, Any], settings: Any) -> list[float]:
-        """The device share each engine reserves during the rollout (for the memory plan)."""
-        return []
-
-    @classmethod
-    def asleep_bytes(cls, team: dict[str, Any], settings: Any) -> list[float]:
-        """What each engine still holds on the device while asleep, during the update (bytes)."""
-        return []
-
-    @classmethod
-    def asleep_host_bytes(cls, team: dict[str, Any], settings: Any, parameters: dict[str, int]) -> float:
-        """Host memory the engines keep while asleep (bytes; ``parameters``: each policy's count)."""
-        return 0.0
-
     asleep_measured: tuple[float, str] | None = None
     """What the engine holds on the device asleep, measured after its first sleep, and how it was read."""
-
-    @classmethod
-    def transfer_bytes(cls, settings: Any, largest: int, split: bool = False) -> float:
-        """The device memory one weight sync takes on the trainer's side at its peak (bytes), for a
-        policy whose largest tensor has ``largest`` elements; ``split``: to engines on a GPU of
-        their own."""
-        return 0.0
 
     @classmethod
     def builds_alone(cls, device: Any) -> bool:
         """Whether a rank builds its engines on ``device`` one after the other (each finished before
         the next starts) rather than all at once."""
-        return False
-
-    @classmethod
-    def keeps_copy(cls, sharded: bool) -> bool:
-        """Whether the engine keeps a whole copy of a policy's weights on the device at all times."""
         return False
 
     context_length: int | None = None

@@ -28,6 +28,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from drmas.engines.sizing import EngineSizing
 from drmas.engines.base import (ENGINES, Engine, Placement, check_request,
                                 FullState, per_prompt, tensor_sums)
 from drmas.models import load_causal_lm
@@ -111,6 +112,15 @@ class _StopTracker(StoppingCriteria):
         return self.tracker.after_step(input_ids)
 
 
+class HFSizing(EngineSizing):
+    """The HF engine generates with the trainer's own model, but keeps a copy of its own where that
+    model is sharded (``copy_weights``)."""
+
+    @classmethod
+    def keeps_copy(cls, sharded: bool) -> bool:
+        return sharded
+
+
 @ENGINES.register("hf")
 class HFEngine(Engine):
     """Batched ``model.generate`` with left padding; all ``prompts x n`` rows in one call.
@@ -128,6 +138,8 @@ class HFEngine(Engine):
     once and its KV cache repeated for its rows, instead of once per row; the samples are the
     same (same logits, same random draws).
     """
+
+    sizing = HFSizing
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_size: int | None = None,
                  copy_weights: bool = False, share_prefill: bool = True, adapter: str | None = None) -> None:
@@ -177,10 +189,6 @@ class HFEngine(Engine):
     @classmethod
     def own_process(cls, overlapped: bool) -> bool:
         return overlapped
-
-    @classmethod
-    def keeps_copy(cls, sharded: bool) -> bool:
-        return sharded
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

@@ -94,12 +94,12 @@ class EngineRouting:
 
     def startup_refusal(self, device_bytes: int, device_name: str) -> str | None:
         """The line refusing an engine that could not start on a GPU of ``device_bytes`` (its KV cache
-        would not hold one sequence: ``Engine.startup_budgets``), from the models' shapes alone, so
+        would not hold one sequence: ``EngineSizing.startup_budgets``), from the models' shapes alone, so
         before any weights are read; None when every engine can start."""
         shapes = {name: model_shape(p.model) for name, p in self.policies.items()}
-        budgets = self._engine_class.startup_budgets(self._team, self._engine_settings, shapes, device_bytes,
-                                                     device_name, self._in_flight(),
-                                                     self.engine_placement == "split")
+        budgets = self._engine_class.sizing.startup_budgets(self._team, self._engine_settings, shapes,
+                                                            device_bytes, device_name, self._in_flight(),
+                                                            self.engine_placement == "split")
         return next((b.refusal() for b in budgets if not b.fits), None)
 
     def _choose_places(self) -> None:

@@ -5,17 +5,17 @@ Counted: fp32 weights, gradients and the two AdamW moments (16 bytes per paramet
 over the ranks when sharded and moved to CPU with offloading; a bf16 reference copy when
 ``kl_coef > 0``; one chunk of fp32 logits (and its softmax and gradient) in the log-prob pass;
 the whole copy of the weights an engine keeps beside a sharded policy (``engine`` column:
-``Engine.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of
+``EngineSizing.keeps_copy``, for an engine that cannot generate with shards); the engines' fractions of
 the device (weights and KV cache) during the rollout; what each engine still holds asleep during
-the update (``Engine.asleep_bytes``: an engine process's device context and what its sleep
-does not release); one weight transfer's peak (``Engine.transfer_bytes``: its buffer, raised to
+the update (``EngineSizing.asleep_bytes``: an engine process's device context and what its sleep
+does not release); one weight transfer's peak (``EngineSizing.transfer_bytes``: its buffer, raised to
 the largest tensor, and one gathered tensor beside it, for the policy where that is largest), in
 the rollout peak, since the sync runs with the engines' weights awake. On the host: the weights
-engines asleep at level 1 keep there (``Engine.asleep_host_bytes``: frozen policies, LoRA bases).
+engines asleep at level 1 keep there (``EngineSizing.asleep_host_bytes``: frozen policies, LoRA bases).
 Also in the peaks: FSDP2's root group (embeddings, final norm, head) held unsharded, with its
 gradient, from the forward to the end of the backward, and each process's CUDA context (an
 estimate). Per engine, what it takes as it starts on its GPU and the KV cache left to it
-(``Engine.startup_budgets``: each engine class's own rules, e.g. a profiling pass and CUDA
+(``EngineSizing.startup_budgets``: each engine class's own rules, e.g. a profiling pass and CUDA
 graphs): an engine whose KV cache cannot hold one sequence is refused here, naming the settings
 that would let it start, instead of by the engine itself after the weights loaded.
 Once the engines have slept, what each one really holds is measured per process and compared with
@@ -62,7 +62,7 @@ class PolicyMemory:
     """False: a frozen policy, with no gradients, optimiser state or training logits."""
     engine_copy_bytes: float = 0.0
     """A whole copy of the weights the rollout engine keeps on the device at all times
-    (``Engine.keeps_copy``)."""
+    (``EngineSizing.keeps_copy``)."""
 
 
 def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> PolicyMemory:
@@ -93,13 +93,14 @@ def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[
     GPU of their own (``--model.engine_placement split``): the trainer's holds none of them, only
     the sending side of each weight transfer (their own GPU's budget is in ``budgets``). ``mixed``:
     FSDP2 gathers in bf16 (``bf16-mixed``); ``device_name`` and ``in_flight`` (sequences a rollout
-    sends each policy's engine at once) size the engines' start-up (``Engine.startup_budgets``)."""
-    copy = engine.keeps_copy(sharded or awake) and not split
-    fractions = [] if split else engine.device_fractions(team, settings)
+    sends each policy's engine at once) size the engines' start-up (``EngineSizing.startup_budgets``)."""
+    sizing = engine.sizing
+    copy = sizing.keeps_copy(sharded or awake) and not split
+    fractions = [] if split else sizing.device_fractions(team, settings)
     asleep = ([] if split else [f * device_bytes for f in fractions] if awake
-              else engine.asleep_bytes(team, settings))
+              else sizing.asleep_bytes(team, settings))
     shapes = {n: model_shape(p.model) for n, p in policies.items()}
-    transfer = max(engine.transfer_bytes(policy_settings(settings, p.config), shapes[n].largest, split)
+    transfer = max(sizing.transfer_bytes(policy_settings(settings, p.config), shapes[n].largest, split)
                    for n, p in policies.items())
     parameters = {n: s.parameters for n, s in shapes.items()}
     # FSDP2 keeps the root group (embeddings, final norm, head) gathered from the forward to the end
@@ -111,9 +112,9 @@ def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[
                 ranks=ranks, device_bytes=device_bytes,
                 engine_fractions=fractions, offload=offload,
                 engine_asleep=asleep, transfer_bytes=transfer, awake=awake, split=split,
-                host_bytes=0.0 if split else engine.asleep_host_bytes(team, settings, parameters),
+                host_bytes=0.0 if split else sizing.asleep_host_bytes(team, settings, parameters),
                 root_bytes=float(root_bytes), contexts=1 + (0 if split else len(fractions)),
-                budgets=engine.startup_budgets(team, settings, shapes, device_bytes, device_name,
+                budgets=sizing.startup_budgets(team, settings, shapes, device_bytes, device_name,
                                                in_flight or {}, split))
 
 
@@ -131,7 +132,7 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
     is in both (``contexts``: the processes on this device, trainer first; an estimate each).
     ``awake``: the engines play rollouts through the update (``engine_asleep`` then holds their whole
     fractions); ``split``: they run on a GPU of their own (none here, only the weight transfer's
-    sending side). ``budgets``: each engine's start-up on its GPU (``Engine.startup_budgets``); one
+    sending side). ``budgets``: each engine's start-up on its GPU (``EngineSizing.startup_budgets``); one
     whose KV cache cannot hold a sequence makes the plan fail.
     """
     rows, update, resident = [], 0.0, 0.0

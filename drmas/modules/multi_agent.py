@@ -109,8 +109,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.policies = torch.nn.ModuleDict(make_policies(policies, loss.kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
         self._team = dict(policies)
-        self._engine_class.check_memory(self._team, self._engine_settings, on_gpu=torch.cuda.is_available(),
-                                        split=engine_placement == "split")
+        self._engine_class.sizing.check_memory(self._team, self._engine_settings, torch.cuda.is_available(),
+                                               split=engine_placement == "split")
         self.loss = loss
         self.agent_grad_norms = agent_grad_norms
         self.preflight = preflight

@@ -124,9 +124,9 @@ def test_a_gpu_transfer_peak_holds_the_largest_tensor_twice_over_the_buffer():
     from drmas.engines.vllm.settings import VLLMSettings
 
     qwen3_8b_embedding = 151936 * 4096  # 1.16 GiB in bf16: more than vLLM's 1 GiB default buffer
-    peak = VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), qwen3_8b_embedding)
+    peak = VLLMEngine.sizing.transfer_bytes(VLLMSettings(dtype="bfloat16"), qwen3_8b_embedding)
     assert peak == 2 * qwen3_8b_embedding * 2  # the buffer raised to it, and the gathered tensor beside it
     small = 1024 * 1024  # 2 MiB in bf16: the 1 GiB buffer and the tensor
-    assert VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), small) == 2**30 + 2 * small
+    assert VLLMEngine.sizing.transfer_bytes(VLLMSettings(dtype="bfloat16"), small) == 2**30 + 2 * small
     fp32 = VLLMSettings(dtype="float32", transfer_buffer_mib=8)
-    assert VLLMEngine.transfer_bytes(fp32, small) == 8 * 2**20 + 4 * small
+    assert VLLMEngine.sizing.transfer_bytes(fp32, small) == 8 * 2**20 + 4 * small

@@ -141,7 +141,7 @@ def test_a_tensor_over_1_gib_reaches_another_process_by_cuda_ipc_within_the_plan
     the engine process), for Qwen3-8B's embedding in bf16 (151936 x 4096 x 2 B = 1.16 GiB, above
     vLLM's 1 GiB default buffer): the bytes arrive whole, and the trainer's peak (the tensor cast
     before the gather, and the buffer raised to it) is what the memory plan counts
-    (``VLLMEngine.transfer_bytes``)."""
+    (``VLLMEngine.sizing.transfer_bytes``)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     from drmas.engines.vllm.engine import VLLMEngine
@@ -154,7 +154,7 @@ def test_a_tensor_over_1_gib_reaches_another_process_by_cuda_ipc_within_the_plan
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     tensor = shard.to(torch.bfloat16)  # cast first, then (on several ranks) gathered
-    planned = VLLMEngine.transfer_bytes(VLLMSettings(dtype="bfloat16"), tensor.numel())
+    planned = VLLMEngine.sizing.transfer_bytes(VLLMSettings(dtype="bfloat16"), tensor.numel())
     buffer = torch.empty(max(2**30, tensor.numel() * 2), dtype=torch.uint8, device="cuda")
     buffer[: tensor.numel() * 2].copy_(tensor.view(-1).view(torch.uint8))
     torch.cuda.synchronize()

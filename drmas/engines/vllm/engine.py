@@ -15,6 +15,7 @@ import torch
 from drmas import console
 from drmas.engines.base import (ENGINES, Engine, FullState, Placement, check_request, per_prompt,
                                 policy_settings)
+from drmas.engines.sizing import EngineSizing
 from drmas.engines.served import EngineProcessError, ServedEngine
 from drmas.engines.vllm.adapter import VLLMAdapter
 from drmas.engines.vllm.runtime import vllm_available
@@ -34,6 +35,68 @@ ASLEEP_BYTES = 2**30
 """Device memory an engine process keeps asleep (CUDA context, what sleep does not release): an estimate."""
 
 
+class VLLMSizing(EngineSizing):
+    """A vLLM engine's memory: the GPU fraction each reserves, its start-up by vLLM's rules, what its
+    sleep keeps, the weight transfer's peak."""
+
+    @classmethod
+    def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool,
+                     split: bool = False) -> None:
+        """The engines' GPU fractions add up to at most 1, or on CPU their KV caches fit the machine."""
+        if on_gpu:
+            check_gpu_fractions(engine_fractions(team, settings, split))
+        else:
+            check_kv_caches(engine_sizes(team, settings))
+
+    @classmethod
+    def device_fractions(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
+        return list(engine_fractions(team, settings).values())
+
+    @classmethod
+    def startup_budgets(cls, team: dict[str, Any], settings: VLLMSettings, shapes: dict[str, Any],
+                        device_bytes: int, device_name: str, in_flight: dict[str, int],
+                        split: bool) -> list[EngineBudget]:
+        """Each engine's start-up by vLLM 0.32's rules (:mod:`drmas.engines.vllm.sizing`), with the
+        fraction and ``max_num_seqs`` it is built with."""
+        fractions = engine_fractions(team, settings, split)
+        widths = in_flight_per_engine(team, in_flight)
+        budgets, seen = [], set()
+        for name, config in team.items():
+            key = engine_key(name, config)
+            if key in seen:
+                continue
+            seen.add(key)
+            own = policy_settings(settings, config)
+            seqs = own.llm_args.get("max_num_seqs") or widths.get(key) or None
+            budgets.append(engine_budget(
+                key, shapes[name], fractions[key], device_bytes, gpu_element_bytes(own.dtype),
+                own.max_model_len, eager(own.enforce_eager, True), seqs,
+                own.llm_args.get("max_num_batched_tokens"), device_name))
+        return budgets
+
+    @classmethod
+    def asleep_bytes(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
+        """An estimate, not measured: each engine process's CUDA context and the allocations that
+        live outside the CuMem pool (sleep releases only the pool)."""
+        return [ASLEEP_BYTES] * len(engine_fractions(team, settings))
+
+    @classmethod
+    def asleep_host_bytes(cls, team: dict[str, Any], settings: VLLMSettings,
+                          parameters: dict[str, int]) -> float:
+        return host_copy_bytes(team, settings, parameters)
+
+    @classmethod
+    def transfer_bytes(cls, settings: VLLMSettings, largest: int, split: bool = False) -> float:
+        """A GPU transfer's peak on the trainer's side: its buffer (raised to the largest tensor, of
+        ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype; over
+        NCCL (``split``) chunks filled up to one tensor past the buffer's size: the
+        :data:`NCCL_BUFFERS` in flight (vLLM's packed broadcast), and the one being packed twice over
+        (its gathered tensors and their concatenation) while the other is in flight."""
+        tensor = largest * gpu_element_bytes(settings.dtype)
+        buffer = max(transfer_buffer_bytes(settings.transfer_buffer_mib, True), tensor)
+        return (NCCL_BUFFERS + 1) * (buffer + tensor) if split else buffer + tensor
+
+
 @ENGINES.register("vllm")
 class VLLMEngine(ServedEngine):
     """One vLLM engine in a process of its own; see the module docstring for why each setting is
@@ -47,6 +110,7 @@ class VLLMEngine(ServedEngine):
     """
 
     settings_type = VLLMSettings
+    sizing = VLLMSizing
     kind = "vLLM"
     auto_preference = 10  # over HF's 0: where vLLM is installed, ``auto`` takes it
 
@@ -153,63 +217,6 @@ class VLLMEngine(ServedEngine):
                             max_lora_rank=lora, name=key, **kwargs)
             pool[key]._rank = place.rank
         return VLLMAdapter(pool[key], policy.adapter), False  # the adapter is published by the first sync
-
-    @classmethod
-    def check_memory(cls, team: dict[str, Any], settings: VLLMSettings, on_gpu: bool,
-                     split: bool = False) -> None:
-        """The engines' GPU fractions add up to at most 1, or on CPU their KV caches fit the machine."""
-        if on_gpu:
-            check_gpu_fractions(engine_fractions(team, settings, split))
-        else:
-            check_kv_caches(engine_sizes(team, settings))
-
-    @classmethod
-    def device_fractions(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
-        return list(engine_fractions(team, settings).values())
-
-    @classmethod
-    def startup_budgets(cls, team: dict[str, Any], settings: VLLMSettings, shapes: dict[str, Any],
-                        device_bytes: int, device_name: str, in_flight: dict[str, int],
-                        split: bool) -> list[EngineBudget]:
-        """Each engine's start-up by vLLM 0.32's rules (:mod:`drmas.engines.vllm.sizing`), with the
-        fraction and ``max_num_seqs`` it is built with."""
-        fractions = engine_fractions(team, settings, split)
-        widths = in_flight_per_engine(team, in_flight)
-        budgets, seen = [], set()
-        for name, config in team.items():
-            key = engine_key(name, config)
-            if key in seen:
-                continue
-            seen.add(key)
-            own = policy_settings(settings, config)
-            seqs = own.llm_args.get("max_num_seqs") or widths.get(key) or None
-            budgets.append(engine_budget(
-                key, shapes[name], fractions[key], device_bytes, gpu_element_bytes(own.dtype),
-                own.max_model_len, eager(own.enforce_eager, True), seqs,
-                own.llm_args.get("max_num_batched_tokens"), device_name))
-        return budgets
-
-    @classmethod
-    def asleep_bytes(cls, team: dict[str, Any], settings: VLLMSettings) -> list[float]:
-        """An estimate, not measured: each engine process's CUDA context and the allocations that
-        live outside the CuMem pool (sleep releases only the pool)."""
-        return [ASLEEP_BYTES] * len(engine_fractions(team, settings))
-
-    @classmethod
-    def asleep_host_bytes(cls, team: dict[str, Any], settings: VLLMSettings,
-                          parameters: dict[str, int]) -> float:
-        return host_copy_bytes(team, settings, parameters)
-
-    @classmethod
-    def transfer_bytes(cls, settings: VLLMSettings, largest: int, split: bool = False) -> float:
-        """A GPU transfer's peak on the trainer's side: its buffer (raised to the largest tensor, of
-        ``largest`` elements) and one gathered tensor beside it, both in the engine's dtype; over
-        NCCL (``split``) chunks filled up to one tensor past the buffer's size: the
-        :data:`NCCL_BUFFERS` in flight (vLLM's packed broadcast), and the one being packed twice over
-        (its gathered tensors and their concatenation) while the other is in flight."""
-        tensor = largest * gpu_element_bytes(settings.dtype)
-        buffer = max(transfer_buffer_bytes(settings.transfer_buffer_mib, True), tensor)
-        return (NCCL_BUFFERS + 1) * (buffer + tensor) if split else buffer + tensor
 
     @classmethod
     def builds_alone(cls, device: torch.device) -> bool:
