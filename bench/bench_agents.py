@@ -185,7 +185,7 @@ def builtin(args: argparse.Namespace) -> None:
     (bs, _, bt), (es, _, et) = totals["built-in"], totals["endpoint"]
     machine = f"{os.cpu_count()} CPU cores, bf16 {'native' if bf16_is_native() else 'emulated'}"
     print(f"\n{args.rounds} rounds of {args.tasks} tasks x {args.group} episodes, {MODEL}, "
-          f"{module.engine_name} engine, {machine}")
+          f"{module.engines.name} engine, {machine}")
     print(f"{'':10s} {'rollout s':>10s} {'samples':>8s} {'tokens':>7s} {'ms/token':>9s}")
     for name, (s, n, t) in totals.items():
         print(f"{name:10s} {s:10.1f} {n:8d} {t:7d} {1000 * s / max(t, 1):9.2f}")

@@ -160,3 +160,22 @@ def test_drmas_raises_no_future_warning_of_its_own():
             for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Call)
             and getattr(node.func, "attr", None) == "warn" and "FutureWarning" in ast.unparse(node)]
     assert not hits, hits
+
+
+def test_the_contract_table_is_the_rollout_protocol():
+    """docs/architecture.md's table of the trainer's side of the rollout contract names exactly the
+    members of ``RolloutBackend``, and ``MultiAgentRL`` has every one."""
+    import inspect
+    import re
+
+    from drmas.data.rollouts import RolloutBackend
+    from drmas.modules import MultiAgentRL
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc.split("## One contract between rollouts and the trainer")[1].split("\n## ")[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    named = {re.match(r"\w+", name)[0] for row in rows for name in re.findall(r"`([^`]+)`", row)}
+    members = set(RolloutBackend.__annotations__) | {
+        n for n, v in vars(RolloutBackend).items() if inspect.isfunction(v) and not n.startswith("_")}
+    assert named == members
+    assert all(hasattr(MultiAgentRL, m) for m in members - {"iteration"})

@@ -1,5 +1,8 @@
-"""Rollouts played behind the trainer's back: one worker thread that plays the rollouts handed to it,
-in the order they came, each to its end (``--data.rollout.staleness``).
+"""Where a run's rollouts come from, chosen once (``--data.rollout.staleness``): :class:`Synchronous`
+(each iteration's rollout played on the latest weights, before its update) or :class:`Pipeline`
+(rollouts played behind the update, by one worker thread that plays the rollouts handed to it,
+in the order they came, each to its end). Both answer the same calls (``prepare``, ``drain``,
+``state``, ``load``, ``stop``), so nothing else branches on the staleness.
 
 One thread, not a pool: a rank's engines serve one rollout at a time (a second would only queue
 behind the first in the engines), and the order of the rollouts' gathers on the background's
@@ -19,10 +22,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from drmas.data.rollout_config import rollout_seed
 from drmas.ranks import at, mark_background
 from drmas.records import RolloutResult
 
-__all__ = ["Background", "Pipeline", "Played"]
+__all__ = ["Background", "Pipeline", "Played", "Synchronous"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,39 @@ class Background:
         return stopped
 
 
+class Synchronous:
+    """Each iteration's rollout played on the weights after the previous update, then trained on
+    (``staleness`` 0): nothing plays behind the update, nothing is kept in a checkpoint."""
+
+    staleness = 0
+    behind = False
+    """Whether rollouts play while the trainer updates."""
+    last: int | None = None
+
+    def prepare(self, rollouts: Any, backend: Any, iteration: int) -> Any:
+        """Sync the weights, play this rank's share of the iteration's tasks (with its own seed, of the
+        run's seed, the rank and the iteration: a rollout draws the same whether the run was resumed
+        or not), gather and score them."""
+        t0 = time.perf_counter()
+        backend.sync_weights(seed=rollout_seed(rollouts.config.seed, backend.rank, iteration))
+        timings = {"time/sync_s": time.perf_counter() - t0}
+        return rollouts.finish(backend, rollouts.play(backend, iteration, iteration - 1), timings)
+
+    def drain(self) -> dict[str, float]:
+        return {}
+
+    def state(self) -> dict[str, Any] | None:
+        return None
+
+    def load(self, state: dict[str, Any]) -> None:
+        raise ValueError(f"the checkpoint was written with --data.rollout.staleness {state['staleness']} and "
+                         "holds the rollouts played ahead; this run is synchronous (staleness 0). Resume "
+                         "with the checkpoint's staleness")
+
+    def stop(self) -> None:
+        pass
+
+
 class Pipeline:
     """Rollouts N = ``staleness`` updates behind: iteration k trains on the rollout played on the
     weights after update k-1-N (after none while k <= N+1), which the background thread played
@@ -111,6 +148,8 @@ class Pipeline:
     behind them; at k's end :meth:`drain` waits for it, so the checkpoint, validation and the next
     weight sync all find the engines idle. A rank's engines play one rollout at a time, so only one
     rollout overlaps each update whatever N is: N > 1 adds lag, not overlap."""
+
+    behind = True
 
     def __init__(self, staleness: int) -> None:
         if staleness < 1:
@@ -158,6 +197,7 @@ class Pipeline:
         played behind the update) and ``train/<policy>/engine_idle_s`` (from that rollout's start to
         now, the rest: waiting on the trainer, or on the other agents' engines and the
         environment)."""
+        at("the background rollout (drain)")
         t0 = time.perf_counter()
         played = self._collect()
         now = time.perf_counter()
@@ -172,7 +212,7 @@ class Pipeline:
                     out[f"train/{policy}/engine_idle_s"] = max(0.0, now - p.started_at - busy)
         return out
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any] | None:
         """The rollouts played but not trained on (call after :meth:`drain`): a resumed run trains
         on them, instead of playing them again on weights it no longer has."""
         if self.background.submitted:

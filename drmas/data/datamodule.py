@@ -92,9 +92,8 @@ class RolloutDataModule(L.LightningDataModule):
             self.trainer.callbacks.insert(0, self._hook)
         backend = self._backend()
         backend.set_staleness(self.rollouts.config.staleness)
-        if self.rollouts.pipeline is not None:  # no rollout played past the last iteration
-            last = self.trainer.max_epochs
-            self.rollouts.pipeline.last = last if last is not None and last > 0 else None
+        last = self.trainer.max_epochs  # no rollout played past the last iteration
+        self.rollouts.source.last = last if last is not None and last > 0 else None
         self.rollouts.bind(backend)
         if self.validation.swap_probe:
             self.rollouts.swapped_agents()  # one policy per agent, or an error before anything runs
@@ -105,23 +104,16 @@ class RolloutDataModule(L.LightningDataModule):
 
     def stop_background(self) -> None:
         """Drop the rollouts playing behind the update (the run ends or failed)."""
-        if self.rollouts.pipeline is not None:
-            self.rollouts.pipeline.stop()
+        self.rollouts.source.stop()
 
     def state_dict(self) -> dict[str, Any]:
         """With ``staleness`` >= 1: the rollouts played ahead, not yet trained on."""
-        pipeline = self.rollouts.pipeline
-        return {} if pipeline is None else {"pipeline": pipeline.state()}
+        ahead = self.rollouts.source.state()
+        return {} if ahead is None else {"pipeline": ahead}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pipeline = self.rollouts.pipeline
-        if "pipeline" in state and pipeline is None:
-            was = state["pipeline"]["staleness"]
-            raise ValueError(f"the checkpoint was written with --data.rollout.staleness {was} and holds the "
-                             f"rollouts played ahead; this run is synchronous (staleness 0). Resume with "
-                             f"the checkpoint's staleness")
         if "pipeline" in state:
-            pipeline.load(state["pipeline"])
+            self.rollouts.source.load(state["pipeline"])
 
     def _backend(self) -> RolloutBackend:
         return self.trainer.lightning_module
@@ -139,7 +131,7 @@ class RolloutDataModule(L.LightningDataModule):
         # A loader draws a seed for its workers from torch's global generator when it starts; with
         # rollouts behind the update that draw would race the background's (a frozen policy's HF
         # engine samples from that generator in the background thread), so it draws from its own.
-        rng = torch.Generator() if self.rollouts.pipeline is not None else None
+        rng = torch.Generator() if self.rollouts.source.behind else None
         return DataLoader(self.current.micro_batches, batch_size=None, shuffle=False, collate_fn=_identity,
                           generator=rng)
 
@@ -216,9 +208,9 @@ class RolloutDataModule(L.LightningDataModule):
     def _iteration_end(self, trainer: L.Trainer) -> None:
         backend = self._backend()
         iteration = backend.iteration
-        if self.rollouts.pipeline is not None:  # validation, the checkpoint and the next sync: engines idle
-            at("the background rollout (drain)")
-            backend.log_scalars(self.rollouts.pipeline.drain())
+        drained = self.rollouts.source.drain()  # validation, the checkpoint and the next sync: engines idle
+        if drained:
+            backend.log_scalars(drained)
         trained = self.current
         if trained is not None and self.episodes.per_iteration != 0:  # after its update, as trained
             sources = {t.uid: t.source for t in self.rollouts.sample_tasks(trained.iteration)}

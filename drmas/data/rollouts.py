@@ -32,7 +32,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from drmas.algorithms import compute_advantages
-from drmas.data.background import Pipeline, Played
+from drmas.data.background import Pipeline, Played, Synchronous
 from drmas.data.batching import make_micro_batches
 from drmas.data.gathered import drop_nonfinite, gather, outcome_scalars
 from drmas.data.progress import EpisodeBar, show_progress
@@ -129,8 +129,10 @@ class Rollouts:
         self.agent_map: dict[str, str] = {}
         self.last_validation: RolloutResult | None = None
         """The samples and episodes of the last :meth:`validate` (every rank's)."""
-        self.pipeline = Pipeline(config.staleness) if config.staleness else None
-        """The rollouts played ahead in the background (``staleness`` >= 1), else None."""
+        self.source: Synchronous | Pipeline = (Pipeline(config.staleness) if config.staleness
+                                               else Synchronous())
+        """Where the iterations' rollouts come from, chosen once: played before each update, or ahead in
+        the background (``staleness`` >= 1)."""
 
     def bind(self, backend: RolloutBackend) -> None:
         """Resolve the workflow's agents to the backend's policies (errors name the agent)."""
@@ -156,14 +158,7 @@ class Rollouts:
         rollout was played in the background on older weights (:class:`~drmas.data.background.Pipeline`)."""
         if not self.agent_map:
             self.bind(backend)
-        if self.pipeline is not None:
-            return self.pipeline.prepare(self, backend, iteration)
-        # rank r plays tasks r, r + world, ...; its own seed (rank 0's is the one-process seed), for
-        # the workflow and the engines: a rollout draws the same whether the run was resumed or not
-        t0 = time.perf_counter()
-        backend.sync_weights(seed=rollout_seed(self.config.seed, backend.rank, iteration))
-        t1 = time.perf_counter()
-        return self.finish(backend, self.play(backend, iteration, iteration - 1), {"time/sync_s": t1 - t0})
+        return self.source.prepare(self, backend, iteration)
 
     def play(self, backend: RolloutBackend, iteration: int, version: int, background: bool = False) -> Played:
         """Play this rank's share of the iteration's tasks on the engines' weights (those after

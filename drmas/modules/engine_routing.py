@@ -1,6 +1,7 @@
-"""What the trainer needs to generate with its policies: one engine per policy, built by its
-class and agreed on by every rank, the ``generate`` function the workflows call, the chat
-prompt's token ids, and the engine call that names the policy and the agent when it fails."""
+"""What the trainer needs to generate with its policies: its engines as one object
+(:class:`RolloutEngines`: one engine per policy, built by its class and agreed on by every rank),
+the ``generate`` function the workflows call, the chat prompt's token ids, and the engine call
+that names the policy and the agent when it fails."""
 
 from __future__ import annotations
 
@@ -13,81 +14,112 @@ from typing import Any, Sequence
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from drmas.engines import Engine, EngineError, Placement, policy_settings
+from drmas.engines import Engine, EngineError, Placement, parse_settings, policy_settings, resolve_engine
 from drmas.engines.base import FullState
 from drmas.engines.placement import engine_gpu, local_ranks, overlap_cores, pin_process, rank_cores
 from drmas.models.shapes import model_shape
-from drmas.modules.memory import memory_plan, plan_terms
+from drmas.modules.memory import memory_plan, plan_terms, residue_report
 from drmas.ranks import agree, at
 from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
 from drmas.tool_calls import fallback_messages, resolve_format
 
-__all__ = ["BusyClock", "EngineRouting", "PolicyGenerate", "encode_prompt", "engine_seed",
+__all__ = ["BusyClock", "PolicyGenerate", "RolloutEngines", "encode_prompt", "engine_seed",
            "release_cached_memory", "run_engine"]
 
 
-class EngineRouting:
-    """The generation side of :class:`~drmas.modules.multi_agent.MultiAgentRL`: its engines, their
-    weight sync, and the ``generate`` function routed by agent to policy. (A mixin: it uses the
-    module's policies, ranks and engine settings.)"""
+class RolloutEngines:
+    """A rank's rollout engines, one per policy, as one object the trainer holds
+    (``MultiAgentRL.engines``): the engine class and its settings, where the engines run, their
+    build, weight sync, sleep and reseeding, and the ``generate`` function routed by agent to
+    policy.
+
+    ``host``: the trainer it serves, of which it reads the policies and the agent map, the ranks
+    and the device, the trainer's strategy and precision (the memory plan), the loss (staleness
+    needs importance weights), the stop signal and ``gather_objects`` (the ranks agree on every
+    build and sync). Its own state is created here, nothing of it in the host."""
+
+    def __init__(self, host: Any, engine: str, settings: dict[str, Any] | None, placement: str,
+                 team: dict[str, Any]) -> None:
+        """Resolve the engine (``auto`` picks one), parse its settings and each policy's overrides
+        (unknown keys refused by name), and refuse engines that cannot fit, before anything is built."""
+        self.host = host
+        self.name, self.cls = resolve_engine(engine)
+        if placement not in ("shared", "split"):
+            raise ValueError(f"--model.engine_placement must be shared or split, got {placement!r}")
+        self.placement = placement
+        # the engine parses its own settings: their type depends on which engine `auto` picks here
+        self.settings = parse_settings(self.name, self.cls, dict(settings or {}))
+        for name, config in team.items():  # each policy's overrides, checked before anything is built
+            parse_settings(self.name, self.cls, dict(config.engine_settings),
+                           f"the engine_settings of policy {name!r}", self.settings)
+        self.team = team
+        self.cls.sizing.check_memory(team, self.settings, torch.cuda.is_available(), placement == "split")
+        self.built: dict[str, Engine] = {}
+        """Each policy's engine, once built (:meth:`build`)."""
+        self.pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
+        self.synced: dict[str, int] = {}  # policy -> the weight version its engine serves (-1: none yet)
+        self.busy: dict[str, BusyClock] = {}
+        self.plan: dict | None = None  # the memory plan's terms (GPU), until the engines first slept
+        self.staleness = 0  # set by the rollout side (set_staleness) before the engines are built
+        self.cpus: tuple[int, ...] | None = None  # engine processes' cores, when not the rank's
+        self.gpu: torch.device | None = None  # the engines' GPU, when not the trainer's
 
     def _placement(self) -> Placement:
-        return Placement(self.rank, self.local_rank, self.world_size, self.device, self.rank,
-                         self._sharded, self.staleness > 0, self._engine_cpus, self._engine_device,
-                         self._in_flight())
+        host = self.host
+        return Placement(host.rank, host.local_rank, host.world_size, host.device, host.rank, host._sharded,
+                         self.staleness > 0, self.cpus, self.gpu, self._in_flight())
 
     def _in_flight(self) -> dict[str, int]:
         """Sequences a training rollout sends each policy's engine at once on this rank, at most: the
         rank's tasks x the group size x the agents the policy plays (none when no rollout data
         module is attached)."""
-        rollouts = getattr(getattr(self._trainer, "datamodule", None), "rollouts", None)
+        rollouts = getattr(getattr(self.host._trainer, "datamodule", None), "rollouts", None)
         config = getattr(rollouts, "config", None)
-        if config is None or not self.agent_map:
+        if config is None or not self.host.agent_map:
             return {}
-        tasks = -(-config.tasks_per_iteration // self.world_size)
-        agents = [self.policy_of(a) for a in self.agent_map]
-        return {name: tasks * config.group_size * agents.count(name) for name in self.policies}
+        tasks = -(-config.tasks_per_iteration // self.host.world_size)
+        agents = [self.host.policy_of(a) for a in self.host.agent_map]
+        return {name: tasks * config.group_size * agents.count(name) for name in self.host.policies}
 
     def set_staleness(self, staleness: int) -> None:
         """Rollouts lag ``staleness`` updates (``--data.rollout.staleness``): engines stay awake and
         keep weights of their own; the loss then needs the behaviour policy's importance weights."""
-        if staleness and self.loss.importance_cap is None:
+        if staleness and self.host.loss.importance_cap is None:
             raise ValueError(f"--data.rollout.staleness {staleness} trains on samples of older weights: the "
                              "loss corrects for them with truncated importance weights, so "
                              "--model.loss.importance_cap must be set (2.0 is the default; docs/async.md)")
         self.staleness = staleness
 
-    def _place_engines(self) -> None:
+    def place(self) -> None:
         """Every rank's engines placed (:meth:`_choose_places`) and checked by their class, agreed by
         every rank before any rank builds an engine; then, on GPUs, the memory plan (refused when it
         does not fit)."""
         failure = None
         try:
             self._choose_places()
-            self._engine_class.check_placement(self._placement())
+            self.cls.check_placement(self._placement())
         except ValueError as err:
             failure = err
         self._agree(failure)
-        if self.device.type != "cuda":  # the plan is about accelerator memory
+        if self.host.device.type != "cuda":  # the plan is about accelerator memory
             return
-        device = torch.cuda.get_device_properties(self.device)
-        self._plan = plan_terms(self.policies, self._engine_class, self._engine_settings, self._team,
-                                self.world_size, device.total_memory,
-                                getattr(self.trainer.strategy, "cpu_offload", False), self._sharded,
-                                self.loss.kl_coef > 0, awake=self.staleness > 0,
-                                split=self._engine_device is not None,
-                                mixed=str(self.trainer.precision).startswith("bf16"), device_name=device.name,
-                                in_flight=self._in_flight())
-        plan, fits = memory_plan(**self._plan)
+        device = torch.cuda.get_device_properties(self.host.device)
+        trainer = self.host.trainer
+        self.plan = plan_terms(self.host.policies, self.cls, self.settings, self.team, self.host.world_size,
+                               device.total_memory, getattr(trainer.strategy, "cpu_offload", False),
+                               self.host._sharded, self.host.loss.kl_coef > 0, awake=self.staleness > 0,
+                               split=self.gpu is not None, mixed=str(trainer.precision).startswith("bf16"),
+                               device_name=device.name, in_flight=self._in_flight())
+        plan, fits = memory_plan(**self.plan)
         rank_zero_info(plan)
         if not fits:
-            refused = [b.refusal() for b in self._plan["budgets"] if not b.fits]
+            refused = [b.refusal() for b in self.plan["budgets"] if not b.fits]
             raise ValueError(refused[0] if refused else plan)
 
-    def refuse_unstartable_engines(self) -> None:
+    def refuse_unstartable(self) -> None:
         """On a GPU, raise :meth:`startup_refusal`'s line for this rank's GPU, if any."""
-        if self.device.type == "cuda":
-            device = torch.cuda.get_device_properties(self.device)
+        if self.host.device.type == "cuda":
+            device = torch.cuda.get_device_properties(self.host.device)
             refusal = self.startup_refusal(device.total_memory, device.name)
             if refusal:
                 raise ValueError(refusal)
@@ -96,10 +128,9 @@ class EngineRouting:
         """The line refusing an engine that could not start on a GPU of ``device_bytes`` (its KV cache
         would not hold one sequence: ``EngineSizing.startup_budgets``), from the models' shapes alone, so
         before any weights are read; None when every engine can start."""
-        shapes = {name: model_shape(p.model) for name, p in self.policies.items()}
-        budgets = self._engine_class.sizing.startup_budgets(self._team, self._engine_settings, shapes,
-                                                            device_bytes, device_name, self._in_flight(),
-                                                            self.engine_placement == "split")
+        shapes = {name: model_shape(p.model) for name, p in self.host.policies.items()}
+        budgets = self.cls.sizing.startup_budgets(self.team, self.settings, shapes, device_bytes, device_name,
+                                                  self._in_flight(), self.placement == "split")
         return next((b.refusal() for b in budgets if not b.fits), None)
 
     def _choose_places(self) -> None:
@@ -107,37 +138,37 @@ class EngineRouting:
         leaves free (:func:`~drmas.engines.placement.engine_gpu`; engines in processes of their own
         only); else on the trainer's device, on cores of their own on CPU when they play behind the
         update (:func:`~drmas.engines.placement.overlap_cores`)."""
-        if self.engine_placement == "split":
-            if not self._engine_class.own_process(True):
+        if self.placement == "split":
+            if not self.cls.own_process(True):
                 raise ValueError(f"--model.engine_placement split runs engines in processes of their own, "
-                                 f"which the {self.engine_name} engine does not")
-            count = torch.cuda.device_count() if self.device.type == "cuda" else 0
-            self._engine_device = engine_gpu(self.device, self.trainer.device_ids, count, self.local_rank)
-            print(f"[rank {self.rank}] engines on {self._engine_device} (--model.engine_placement split), "
-                  f"the trainer on {self.device}", flush=True)
+                                 f"which the {self.name} engine does not")
+            count = torch.cuda.device_count() if self.host.device.type == "cuda" else 0
+            self.gpu = engine_gpu(self.host.device, self.host.trainer.device_ids, count, self.host.local_rank)
+            print(f"[rank {self.host.rank}] engines on {self.gpu} (--model.engine_placement split), "
+                  f"the trainer on {self.host.device}", flush=True)
             return
-        if not self.staleness or self.device.type != "cpu" or not self._engine_class.own_process(True):
+        if not self.staleness or self.host.device.type != "cpu" or not self.cls.own_process(True):
             return  # an engine in a thread of the trainer's shares its cores
-        trainer, engines = overlap_cores(rank_cores(self.local_rank, local_ranks(self.world_size)))
+        trainer, engines = overlap_cores(rank_cores(self.host.local_rank, local_ranks(self.host.world_size)))
         if trainer != engines:
-            self._engine_cpus = tuple(engines)
+            self.cpus = tuple(engines)
             pin_process(trainer)
-            if self.rank == 0:
+            if self.host.rank == 0:
                 print(f"rollouts behind the update: the trainer on cores {trainer}, its engines on "
                       f"{engines}", flush=True)
 
     def _agree(self, failure: BaseException | None) -> None:
         """A collective: raise this rank's ``failure``, or another rank's, on every rank alike."""
-        agree(self.gather_objects, self.rank, failure)
+        agree(self.host.gather_objects, self.host.rank, failure)
 
-    def _engine(self, name: str) -> Engine:
-        if name not in self.engines:
-            policy = self.policies[name]
-            settings = policy_settings(self._engine_settings, policy.config)
-            self.engines[name], fresh = self._engine_class.create(policy, settings, self._placement(),
-                                                                  self._engine_pool, self._team)
-            self._synced[name] = 0 if fresh else -1  # -1: synced before its first use
-        return self.engines[name]
+    def engine(self, name: str) -> Engine:
+        """The policy's engine (built at the first call)."""
+        if name not in self.built:
+            policy = self.host.policies[name]
+            own = policy_settings(self.settings, policy.config)
+            self.built[name], fresh = self.cls.create(policy, own, self._placement(), self.pool, self.team)
+            self.synced[name] = 0 if fresh else -1  # -1: synced before its first use
+        return self.built[name]
 
     def sync_weights(self, seed: int | None = None) -> None:
         """Make every engine serve its policy's current weights (only after they changed, or
@@ -147,24 +178,24 @@ class EngineRouting:
         and that every rank's sync went through: a rank whose engine fails still takes part in
         every gather of the sharded weights that the others make, then every rank raises."""
         at("the weight sync")
-        release_cached_memory(self.device)
-        self.build_engines()
+        release_cached_memory(self.host.device)
+        self.build()
         failure = None
-        for name, policy in self.policies.items():
-            engine = self._engine(name)
-            if self._synced[name] != policy.version or engine.asleep:
+        for name, policy in self.host.policies.items():
+            engine = self.engine(name)
+            if self.synced[name] != policy.version or engine.asleep:
                 weights = FullState(policy.model, engine.transfer_dtype)
                 try:
                     if failure is None:  # after a failure: the gathers only
                         engine.sync_weights(weights)
-                        self._synced[name] = policy.version
+                        self.synced[name] = policy.version
                 except Exception as err:  # the engine process died, a transfer failed
                     failure = err
-                if self._sharded:
+                if self.host._sharded:
                     weights.finish()
         if failure is None:
             try:
-                for engine in self.engines.values():
+                for engine in self.built.values():
                     engine.wake()  # engines that kept their weights asleep and had nothing sent
             except Exception as err:
                 failure = err
@@ -172,25 +203,25 @@ class EngineRouting:
         if seed is not None:
             self.reseed(seed)
 
-    def resend_weights(self) -> None:
+    def resend(self) -> None:
         """Have the next :meth:`sync_weights` send every policy's weights, as if they had changed."""
-        for name in self.policies:
-            self._synced[name] = -1
+        for name in self.host.policies:
+            self.synced[name] = -1
 
-    def build_engines(self) -> None:
+    def build(self) -> None:
         """Build the engines this rank does not have yet (one after the other where the engine class
         says so), and agree with every rank that each built its own."""
-        if all(name in self.engines for name in self.policies):
+        if all(name in self.built for name in self.host.policies):
             return
         failure = None
-        alone = self._engine_class.builds_alone(self.device)
+        alone = self.cls.builds_alone(self.host.device)
         try:
-            for name in self.policies:
+            for name in self.host.policies:
                 if alone:  # the previous engine finished building before this one starts
-                    for engine in self.engines.values():
+                    for engine in self.built.values():
                         engine.ready()
-                self._engine(name)
-            for engine in self.engines.values():
+                self.engine(name)
+            for engine in self.built.values():
                 engine.ready()
         except Exception as err:  # an engine that cannot load on this rank (memory, files)
             failure = err
@@ -198,27 +229,49 @@ class EngineRouting:
 
     def reseed(self, seed: int) -> None:
         """Reseed every engine from ``seed`` (engines drawing from an RNG of their own: a stream each)."""
-        for k, engine in enumerate(self.engines.values()):
+        for k, engine in enumerate(self.built.values()):
             engine.reseed(engine_seed(seed, k))
 
-    def engine_busy(self) -> dict[str, float]:
-        return {name: self._busy[name].take() if name in self._busy else 0.0 for name in self.policies}
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each policy's engine answered requests since the last call (overlapping ones once)."""
+        return {name: self.busy[name].take() if name in self.busy else 0.0 for name in self.host.policies}
 
-    def engine_cache_stats(self) -> tuple[int, int]:
-        stats = [e.take_cache_stats() for e in self.engines.values()]
+    def cache_stats(self) -> tuple[int, int]:
+        """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
+        stats = [e.take_cache_stats() for e in self.built.values()]
         return sum(s[0] for s in stats), sum(s[1] for s in stats)
 
     def generate_fn(self, train: bool) -> GenerateFn:
         """The ``generate(agent, prompts, n)`` function workflows call, routed by policy."""
         return PolicyGenerate(self, train)
 
+    def sleep(self, report: bool) -> None:
+        """The rollout is done: engines give their accelerator memory to the update (those that can
+        sleep; a no-op for the rest) until the next :meth:`sync_weights` wakes them; rollouts played
+        behind the update keep them awake. After the first sleep on a GPU, what it really left is
+        printed against the memory plan (``report``: on this rank)."""
+        for engine in self.built.values() if not self.staleness else ():  # (split: no-op)
+            engine.sleep()
+        if self.plan is not None and report:
+            for line in residue_report({n: e.asleep_measured for n, e in self.built.items()
+                                        if e.asleep_measured is not None}, self.plan):
+                print(line, flush=True)
+        self.plan = None
+
+    def close(self) -> None:
+        """Close every engine (again: a no-op)."""
+        for engine in self.built.values():
+            engine.close()
+        self.built.clear()
+        self.pool.clear()
+
 
 class PolicyGenerate:
     """``generate(agent, prompts, n)`` on the agent's policy with its train or eval generation settings, and
     what an endpoint needs to answer within that policy (:meth:`settings`, :meth:`prompt_tokens`)."""
 
-    def __init__(self, module: Any, train: bool) -> None:
-        self.module, self.train = module, train
+    def __init__(self, engines: RolloutEngines, train: bool) -> None:
+        self.engines, self.module, self.train = engines, engines.host, train
 
     def _policy(self, agent: str) -> Any:
         return self.module.policies[self.module.policy_of(agent)]
@@ -244,8 +297,8 @@ class PolicyGenerate:
         config = policy.config
         ids = [encode_prompt(policy.tokenizer, p, config.chat_template_kwargs, config.tool_format)
                for p in prompts]
-        with self.module._busy.setdefault(policy.name, BusyClock()):
-            outs = run_engine(self.module._engine(policy.name), self.module.engine_name, policy.name, agent,
+        with self.engines.busy.setdefault(policy.name, BusyClock()):
+            outs = run_engine(self.engines.engine(policy.name), self.engines.name, policy.name, agent,
                               ids, n, params, stops, budgets)
         # what the agent's parser reads: the prefill it was given, then the response
         return [[dataclasses.replace(c, text=p.prefill + c.text) for c in completions]
@@ -258,7 +311,7 @@ class PolicyGenerate:
     def context_length(self, agent: str) -> int | None:
         """The agent's engine's context length, else its model's position limit."""
         policy = self._policy(agent)
-        engine = self.module.engines.get(policy.name)
+        engine = self.engines.built.get(policy.name)
         return (getattr(engine, "context_length", None)
                 or getattr(policy.model.config, "max_position_embeddings", None))
 

@@ -25,25 +25,23 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from drmas.algorithms import LossConfig, policy_loss, truncated_importance_weights
-from drmas.engines import Engine, parse_settings, resolve_engine
 from drmas.modules.agent_grads import AgentGradients
-from drmas.modules.engine_routing import EngineRouting
+from drmas.modules.engine_routing import RolloutEngines
 from drmas.modules.preflight import run_preflight
-from drmas.modules.memory import residue_report
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_gaps, restore_rank_rng,
                                      save_state)
 from drmas.modules.sharding import check_precision
-from drmas.ranks import at, watch_state
-from drmas.records import BatchSpec, MicroBatch
+from drmas.ranks import agree, at, watch_state
+from drmas.records import BatchSpec, GenerateFn, MicroBatch
 from drmas.watch import watch
 
 __all__ = ["MultiAgentRL", "check_precision"]
 
 log = logging.getLogger(__name__)
 
-class MultiAgentRL(EngineRouting, L.LightningModule):
+class MultiAgentRL(L.LightningModule):
     def __init__(
         self,
         policies: dict[str, PolicyConfig] = {"shared": PolicyConfig()},  # noqa: B006 (jsonargparse needs a concrete default)
@@ -89,16 +87,8 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         super().__init__()
         if not policies:
             raise ValueError("at least one policy is needed")
-        self.engine_name, self._engine_class = resolve_engine(engine)
-        if engine_placement not in ("shared", "split"):
-            raise ValueError(f"--model.engine_placement must be shared or split, got {engine_placement!r}")
-        self.engine_placement = engine_placement
-        # the engine parses its own settings: their type depends on which engine `auto` picks here
-        self._engine_settings = parse_settings(self.engine_name, self._engine_class,
-                                               dict(engine_settings or {}))
-        for name, config in policies.items():  # each policy's overrides, checked before anything is built
-            parse_settings(self.engine_name, self._engine_class, dict(config.engine_settings),
-                           f"the engine_settings of policy {name!r}", self._engine_settings)
+        # the rollout engines: settings checked (unknown keys named) and memory refused before any model loads
+        self.engines = RolloutEngines(self, engine, engine_settings, engine_placement, dict(policies))
         # Plain values only: Lightning reads them back with torch.load(weights_only=True) on resume.
         self.save_hyperparameters(ignore=["policies", "loss"])
         self.hparams["policies"] = {k: dataclasses.asdict(v) for k, v in policies.items()}
@@ -108,9 +98,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
         self.policies = torch.nn.ModuleDict(make_policies(policies, loss.kl_coef > 0, prefix_sharing))
         self.agent_map = dict(agents or {})
-        self._team = dict(policies)
-        self._engine_class.sizing.check_memory(self._team, self._engine_settings, torch.cuda.is_available(),
-                                               split=engine_placement == "split")
         self.loss = loss
         self.agent_grad_norms = agent_grad_norms
         self.preflight = preflight
@@ -120,11 +107,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self.stop_signal = StopSignal()
         self.weights_read: dict[str, str] = {}  # policy -> how its shards were read (sharded loading)
         self._sharded = False
-        self._plan: dict | None = None  # the memory plan's terms (GPU), until the engines first slept
-        self.engines: dict[str, Engine] = {}
-        self._engine_pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
-        self._synced: dict[str, int] = {}
-        self._busy: dict[str, Any] = {}  # policy -> its engine's BusyClock
         self._old_logprobs: dict[tuple[str, int], torch.Tensor] = {}
         # (policy, index among its samples) -> mean |trainer - engine| log-prob per response token
         # of a sample this rank trained, until the data module writes its record
@@ -132,9 +114,6 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
-        self.staleness = 0  # set by the rollout side (set_staleness) before the engines are built
-        self._engine_cpus: tuple[int, ...] | None = None  # engine processes' cores, when not the rank's
-        self._engine_device: torch.device | None = None  # the engines' GPU, when not the trainer's
 
     # ---- agents, engines, generation ------------------------------------------------------
 
@@ -154,6 +133,25 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def world_size(self) -> int:
         return self._trainer.world_size if self._trainer is not None else 1
 
+    # the engines' side of the rollout contract (drmas.data.rollouts.RolloutBackend)
+    def generate_fn(self, train: bool) -> GenerateFn:
+        return self.engines.generate_fn(train)
+
+    def sync_weights(self, seed: int | None = None) -> None:
+        self.engines.sync_weights(seed)
+
+    def reseed(self, seed: int) -> None:
+        self.engines.reseed(seed)
+
+    def set_staleness(self, staleness: int) -> None:
+        self.engines.set_staleness(staleness)
+
+    def engine_cache_stats(self) -> tuple[int, int]:
+        return self.engines.cache_stats()
+
+    def engine_busy(self) -> dict[str, float]:
+        return self.engines.busy_seconds()
+
     def gather_objects(self, obj: Any, background: bool = False) -> list[Any]:
         """Every rank's ``obj`` in rank order; a collective (``[obj]`` with one process), on the
         background rollout's gloo group when ``background``."""
@@ -170,7 +168,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         """Under ``ModelParallelStrategy`` (``drmas.modules.sharding.FSDP``): shard every policy
         (and its reference) with FSDP2 over the data-parallel ranks."""
         strategy = self._trainer.strategy if self._trainer is not None else None
-        self.refuse_unstartable_engines()  # before the shards load
+        self.engines.refuse_unstartable()  # before the shards load
         if self._sharded or not isinstance(strategy, ModelParallelStrategy):
             for policy in self.policies.values():
                 if policy.deferred:  # built for sharding, trained whole after all
@@ -188,10 +186,10 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         check_precision(str(self.trainer.precision))
         if self.trainer.is_global_zero:
             for policy in self.policies.values():
-                print(policy.describe(self.engine_name), flush=True)
+                print(policy.describe(self.engines.name), flush=True)
         self.stop_signal.install(self.trainer)
-        self._place_engines()
-        on_gpu = self.device.type == "cuda" or self._engine_device is not None
+        self.engines.place()
+        on_gpu = self.device.type == "cuda" or self.engines.gpu is not None
         if self.preflight if self.preflight is not None else on_gpu:
             run_preflight(self)
 
@@ -309,7 +307,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
                 failure = err
         opt.zero_grad(set_to_none=True)
         self._bad_loss = False
-        self._agree(failure)
+        agree(self.gather_objects, self.rank, failure)
         bucket["grad_norm"].append((norm, 1.0))
         for agent, agent_norm in self._agent_grads.take_norms(policy.name).items():
             bucket[f"{agent}/grad_norm"].append((agent_norm, 1.0))
@@ -338,16 +336,7 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
         return self.iteration
 
     def on_train_epoch_start(self) -> None:
-        # the rollout is done: engines give their accelerator memory to the update (those that
-        # can sleep; a no-op for the rest) until the next sync_weights wakes them; rollouts
-        # played behind the update keep them awake
-        for engine in self.engines.values() if not self.staleness else ():  # (split: no-op)
-            engine.sleep()
-        if self._plan is not None and self.trainer.is_global_zero:  # once: what sleep really left
-            for line in residue_report({n: e.asleep_measured for n, e in self.engines.items()
-                                        if e.asleep_measured is not None}, self._plan):
-                print(line, flush=True)
-            self._plan = None
+        self.engines.sleep(report=self.global_rank == 0)  # the update's turn on the device
         self._update_started = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
@@ -404,7 +393,4 @@ class MultiAgentRL(EngineRouting, L.LightningModule):
     def close_engines(self) -> None:
         """Close every rollout engine (again: a no-op). Also called when a run stops on an
         exception, for which Lightning skips :meth:`teardown`."""
-        for engine in self.engines.values():
-            engine.close()
-        self.engines.clear()
-        self._engine_pool.clear()
+        self.engines.close()

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from drmas.engines.base import tensor_sums
+from drmas.ranks import agree
 from drmas.records import GenerationSettings, MicroBatch
 
 __all__ = ["LOGPROB_TOLERANCE", "PreflightError", "compare_sums", "run_preflight", "sent_sums"]
@@ -113,7 +114,7 @@ def run_preflight(module: Any) -> tuple[float, float]:
         build = _run(module)
     seconds = time.perf_counter() - start
     if module.rank == 0:
-        slept = "" if module.staleness else "slept and woken, "
+        slept = "" if module.engines.staleness else "slept and woken, "
         print(f"first-minute pass: every engine built, its weights sent and checked tensor by tensor and by "
               f"its log-probs, {slept}one micro-batch forward and backward: ok in {seconds:.1f} s, "
               f"{build:.1f} s of it the engines' build (--model.preflight)", flush=True)
@@ -124,30 +125,30 @@ def _on_each_engine(module: Any, step: str, call: str) -> None:
     """``engine.<call>()`` on every engine of this rank; a failure, named by the step and the
     policy, agreed by every rank."""
     failure = None
-    for name, engine in module.engines.items():
+    for name, engine in module.engines.built.items():
         try:
             getattr(engine, call)()
         except Exception as err:
             failure = failure or _fail(step, module.rank, name, str(err))
-    module._agree(failure)
+    agree(module.gather_objects, module.rank, failure)
 
 
 def _run(module: Any) -> float:
     rank, failure = module.rank, None
     # 1. build every engine, then one full transfer per policy, each engine recording what it loads
     start = time.perf_counter()
-    module.build_engines()
+    module.engines.build()
     build = time.perf_counter() - start
-    module.resend_weights()
+    module.engines.resend()
     _on_each_engine(module, "the engines' build", "record_transfer")
     sums = {}
     for name, policy in module.policies.items():  # trainer-side sums first: a collective over the shards
-        engine = module.engines[name]
+        engine = module.engines.built[name]
         sums[name] = sent_sums(policy.model, engine.transfer_dtype)
     module.sync_weights()
     # 2. each tensor as it arrived; 3. the engine's log-probs against the trainer's
     for name, policy in module.policies.items():
-        engine, step = module.engines[name], "the weight transfer's check"
+        engine, step = module.engines.built[name], "the weight transfer's check"
         try:
             received = engine.received_sums()
             if received is not None:
@@ -160,13 +161,13 @@ def _run(module: Any) -> float:
             failure = failure or err
         except Exception as err:
             failure = failure or _fail(step, rank, name, str(err))
-    module._agree(failure)
+    agree(module.gather_objects, module.rank, failure)
     prompts = {}
     for name, policy in module.policies.items():
         prompts[name] = policy.tokenizer(PROMPT, add_special_tokens=True)["input_ids"]
     samples = _logprobs_step(module, prompts, "the engine's log-probs against the trainer's")
     # 4. sleep and wake as the run will, then generate again
-    if not module.staleness:  # (rollouts behind the update keep the engines awake)
+    if not module.engines.staleness:  # (rollouts behind the update keep the engines awake)
         _on_each_engine(module, "the engines' sleep", "sleep")
         module.sync_weights()
         _logprobs_step(module, prompts, "generation after sleep and wake")
@@ -201,7 +202,7 @@ def _logprobs_step(module: Any, prompts: dict[str, list[int]],
     for name, policy in module.policies.items():
         prompt = prompts[name]
         try:
-            completion = module.engines[name].generate([prompt], 1, SAMPLED)[0][0]
+            completion = module.engines.built[name].generate([prompt], 1, SAMPLED)[0][0]
             response = list(completion.response_ids) or [prompt[-1]]
             engine_logprobs = list(completion.logprobs) or [0.0]
         except Exception as err:
@@ -213,12 +214,12 @@ def _logprobs_step(module: Any, prompts: dict[str, list[int]],
             logp, _ = policy.token_logprobs(batch, 1.0)
         ours = logp[0, len(prompt) - 1:].float().cpu()
         if failure is None:
-            dtype = getattr(module.engines[name], "dtype", torch.float32)
+            dtype = getattr(module.engines.built[name], "dtype", torch.float32)
             gap = float((ours - torch.tensor(engine_logprobs)).abs().mean())
             bound = LOGPROB_TOLERANCE.get(dtype, 0.1)
             if not gap <= bound:
                 failure = _fail(step, rank, name, f"the engine's log-probs of {len(response)} sampled tokens "
                                 f"are {gap:.3f} nats per token from the trainer's (at most {bound} for "
                                 f"{str(dtype).removeprefix('torch.')}): its weights are not the policy's")
-    module._agree(failure)
+    agree(module.gather_objects, module.rank, failure)
     return samples

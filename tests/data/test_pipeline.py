@@ -65,7 +65,7 @@ def run(rollouts, backend, iterations):
         k = backend.begin_iteration()
         plans.append(rollouts.prepare(backend, k))
         backend.update()  # while the next rollout plays
-        drains.append(rollouts.pipeline.drain())
+        drains.append(rollouts.source.drain())
     return plans, drains
 
 
@@ -87,7 +87,7 @@ def test_iteration_k_trains_on_the_weights_after_update_k_minus_1_minus_n(stalen
             assert plan.scalars[f"train/{policy}/staleness_max"] == lag
             assert plan.scalars[f"train/{policy}/staleness_mean"] == lag
     assert backend.threads == {"drmas-rollout"}  # every rollout played behind the trainer
-    assert rollouts.pipeline.background.submitted == [] and sorted(rollouts.pipeline.ready) == list(
+    assert rollouts.source.background.submitted == [] and sorted(rollouts.source.ready) == list(
         range(6, 6 + staleness))
     engines = {f"train/{p}/engine_{w}_s" for p in ("p_solve", "p_check") for w in ("busy", "idle")}
     assert all(set(d) == {"time/trainer_wait_s", "time/engine_idle_s", *engines} and min(d.values()) >= 0
@@ -102,11 +102,11 @@ def test_no_rollout_is_played_past_the_last_iteration():
     rollouts = Rollouts(SolverVerifierWorkflow(max_turns=1),
                         RolloutConfig(staleness=2, group_size=2, tasks_per_iteration=1),
                         ValidationConfig(tasks=0))
-    rollouts.pipeline.last = 3
+    rollouts.source.last = 3
     backend = VersionedBackend(right_on_even)
     plans, _ = run(rollouts, backend, 3)
     assert [p.iteration for p in plans] == [1, 2, 3] and backend.seeds == [1, 2, 3]
-    assert rollouts.pipeline.ready == {} and rollouts.pipeline.state()["staleness"] == 2
+    assert rollouts.source.ready == {} and rollouts.source.state()["staleness"] == 2
 
 
 def test_a_group_never_mixes_weight_versions_when_updates_land_mid_rollout():
@@ -121,7 +121,7 @@ def test_a_group_never_mixes_weight_versions_when_updates_land_mid_rollout():
     for _ in range(3):  # three updates while iteration 2's rollout plays on version 0
         backend.update()
         time.sleep(0.005)
-    rollouts.pipeline.drain()
+    rollouts.source.drain()
     k = backend.begin_iteration()
     plan = rollouts.prepare(backend, k)
     groups = {}
@@ -138,10 +138,10 @@ def test_a_checkpoint_keeps_the_rollouts_played_ahead_and_a_resumed_run_trains_o
     part = Rollouts(SolverVerifierWorkflow(max_turns=1), config, ValidationConfig(tasks=0))
     backend = VersionedBackend(right_on_even)
     run(part, backend, 2)
-    state = part.pipeline.state()
+    state = part.source.state()
     assert list(__import__("pickle").loads(state["ready"])) == [3]  # played on version 1, not trained
     resumed = Rollouts(SolverVerifierWorkflow(max_turns=1), config, ValidationConfig(tasks=0))
-    resumed.pipeline.load(state)
+    resumed.source.load(state)
     restarted = VersionedBackend(right_on_even)
     restarted.iteration = restarted.weights = restarted.engine = 2  # what the checkpoint restores
     later, _ = run(resumed, restarted, 2)
@@ -174,7 +174,7 @@ def test_a_failure_behind_the_update_is_raised_where_the_trainer_waits():
     backend = VersionedBackend(second_rollout_fails)
     rollouts.prepare(backend, backend.begin_iteration())  # iteration 2's rollout plays behind, and fails
     with pytest.raises(RuntimeError, match="device lost"):
-        rollouts.pipeline.drain()
+        rollouts.source.drain()
 
 
 def test_stopping_drops_the_queued_rollouts_and_says_so(caplog):

@@ -20,8 +20,9 @@ def test_a_ranks_engines_build_one_after_the_other_where_the_device_asks(monkeyp
                           engine_settings={"dtype": "float32", "max_model_len": 256, "kv_cache_gib": 0.25})
     try:
         module.sync_weights()
-        (start1, end1), (start2, end2) = (module.engines[n]._info["built"] for n in ("solver", "verifier"))
+        built = module.engines.built
+        (start1, end1), (start2, end2) = (built[n]._info["built"] for n in ("solver", "verifier"))
         assert start1 < end1 <= start2 < end2, ((start1, end1), (start2, end2))
     finally:
-        for engine in module.engines.values():
+        for engine in module.engines.built.values():
             engine.close()

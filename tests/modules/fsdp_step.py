@@ -56,7 +56,7 @@ def main(out: str, shard: bool, cuda: bool = False) -> None:
                for n, p in module.policies["p"].model.named_parameters()}
     # the rollout engine of a sharded policy: its own unsharded copy, filled from the shards
     module.sync_weights()
-    engine = module.engines["p"]
+    engine = module.engines.built["p"]
     engine_diff = max(float((engine.model.state_dict()[n] - w).abs().max()) for n, w in weights.items())
     shares = module.gather_objects([(b.sample_index.tolist(), b.stand_in) for b in dm.batches])
     if trainer.is_global_zero:

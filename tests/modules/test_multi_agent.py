@@ -165,13 +165,13 @@ def test_an_engine_that_could_not_start_on_its_gpu_is_refused_from_the_shapes_al
     # vocabulary logits for vLLM's 256 sequences, its weights and CUDA graphs within 1% of 8 GiB
     module = MultiAgentRL(policies={"a": tiny(engine_settings={"gpu_memory_utilization": 0.01})},
                           engine="vllm", engine_settings={"max_model_len": 2048})
-    refusal = module.startup_refusal(8 * 2**30, "NVIDIA L4")
+    refusal = module.engines.startup_refusal(8 * 2**30, "NVIDIA L4")
     assert refusal.startswith("the vLLM engine of a cannot start: of its 0.01 x 8.0 GiB, weights ")
     assert refusal.endswith("give it a larger fraction (engine_settings: {gpu_memory_utilization: 0.10} or "
                             "more), or a shorter max_model_len")
     fits = MultiAgentRL(policies={"a": tiny()}, engine="vllm", engine_settings={"max_model_len": 2048})
-    assert fits.startup_refusal(8 * 2**30, "NVIDIA L4") is None
-    assert MultiAgentRL(policies={"a": tiny()}, engine="hf").startup_refusal(8 * 2**30, "x") is None
+    assert fits.engines.startup_refusal(8 * 2**30, "NVIDIA L4") is None
+    assert MultiAgentRL(policies={"a": tiny()}, engine="hf").engines.startup_refusal(8 * 2**30, "x") is None
 
 
 def test_engine_settings_are_the_engines_own_and_unknown_keys_are_refused_by_name():
@@ -190,13 +190,13 @@ def test_engine_settings_are_the_engines_own_and_unknown_keys_are_refused_by_nam
         MultiAgentRL(policies={"a": tiny()}, engine="hf", engine_settings={"kv_cache": 1.0})
     # one config serves every engine: the HF engine leaves vLLM's keys to vLLM
     assert MultiAgentRL(policies={"a": tiny()}, engine="hf",
-                        engine_settings={"kv_cache_gib": 1.0})._engine_settings is None
+                        engine_settings={"kv_cache_gib": 1.0}).engines.settings is None
     module = MultiAgentRL(policies={"a": tiny(engine_settings={"kv_cache_gib": 0.25})}, engine="vllm",
                           engine_settings={"max_model_len": 512, "kv_cache_gib": 1})
     # int -> float
-    assert (module._engine_settings.max_model_len, module._engine_settings.kv_cache_gib) == (512, 1.0)
+    assert (module.engines.settings.max_model_len, module.engines.settings.kv_cache_gib) == (512, 1.0)
     # the memory plan reads the engine's limit
-    assert plan_length(module._engine_class, module._engine_settings, module.policies["a"].config) == 512
+    assert plan_length(module.engines.cls, module.engines.settings, module.policies["a"].config) == 512
 
 
 def test_cpu_kv_caches_of_several_engines_must_fit_the_machine():
@@ -233,8 +233,8 @@ def test_engines_sleep_for_the_update_and_sync_wakes_them():
 
     module = MultiAgentRL(policies={"shared": tiny()}, engine="hf")
     policy = module.policies["shared"]
-    engine = module.engines["shared"] = Sleepy(policy.model, policy.tokenizer)
-    module._synced["shared"] = policy.version
+    engine = module.engines.built["shared"] = Sleepy(policy.model, policy.tokenizer)
+    module.engines.synced["shared"] = policy.version
     module.sync_weights()
     assert engine.synced == 0  # awake and up to date: nothing to push
     module.on_train_epoch_start()  # the update begins

@@ -186,7 +186,7 @@ if faults.keys() & {"engine_error", "sigterm_rollout", "hold_rollout"}:
                     state["sent"] = True
                     os.kill(os.getpid(), signal.SIGTERM)
                 elif due("engine_error", module):
-                    engine = module._engine(module.policy_of(agent))
+                    engine = module.engines.engine(module.policy_of(agent))
                     engine.generate = lambda *a, **k: (_ for _ in ()).throw(
                     RuntimeError("CUDA error: device lost"))
                 return inner(agent, prompts, n)
