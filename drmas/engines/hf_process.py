@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from drmas.engines.base import FullState, check_request, per_prompt, tensor_sums
+from drmas.engines.base import FullState, tensor_sums
 from drmas.engines.placement import device_env
 from drmas.engines.served import ServedEngine
 from drmas.engines.shared_weights import aligned, chunk_views, map_shared, send_chunks, shared_file
@@ -47,9 +47,22 @@ class HFServer:
     def describe(self) -> dict[str, Any]:
         return {"threads": torch.get_num_threads()}
 
+    batched = {"generate": "generate_many"}
+    """Requests answered together (:mod:`drmas.engines.service`): several ranks' generations, one
+    after another in arrival order (HF ``generate`` takes one set of sampling settings per call)."""
+
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
-                 stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int]) -> list[list[Completion]]:
-        return self.engine.generate(prompts, n, params, stops, max_new_tokens)
+                 stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int],
+                 seeds: Sequence[int] | None = None) -> tuple[list[list[Completion]], int, int]:
+        """Completions per prompt, and the prompt tokens (none cached); ``seeds``: the request draws
+        from the first (else from this process's generator, as :meth:`reseed` left it)."""
+        if seeds is not None:
+            torch.manual_seed(seeds[0])
+        return (self.engine.generate(prompts, n, params, stops, max_new_tokens),
+                sum(len(p) for p in prompts), 0)
+
+    def generate_many(self, calls: Sequence[dict[str, Any]]) -> list[tuple[list[list[Completion]], int, int]]:
+        return [self.generate(**call) for call in calls]
 
     def reseed(self, seed: int) -> None:
         torch.manual_seed(seed)  # this process's generator: the rollout's draws alone
@@ -70,8 +83,8 @@ class HFServer:
 
 
 def serve(fd: str) -> None:
-    """The engine process: answer the trainer's requests (:func:`drmas.engines.served.serve`)."""
-    from drmas.engines.served import serve as serve_requests
+    """The engine process: answer the trainer's requests (:func:`drmas.engines.service.serve`)."""
+    from drmas.engines.service import serve as serve_requests
 
     def build(**kwargs: Any) -> tuple[HFServer, dict[str, Any]]:
         server = HFServer(**kwargs)
@@ -102,12 +115,8 @@ class HFProcessEngine(ServedEngine):
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
                  stops: Sequence[Sequence[str]] | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
-        check_request(prompts, n, params)
-        if not prompts:
-            return []
-        stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
-        return self._call("generate", prompts=[list(p) for p in prompts], n=n, params=params, stops=stops,
-                          max_new_tokens=budgets)
+        # the counts are those of any served engine; HF has no prefix cache to report them for
+        return self._generate(prompts, n, params, stops, max_new_tokens)[0]
 
     def reseed(self, seed: int) -> None:
         self._call("reseed", seed=seed)

@@ -1,34 +1,36 @@
-"""An engine in a process of its own: the trainer's end (:class:`ServedEngine`: spawn the process,
-one request at a time, its failure or death named) and the process's request loop (:func:`serve`).
-
-The protocol: the trainer sends ``(method, kwargs)``; the first request builds the engine's server
-(``build``), every later one calls the server's method of that name; the process answers
-``("ok", result)`` or ``("error", message, traceback)``. The trainer closing its end (or dying: the
-process is killed with it, see :mod:`drmas.children`) ends the process. The vLLM engine and the HF
-engine that plays behind the update (``--data.rollout.staleness``) are both served so.
+"""An engine in a process of its own, from the trainer's side: :class:`ServedEngine` (the rank that
+starts the process and owns it: builds it, syncs its weights, closes it) and :class:`RemoteEngine`
+(any other rank, connected to the process's address with the run's key: it generates only). Both
+ask through :class:`EngineClient`: one request at a time, the answer awaited while the process
+beats, its failure or its death named. The process's end, the request loop, is
+:mod:`drmas.engines.service`; the vLLM engine and the HF engine that plays behind the update
+(``--data.rollout.staleness``) are both served so.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
-import traceback
-from multiprocessing.connection import Connection
-from typing import Any, Callable, NoReturn, Sequence
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
+from typing import Any, Sequence
 
 from drmas.children import Child
-from drmas.engines.base import Engine
+from drmas.engines.base import Engine, check_request, per_prompt
+from drmas.engines.service import BEAT
 from drmas.ranks import env_seconds, gather_timeout_s
+from drmas.records import Completion, GenerationSettings
 
-__all__ = ["BEAT", "EngineProcessError", "HEARTBEAT_ENV", "ServedEngine", "engine_heartbeat_s", "serve"]
+__all__ = ["ENGINE_HOST_ENV", "EngineClient", "EngineProcessError", "HEARTBEAT_ENV", "RemoteEngine",
+           "ServedEngine", "engine_heartbeat_s", "engine_host"]
 
 HEARTBEAT_ENV = "DRMAS_ENGINE_HEARTBEAT_S"
-BEAT = "beat"
-"""What an engine process sends once a second while it works on a request (:class:`_Heartbeat`)."""
+ENGINE_HOST_ENV = "DRMAS_ENGINE_HOST"
 
 
 def engine_heartbeat_s() -> float:
@@ -36,6 +38,22 @@ def engine_heartbeat_s() -> float:
     stops it: ``$DRMAS_ENGINE_HEARTBEAT_S``, else 120 s (its beat runs in a thread of its own, so a
     build or a generation in native code that lets the interpreter go beats on)."""
     return env_seconds(HEARTBEAT_ENV, "", 120.0)
+
+
+def engine_host() -> str:
+    """Where an engine process takes other ranks' connections: ``$DRMAS_ENGINE_HOST``, else loopback
+    when the job runs on one node, else this node's name as it resolves (the other nodes' ranks
+    connect to it; a node whose name resolves to an unreachable address sets the variable)."""
+    host = os.environ.get(ENGINE_HOST_ENV)
+    if host:
+        return host
+    world = os.environ.get("WORLD_SIZE", "1")
+    if os.environ.get("LOCAL_WORLD_SIZE", world) == world:
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        return "127.0.0.1"
 
 # what a child of a rank must not read as its own: it is no rank of the job
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -46,57 +64,62 @@ class EngineProcessError(RuntimeError):
     """The engine process failed a request, or is gone."""
 
 
-class ServedEngine(Engine):
-    """The trainer's end of an engine process (subclasses: what the requests are). ``kind`` names
-    the engine in messages ("the vLLM engine process of solver ...")."""
+class EngineClient:
+    """Requests to an engine process and their answers: one at a time (whichever thread asks), each
+    awaited while the process beats, bound by --gather_timeout_s, its failure or the process's death
+    raised as :class:`EngineProcessError` naming :meth:`_what`. ``kind`` names the engine in messages
+    ("the vLLM engine process of solver ...")."""
 
     kind = "engine"
+    name = ""
+    on_gpu = False
     conn: Connection | None = None
-    process: Child | None = None
-    _building = False
     _in_flight: str | None = None  # the request awaiting its answer, if any
     _serving = False  # the process has answered or beaten: its request loop (and heartbeat) runs
 
-    def _spawn(self, target: str, args: Sequence[str], name: str, cores: Sequence[int], env: dict[str, str],
-               build: dict[str, Any], on_gpu: bool = False) -> None:
-        """Start the process (``target``: ``module:function``, called with the socket's fd and
-        ``args``) on ``cores`` and send the ``build`` request, answered in :meth:`ready`."""
-        self.name, self.cores, self.on_gpu = name, list(cores), on_gpu
-        ours, theirs = socket.socketpair()
-        try:
-            self.process = Child(target, [str(theirs.fileno()), *args], name=f"{self.kind} engine {name}",
-                                 threads=len(self.cores), cpus=self.cores, env=env, unset=RANK_VARIABLES,
-                                 pass_fds=[theirs.fileno()])
-        finally:
-            theirs.close()
-        self.conn = Connection(ours.detach())
-        self._lock = threading.Lock()  # one request at a time on the socket, whichever thread asks
-        self.pid = self.process.pid
-        self._building, self._info = True, {}
-        self.conn.send(("build", build))
+    def _what(self) -> str:
+        raise NotImplementedError
 
-    def ready(self) -> None:
-        """Wait until the engine process has built its engine (a failure raised here)."""
-        with self._lock:
-            if not self._building:
-                return
-            try:
-                self._info = self._receive("build")
-            except BaseException:
-                self.close()
-                raise
-            finally:
-                self._building = False
-        self._built()
+    def _alive(self) -> bool:
+        """Whether the process still runs, as far as this end can tell between beats."""
+        return True
 
-    def _built(self) -> None:
-        """Called once the process answered its build (``self._info``: the server's description)."""
+    def _stop(self) -> None:
+        """Give up on a process that stopped answering."""
+
+    def _gone(self) -> str:
+        """How the process ended, for the message of a request it died during."""
+        return "ended"
 
     def _call(self, method: str, **kwargs: Any) -> Any:
-        """One request to the engine process; its failure, or its death, raised here."""
-        self.ready()
+        return self._request(method, **kwargs)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
+                  stops: Sequence[Sequence[str]] | None, max_new_tokens: Sequence[int] | None,
+                  **extra: Any) -> tuple[list[list[Completion]], int, int]:
+        """A ``generate`` request, checked and with each prompt's stops and budget: the completions
+        and the (prompt, cached) token counts."""
+        check_request(prompts, n, params)
+        if not prompts:
+            return [], 0, 0
+        stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
+        return self._call("generate", prompts=[list(p) for p in prompts], n=n, params=params, stops=stops,
+                          max_new_tokens=budgets, **extra)
+
+    def _hang_up(self) -> None:
+        """Say goodbye (the process ends with its owner's) and close this end."""
+        if self.conn is not None:
+            try:
+                self.conn.send(("close", {}))
+            except OSError:
+                pass
+            self.conn.close()
+            self.conn = None
+
+    def _request(self, method: str, **kwargs: Any) -> Any:
+        """One request; its failure, or the process's death, raised here."""
         if self.conn is None:
-            raise EngineProcessError(f"the {self.kind} engine process of {self.name} is closed")
+            raise EngineProcessError(f"{self._what()} is closed")
         with self._lock:
             self._in_flight = method
             try:
@@ -111,8 +134,8 @@ class ServedEngine(Engine):
     def _receive(self, method: str) -> Any:
         """The engine process's answer to ``method``."""
         if self.conn is None:
-            raise EngineProcessError(f"the {self.kind} engine process of {self.name} is closed")
-        what = f"the {self.kind} engine process of {self.name} (pid {self.pid})"
+            raise EngineProcessError(f"{self._what()} is closed")
+        what = self._what()
         bound, beat_s = gather_timeout_s(self.on_gpu), engine_heartbeat_s()
         # the beat starts with the request loop: while the process still imports, the first
         # request (the build) is bound by --gather_timeout_s alone
@@ -126,29 +149,98 @@ class ServedEngine(Engine):
                     if status != BEAT:
                         break
                     last_beat = time.monotonic()
-                elif not self.process.alive():
+                elif not self._alive():
                     raise EOFError
                 now = time.monotonic()
                 if last_beat is not None and now - last_beat > beat_s:  # stopped, or stuck holding the GIL
-                    self.process.close(grace_s=0)
+                    self._stop()
                     raise EngineProcessError(f"{what} stopped answering {method!r}: no heartbeat for "
                                              f"{beat_s:.0f} s (stopped, or stuck holding its interpreter; "
                                              f"${HEARTBEAT_ENV}); it was stopped")
                 if now - start > bound:  # beating but hung: the other ranks would wait too
-                    self.process.close(grace_s=0)
+                    self._stop()
                     raise EngineProcessError(f"{what} did not answer {method!r} within {bound:.0f} s "
                                              "(--gather_timeout_s); it was stopped")
         except (EOFError, OSError) as err:
-            try:  # its end of the socket closes as it dies: reap it for the exit code
-                code = self.process.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                code = None
-            raise EngineProcessError(f"{what} ended (exit code {code}) during {method!r}") from err
+            raise EngineProcessError(f"{what} {self._gone()} during {method!r}") from err
         if status == "error":
             message, trace = reply
-            raise EngineProcessError(f"{message} (in the {self.kind} engine process of {self.name}; its "
-                                     f"traceback:\n{trace})")
+            raise EngineProcessError(f"{message} (in {what}; its traceback:\n{trace})")
         return reply[0]
+
+
+class ServedEngine(EngineClient, Engine):
+    """The owner's end of an engine process (subclasses: what the requests are): it starts the
+    process, which takes other ranks' connections at :attr:`address` with :attr:`key`."""
+
+    process: Child | None = None
+    _building = False
+    address: tuple[str, int] | None = None
+    """Where other ranks reach the process (:class:`RemoteEngine`), once built."""
+
+    def _what(self) -> str:
+        return f"the {self.kind} engine process of {self.name} (pid {self.pid})"
+
+    def _alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def _stop(self) -> None:
+        if self.process is not None:
+            self.process.close(grace_s=0)
+
+    def _gone(self) -> str:
+        try:  # its end of the socket closes as it dies: reap it for the exit code
+            code = self.process.proc.wait(timeout=10) if self.process is not None else None
+        except subprocess.TimeoutExpired:
+            code = None
+        return f"ended (exit code {code})"
+
+    def _spawn(self, target: str, args: Sequence[str], name: str, cores: Sequence[int], env: dict[str, str],
+               build: dict[str, Any], on_gpu: bool = False) -> None:
+        """Start the process (``target``: ``module:function``, called with the socket's fd and
+        ``args``) on ``cores`` and send the ``build`` request, answered in :meth:`ready`."""
+        self.name, self.cores, self.on_gpu = name, list(cores), on_gpu
+        self.key = secrets.token_bytes(32)  # the run's secret for this engine: sent over the private socket
+        ours, theirs = socket.socketpair()
+        try:
+            self.process = Child(target, [str(theirs.fileno()), *args], name=f"{self.kind} engine {name}",
+                                 threads=len(self.cores), cpus=self.cores, env=env, unset=RANK_VARIABLES,
+                                 pass_fds=[theirs.fileno()])
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self._lock = threading.Lock()
+        self.pid = self.process.pid
+        self._building, self._info = True, {}
+        self.conn.send(("build", {**build, "listen": {"host": engine_host(), "key": self.key}}))
+
+    def ready(self) -> None:
+        """Wait until the engine process has built its engine (a failure raised here)."""
+        with self._lock:
+            if not self._building:
+                return
+            try:
+                self._info = self._receive("build")
+                self.address = tuple(self._info.pop("address"))
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                self._building = False
+        self._built()
+
+    def _built(self) -> None:
+        """Called once the process answered its build (``self._info``: the server's description)."""
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        """One request to the engine process; its failure, or its death, raised here."""
+        self.ready()
+        return self._request(method, **kwargs)
+
+    def served(self) -> dict[str, Any]:
+        """What the process answered so far: requests per asker (``owner``, or the label a
+        :class:`RemoteEngine` gave), and how many requests each call of a batched method answered."""
+        return self._call("served")
 
     def close(self) -> None:
         """End the engine process (it also ends with this process, however that ends). One still
@@ -159,13 +251,7 @@ class ServedEngine(Engine):
             print(f"drmas: the {self.kind} engine process of {self.name} (pid {self.pid}) was stopped "
                   f"during {busy!r}", file=sys.stderr, flush=True)
             self.process.close(grace_s=0)
-        if self.conn is not None:
-            try:
-                self.conn.send(("close", {}))
-            except OSError:
-                pass
-            self.conn.close()
-            self.conn = None
+        self._hang_up()
         if self.process is not None:
             if not self._building:  # built: it exits on "close"; building: at once
                 try:
@@ -175,67 +261,51 @@ class ServedEngine(Engine):
             self.process.close()
 
 
-def _exit_now() -> NoReturn:
-    """End the engine process without the interpreter's teardown: nothing in it is left to save once
-    the trainer has closed it, and tearing down vLLM and torch took ~3.5 s on 2 CPU cores, paid by
-    every run at its end (the trainer waits for the exit)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+class RemoteEngine(EngineClient, Engine):
+    """Another rank's engine process, reached at its address with its key: this rank's requests to
+    it generate (weights, sleep and adapters are its owner's). Its draws come from seeds this end
+    sends with each request (set by :meth:`reseed`, one per prompt, counted on), so what a rank
+    samples does not depend on which other ranks' requests the engine answered in the same batch."""
 
-
-def serve(fd: str, build: Callable[..., tuple[Any, Any]]) -> None:
-    """Answer requests on the socket ``fd`` until the trainer closes it: the first builds the server
-    (``build(**kwargs)`` -> the server and what the trainer gets back), each later one calls the
-    server's method of its name."""
-    conn = Connection(int(fd))
-    heart = _Heartbeat(conn)
-    server = None
-    while True:
+    def __init__(self, address: tuple[str, int], key: bytes, name: str, owner: int, client: str,
+                 kind: str = "engine") -> None:
+        """``name``: the policy (or shared base) the engine serves; ``owner``: the rank that started
+        it; ``client``: who asks, as the engine counts it (e.g. ``rank 0``)."""
+        self.address, self.name, self.owner, self.kind = tuple(address), name, owner, kind
+        self._lock = threading.Lock()
         try:
-            method, kwargs = conn.recv()
-        except (EOFError, OSError):  # the trainer is gone or closed us
-            _exit_now()
-        if method == "close":  # not answered: the trainer has closed its end already
-            _exit_now()
-        heart.busy = True
-        try:
-            if server is None:
-                server, result = build(**kwargs)
-            else:
-                result = getattr(server, method)(**kwargs)
-            reply: tuple[Any, ...] = ("ok", result)
-        except Exception as err:  # answered, not raised: the trainer names the policy and decides
-            reply = ("error", f"{type(err).__name__}: {err}", traceback.format_exc())
-        try:
-            heart.send(reply)
-        except (BrokenPipeError, OSError):
-            return
-        sys.stdout.flush()
+            self.conn = Client(self.address, authkey=key)
+        except (OSError, AuthenticationError) as err:
+            raise EngineProcessError(f"{self._what()} cannot be reached: {type(err).__name__}: {err} "
+                                     "(another run's key, or the engine ended)") from err
+        self.info = self._request("hello", client=client)
+        self._seed, self._drawn = 0, 0
 
+    def _what(self) -> str:
+        host, port = self.address
+        return f"the {self.kind} engine process of {self.name} on rank {self.owner} ({host}:{port})"
 
-class _Heartbeat:
-    """A thread that sends :data:`BEAT` once a second while a request is being answered (only then:
-    the trainer reads the socket only while it waits for an answer, and beats between requests would
-    fill it), so the trainer tells an engine process at work from one that is stopped or stuck
-    with the interpreter held (``SIGSTOP``, a native call that never returns and never lets go)."""
+    def _stop(self) -> None:
+        self.close()
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn, self.busy, self._lock = conn, False, threading.Lock()
-        threading.Thread(target=self._beat, name="drmas-engine-heartbeat", daemon=True).start()
+    def _gone(self) -> str:
+        return "ended (its connection closed)"
 
-    def send(self, reply: tuple[Any, ...]) -> None:
-        """Send a request's answer; no beat follows it until the next request."""
-        with self._lock:
-            self.busy = False
-            self.conn.send(reply)
+    def reseed(self, seed: int) -> None:
+        self._seed, self._drawn = seed, 0
 
-    def _beat(self) -> None:
-        while True:
-            time.sleep(1.0)
-            with self._lock:
-                if self.busy:
-                    try:
-                        self.conn.send((BEAT,))
-                    except OSError:  # the trainer is gone: the request loop ends the process
-                        return
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
+                 stops: Sequence[Sequence[str]] | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
+        seeds = [(self._seed * 1_000_003 + self._drawn + i) % 2**31 for i in range(len(prompts))]
+        self._drawn += len(prompts)
+        result, prompt_tokens, cached = self._generate(prompts, n, params, stops, max_new_tokens, seeds=seeds)
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached
+        return result
+
+    def sync_weights(self, weights: Any) -> None:
+        raise EngineProcessError(f"{self._what()} takes its weights from rank {self.owner}, which owns it")
+
+    def close(self) -> None:
+        self._hang_up()

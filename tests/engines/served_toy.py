@@ -1,13 +1,19 @@
 """An engine process with nothing of an engine in it (started by tests/engines/test_served.py): its
-requests wait, or hold the interpreter, for as long as they are told."""
+requests wait, or hold the interpreter, for as long as they are told; ``echo`` answers any rank,
+several askers at once."""
 
 import ctypes
 import time
 
-from drmas.engines.served import serve as serve_requests
+from drmas.engines.service import serve as serve_requests
 
 
 class Toy:
+    batched = {"echo": "echo_many"}  # what any rank may ask, several askers' requests in one call
+
+    def echo_many(self, calls):
+        return [call["value"] for call in calls]
+
     def wait(self, seconds: float) -> float:
         time.sleep(seconds)  # lets the interpreter go: the heartbeat beats on
         return seconds

@@ -455,6 +455,57 @@ def test_ranks_draw_differently_and_each_rank_repeats_its_draws(prompts, vllm_en
 
 
 @pytest.mark.integration
+def test_another_rank_reaches_the_vllm_engine_and_its_seeded_draws_do_not_depend_on_the_batch(
+        prompts, vllm_engine):
+    """A rank that does not own the engine connects to its address with its key: greedy, it gets what
+    the owner gets; sampling, its draws come from the seeds it sends, so they are the same alone and
+    answered in one vLLM generate together with another rank's requests."""
+    import threading
+
+    from drmas.engines.served import RemoteEngine
+
+    vllm_engine.ready()
+    others = [RemoteEngine(vllm_engine.address, vllm_engine.key, "tiny", owner=0, client=f"rank {r}",
+                           kind="vLLM") for r in (1, 2)]
+    params = GenerationSettings(temperature=1.0, max_new_tokens=8)
+    flat = lambda out: [(g.response_ids, g.logprobs) for gens in out for g in gens]  # noqa: E731
+    try:
+        ours = vllm_engine.generate(prompts, 1, GREEDY)
+        assert [g.response_ids for gens in others[0].generate(prompts, 1, GREEDY) for g in gens] == \
+            [g.response_ids for gens in ours for g in gens]
+        others[0].reseed(5)
+        alone = flat(others[0].generate(prompts, 2, params))
+        start = len(vllm_engine.served()["batches"])
+        for _ in range(3):  # until the two ranks' requests waited behind the owner's and shared a call
+            out = {}
+            for r, seed in zip(others, (5, 9)):
+                r.reseed(seed)
+            busy = threading.Thread(target=lambda: vllm_engine.generate(
+                prompts * 4, 2, GenerationSettings(temperature=1.0, max_new_tokens=48)))
+            asks = [threading.Thread(target=lambda i=i: out.update({i: flat(others[i].generate(prompts, 2,
+                                                                                               params))}))
+                    for i in (0, 1)]
+            busy.start()
+            time.sleep(0.05)
+            for t in asks:
+                t.start()
+            for t in [busy, *asks]:
+                t.join()
+            if 2 in vllm_engine.served()["batches"][start:]:
+                break
+        served = vllm_engine.served()
+    finally:
+        for r in others:
+            r.close()
+    assert 2 in served["batches"][start:]
+    assert [ids for ids, _ in out[0]] == [ids for ids, _ in alone]
+    for (_, a), (_, b) in zip(out[0], alone):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert [ids for ids, _ in out[1]] != [ids for ids, _ in alone]  # another rank, another seed
+    assert served["requests"]["rank 1"] >= 3 and served["requests"]["rank 2"] >= 1
+
+
+@pytest.mark.integration
 def test_vllm_weight_sync_follows_trained_model(tiny, prompts, vllm_engine):
     model, tok = tiny
     before = [g[0].response_ids for g in vllm_engine.generate(prompts, 1, GREEDY)]

@@ -56,7 +56,8 @@ def test_it_generates_what_the_in_process_engine_does_after_taking_new_weights(p
 def test_a_failing_request_and_a_dead_process_are_named(policy):
     engine = HFProcessEngine(policy, [0])
     try:
-        with pytest.raises(EngineProcessError, match=r"in the HF engine process of p; its traceback"):
+        failed = r"in the HF engine process of p \(pid \d+\); its traceback"
+        with pytest.raises(EngineProcessError, match=failed):
             engine._call("load_chunk", names=[], dtype_names=[], shapes=[], offsets=[])  # before any map
         os.kill(engine.pid, 9)
         died = rf"the HF engine process of p \(pid {engine.pid}\) ended \(exit code -9\) during 'reseed'"

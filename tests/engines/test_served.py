@@ -4,11 +4,12 @@ process holds its interpreter (no beat) given up on after $DRMAS_ENGINE_HEARTBEA
 A toy engine process (tests/engines/served_toy.py); the frozen vLLM engine is in test_engines.py."""
 
 import os
+import threading
 import time
 
 import pytest
 
-from drmas.engines.served import EngineProcessError, ServedEngine
+from drmas.engines.served import EngineProcessError, RemoteEngine, ServedEngine
 
 pytestmark = pytest.mark.integration
 
@@ -72,5 +73,65 @@ def test_a_process_holding_its_interpreter_is_stopped_after_the_heartbeat_bound(
         assert time.monotonic() - start < 10
         time.sleep(0.5)
         assert not engine.process.alive()  # stopped, not left holding a core
+    finally:
+        engine.close()
+
+
+# ---- other ranks: the engine reached at its address with the run's key --------------------------
+
+def remote(engine, client, key=None):
+    return RemoteEngine(engine.address, key or engine.key, "toy", owner=0, client=client, kind="toy")
+
+
+def test_other_ranks_requests_wait_behind_the_owners_and_are_answered_in_one_call(toy):
+    toy.ready()
+    before = toy.served()
+    askers = {"rank 1": remote(toy, "rank 1"), "rank 2": remote(toy, "rank 2")}
+    answers = {}
+    owner = threading.Thread(target=lambda: answers.update(owner=toy.call("wait", 1.5)))
+    owner.start()
+    time.sleep(0.3)  # the process is busy with the owner's request
+    threads = [threading.Thread(target=lambda k=k, r=r: answers.update({k: r._request("echo", value=k)}))
+               for k, r in askers.items()]
+    for t in threads:
+        t.start()
+    for t in [owner, *threads]:
+        t.join()
+    after = toy.served()
+    for r in askers.values():
+        r.close()
+    assert answers == {"owner": 1.5, "rank 1": "rank 1", "rank 2": "rank 2"}
+    assert after["batches"][len(before["batches"]):] == [2]  # both waited, then one call answered both
+    assert after["requests"]["rank 1"] == after["requests"]["rank 2"] == 1
+    assert after["requests"]["owner"] == before["requests"]["owner"] + 1
+
+
+def test_another_rank_generates_only_and_a_wrong_key_is_refused_while_the_engine_goes_on(toy):
+    toy.ready()
+    other = remote(toy, "rank 1")
+    try:
+        with pytest.raises(EngineProcessError, match=r"PermissionError: 'wait' is asked only by the rank "
+                                                     r"that started this engine \(in the toy engine process "
+                                                     r"of toy on rank 0 \(127\.0\.0\.1:\d+\)"):
+            other._request("wait", seconds=0.0)
+        with pytest.raises(EngineProcessError, match=r"of toy on rank 0 \(127\.0\.0\.1:\d+\) cannot be "
+                                                     r"reached: AuthenticationError"):
+            remote(toy, "rank 2", key=b"another run's key")
+        assert other._request("echo", value=3) == 3
+        assert toy.call("wait", 0.0) == 0.0
+    finally:
+        other.close()
+
+
+def test_an_engine_that_dies_is_named_to_the_other_ranks_with_its_owner_and_address():
+    engine = ToyEngine()
+    try:
+        engine.ready()
+        other = remote(engine, "rank 1")
+        os.kill(engine.pid, 9)
+        host, port = engine.address
+        gone = rf"the toy engine process of toy on rank 0 \({host}:{port}\) ended \(its connection closed\)"
+        with pytest.raises(EngineProcessError, match=gone + " during 'echo'"):
+            other._request("echo", value=1)
     finally:
         engine.close()

@@ -13,8 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from drmas import console
-from drmas.engines.base import (ENGINES, Engine, FullState, Placement, check_request, per_prompt,
-                                policy_settings)
+from drmas.engines.base import (ENGINES, Engine, FullState, Placement, policy_settings)
 from drmas.engines.sizing import EngineSizing
 from drmas.engines.served import EngineProcessError, ServedEngine
 from drmas.engines.vllm.adapter import VLLMAdapter
@@ -242,13 +241,8 @@ class VLLMEngine(ServedEngine):
             lora_id = self._adapters[adapter][1]
         if self._asleep:
             raise RuntimeError("the vLLM engine is asleep (weights discarded): call sync_weights(model)")
-        check_request(prompts, n, params)
-        if not prompts:
-            return []
-        stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
-        result, prompt_tokens, cached = self._call("generate", prompts=[list(p) for p in prompts], n=n,
-                                                   params=params, stops=stops, max_new_tokens=budgets,
-                                                   lora_id=lora_id)
+        result, prompt_tokens, cached = self._generate(prompts, n, params, stops, max_new_tokens,
+                                                       lora_id=lora_id)
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached
         return result

@@ -10,7 +10,7 @@ One engine per process, always: vLLM's CuMem allocator (which sleep mode switche
 process-wide singleton whose ``sleep`` walks every allocation in the process, and a second
 ``LLM`` with it in one process fails at construction. :func:`build` refuses a second engine.
 
-The protocol and the request loop are :mod:`drmas.engines.served`'s, which the HF engine's process
+The protocol and the request loop are :mod:`drmas.engines.service`'s, which the HF engine's process
 (:mod:`drmas.engines.hf_process`) uses too; :class:`EngineServer` answers the requests here.
 """
 
@@ -57,23 +57,39 @@ class EngineServer:
                 "dtype": self.llm.llm_engine.model_config.dtype, "kernels": loaded_kernels(),
                 "built": self.built}
 
+    batched = {"generate": "generate_many"}
+    """Requests answered together (:mod:`drmas.engines.service`): several ranks' generations."""
+
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
-                 stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int],
-                 lora_id: int | None) -> tuple[list[list[Completion]], int, int]:
-        """Completions per prompt, and the (prompt, cached) token counts of these requests."""
+                 stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int], lora_id: int | None = None,
+                 seeds: Sequence[int] | None = None) -> tuple[list[list[Completion]], int, int]:
+        """Completions per prompt, and the (prompt, cached) token counts of these requests.
+        ``seeds``: one per prompt, its draws its own (else from this process's generator)."""
+        return self.generate_many([dict(prompts=prompts, n=n, params=params, stops=stops,
+                                        max_new_tokens=max_new_tokens, lora_id=lora_id, seeds=seeds)])[0]
+
+    def generate_many(self, calls: Sequence[dict[str, Any]]) -> list[tuple[list[list[Completion]], int, int]]:
+        """Several :meth:`generate` requests in one ``LLM.generate`` (vLLM batches every prompt with
+        its own sampling settings and adapter), each answered with its own completions and counts."""
         vllm = self.vllm
-        sampling = [vllm.SamplingParams(  # one per prompt: vLLM batches them all the same
-            n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            max_tokens=budget, stop=list(stop) or None, include_stop_str_in_output=True,
-            logprobs=0,  # only the sampled token's log-prob
-        ) for stop, budget in zip(stops, max_new_tokens)]
-        requests = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        lora = None if lora_id is None else self.adapters[lora_id]
-        outputs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
-        result, prompt_tokens, cached = [], 0, 0
-        for prompt, request in zip(prompts, outputs):
-            prompt_tokens += len(request.prompt_token_ids or ())
-            cached += request.num_cached_tokens or 0
+        requests, sampling, loras, owners = [], [], [], []
+        for k, call in enumerate(calls):
+            params, seeds = call["params"], call.get("seeds")
+            lora = None if call.get("lora_id") is None else self.adapters[call["lora_id"]]
+            for i, (prompt, stop, budget) in enumerate(zip(call["prompts"], call["stops"],
+                                                           call["max_new_tokens"])):
+                sampling.append(vllm.SamplingParams(
+                    n=call["n"], temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                    max_tokens=budget, stop=list(stop) or None, include_stop_str_in_output=True,
+                    logprobs=0,  # only the sampled token's log-prob
+                    seed=None if seeds is None else seeds[i]))
+                requests.append(vllm.TokensPrompt(prompt_token_ids=list(prompt)))
+                loras.append(lora)
+                owners.append((k, list(prompt)))
+        outputs = self.llm.generate(requests, sampling, lora_request=loras, use_tqdm=False)
+        answers: list[tuple[list[list[Completion]], int, int]] = [([], 0, 0) for _ in calls]
+        for (k, prompt), request in zip(owners, outputs):
+            result, prompt_tokens, cached = answers[k]
             gens = []
             for out in sorted(request.outputs, key=lambda o: o.index):
                 if out.finish_reason not in ("stop", "length"):
@@ -81,9 +97,11 @@ class EngineServer:
                 token_ids = list(out.token_ids)
                 assert out.logprobs is not None, "vLLM returned no log-probs although logprobs=0 was asked"
                 logprobs = [out.logprobs[i][t].logprob for i, t in enumerate(token_ids)]
-                gens.append(Completion(list(prompt), token_ids, logprobs, out.text, out.finish_reason))
+                gens.append(Completion(prompt, token_ids, logprobs, out.text, out.finish_reason))
             result.append(gens)
-        return result, prompt_tokens, cached
+            answers[k] = (result, prompt_tokens + len(prompt),
+                          cached + (request.num_cached_tokens or 0))
+        return answers
 
     def reseed(self, seed: int) -> None:
         """Unseeded sampling draws from this process's torch RNG (CPU and CUDA generators alike):
@@ -259,7 +277,7 @@ def serve(fd: str, quiet: str = "") -> None:
     console silences third-party notes, so this process does too). The trainer's environment for it
     (``engine_process_env``) keeps vLLM's worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     from drmas import console
-    from drmas.engines.served import serve as serve_requests
+    from drmas.engines.service import serve as serve_requests
     from drmas.engines.vllm.runtime import import_vllm
 
     if quiet:
