@@ -240,7 +240,7 @@ def replies(run_dir: str, puzzles: int = 3, samples: int = 2, seed: int = 0) -> 
     from transformers import AutoModelForCausalLM
 
     from drmas.models import load_tokenizer
-    from drmas.modules.engine_routing import encode_prompt
+    from drmas.modules.policy_generate import encode_prompt
     from drmas.records import Completion
     from drmas.workflows.games.workflow import PlanningWorkflow
 

@@ -19,7 +19,7 @@ Iteration k, on every rank:
  3  rollout              ``Workflow.rollout``                    this rank's tasks, ``group_size`` each;
                                                                  gathered from every rank
  4  advantages           ``compute_advantages``                  the estimator over the whole iteration
- 5  micro_batches        ``make_micro_batches``                  this rank's share, per policy and PPO
+ 5  micro_batches        ``policy_micro_batches``                this rank's share, per policy and PPO
                                                                  epoch -> ``PreparedIteration``
  6  rollout_scalars      ``RolloutStats.on_train_epoch_start``   ``rollout/<agent>/...``, ``time/...``
  7  sleep                ``MultiAgentRL.on_train_epoch_start``   engines free accelerator memory

@@ -39,9 +39,9 @@ import threading
 from typing import Any, Callable, Sequence
 
 __all__ = ["GATHER_ENV", "HEARTBEAT_ENV", "TIMEOUT_ENV", "TRACES_ENV", "agree", "at", "attempt",
-           "collective_timeout_s", "env_seconds", "flight_recorder", "gather_timeout_s", "heartbeat_s",
-           "init_process_group", "mark_background", "portable", "raise_first", "silent_ranks", "stop_line",
-           "store_host", "watch_state"]
+           "collective_timeout_s", "env_seconds", "flight_recorder", "gather_timeout_s", "group_gather",
+           "heartbeat_s", "init_process_group", "mark_background", "portable", "raise_first", "silent_ranks",
+           "stop_line", "store_host", "watch_state"]
 
 TIMEOUT_ENV = "DRMAS_COLLECTIVE_TIMEOUT_S"
 GATHER_ENV = "DRMAS_GATHER_TIMEOUT_S"
@@ -204,6 +204,18 @@ _thread = threading.local()
 def mark_background() -> None:
     """This thread plays rollouts behind the update: its :func:`at` names the background's wait."""
     _thread.background = True
+
+
+def group_gather(group: Any) -> Callable[[Any], list[Any]]:
+    """A gather of every member's object of a process ``group``, in rank order (a collective of the
+    group: e.g. a per-policy pool's ranks)."""
+    import torch.distributed as dist
+
+    def gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(out, obj, group=group)
+        return out
+    return gather
 
 
 def agree(gather: Callable[[Any], list[Any]], rank: int, failure: BaseException | None) -> None:

@@ -102,7 +102,7 @@ class GenerationSettings:
 
 class GenerateFn(Protocol):
     """The ``generate`` function a workflow is given: every member a workflow may use. The
-    trainer's (``drmas.modules.engine_routing.PolicyGenerate``) answers all of them; a scripted one
+    trainer's (``drmas.modules.policy_generate.PolicyGenerate``) answers all of them; a scripted one
     (:class:`ScriptedGenerate`) says it knows no settings or lengths."""
 
     train: bool
@@ -273,6 +273,9 @@ class MicroBatch:
     (sharded training needs every rank to run the same number of forward/backward passes)."""
     agent: str | None = None
     """The one agent whose samples this micro-batch holds (batches split by agent), else None."""
+    idle: bool = False
+    """Under per-policy pools: a pass of no policy, which keeps this rank's passes as many as every
+    other rank's (Lightning broadcasts its stop flag before each); the trainer skips it."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,9 @@ class BatchSpec:
     samples fits in it (a packed row's block mask knows no window)."""
     trainable: bool = True
     """False: a frozen policy, whose samples get no micro-batches."""
+    ranks: tuple[int, ...] | None = None
+    """The ranks that train the policy, its pool (each gets its share of the policy's micro-batches,
+    the others none); None: every rank."""
 
 
 @dataclass

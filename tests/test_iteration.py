@@ -26,7 +26,7 @@ HOOKS = [
     ("sync", MultiAgentRL, "sync_weights"),
     ("rollout", TurnWorkflow, "rollout"),
     ("advantages", rollouts, "compute_advantages"),
-    ("micro_batches", rollouts, "make_micro_batches"),
+    ("micro_batches", rollouts, "policy_micro_batches"),
     ("rollout_scalars", RolloutStats, "on_train_epoch_start"),
     ("sleep", MultiAgentRL, "on_train_epoch_start"),
     ("update", MultiAgentRL, "training_step"),

@@ -38,18 +38,24 @@ __all__ = ["HFCheckpoint"]
 LATEST_FILE = "latest"
 
 
-def _full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    """A full (unsharded) CPU state dict when ``model`` is sharded with FSDP2, else None.
+def _full_state_dict(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor] | None:
+    """A full (unsharded) CPU state dict when ``model`` is sharded with FSDP2, else None; ``keep``:
+    on the rank that writes it (the others take part in each gather and drop the tensor at once).
 
-    Gathering is a collective: every rank must call this, even though only rank 0 saves.
+    Gathering is a collective of the model's mesh (every rank, or the policy's pool): each of its
+    ranks must call this, one tensor gathered at a time, so the writer's host memory holds one model.
     """
     from torch.distributed.tensor import DTensor
 
     if not any(isinstance(p, DTensor) for p in model.parameters()):
         return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if keep:
+            full[name] = whole.detach().to("cpu", copy=True)
+        del whole
+    return full
 
 
 class HFCheckpoint(Callback):
@@ -113,13 +119,16 @@ class HFCheckpoint(Callback):
     def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, iteration: int) -> str:
         """Save all policies as ``<dirpath>/iter_<iteration>/``; return that path.
 
-        Call on every rank (sharded weights are gathered collectively); only rank 0 writes.
+        Call on every rank (sharded weights are gathered collectively). Rank 0 makes the directory;
+        each policy is written by the first rank that holds it (rank 0, or under per-policy pools its
+        pool's first), into rank 0's temporary directory, which rank 0 then renames into place.
         """
         root = self.resolve_dirpath(trainer)
         name = f"iter_{iteration}"
         target = os.path.join(root, name)
         # frozen: as loaded
         policies = {n: p for n, p in pl_module.policies.items() if p.trainable}
+        pools = pl_module.pools if getattr(pl_module, "pooled", False) else {}
         at("the HF export")
         failure: BaseException | None = None
         tmp = None
@@ -129,22 +138,31 @@ class HFCheckpoint(Callback):
                 tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
             except Exception as err:
                 failure = err
+        # where the policies go, for writers other than rank 0 (per-policy pools)
+        into = trainer.strategy.broadcast(tmp) if pools and trainer.world_size > 1 else tmp
+        written = 0
         try:
             for pname, policy in policies.items():
-                # one policy's full weights at a time (a collective on every rank): rank 0's host
-                # memory holds one model, not the team's
-                full = _full_state_dict(policy.model)
-                if tmp is not None and failure is None:
+                # one policy's full weights at a time (a collective of the ranks that hold it): the
+                # writer's host memory holds one model, not the team's
+                writes = (pools[pname][0] if pname in pools else 0) == trainer.global_rank
+                full = _full_state_dict(policy.model, keep=writes)
+                if writes and into is not None and failure is None:
                     try:
-                        self._write_policy(policy, full, os.path.join(tmp, pname))
+                        self._write_policy(policy, full, os.path.join(into, pname))
+                        written += 1
                     except Exception as err:  # a full disk: the other policies' gathers still made
                         failure = err
                 del full
+            if pools and trainer.world_size > 1:  # every writer's outcome before rank 0 renames
+                outcomes = pl_module.gather_objects((portable(failure, trainer.global_rank), written))
+                failure = failure or next((f for f, _ in outcomes if f is not None), None)
+                written = sum(n for _, n in outcomes)
             if tmp is not None and failure is None:
                 try:
                     replace_dir(tmp, target)
                     write_text(os.path.join(root, LATEST_FILE), name + "\n")
-                    rank_zero_info(f"HFCheckpoint: saved {len(policies)} policies to {target}")
+                    rank_zero_info(f"HFCheckpoint: saved {written} policies to {target}")
                 except Exception as err:
                     failure = err
         finally:  # the temporary directory never outlives the export, however it ends
@@ -159,11 +177,18 @@ class HFCheckpoint(Callback):
         return target
 
     def _write_policy(self, policy: Any, full: dict[str, torch.Tensor] | None, out: str) -> None:
-        """Rank 0: one policy into ``out`` (inside the export's temporary directory)."""
+        """The policy's writer: one policy into ``out`` (inside the export's temporary directory)."""
         kwargs: dict[str, Any] = {} if full is None else {"state_dict": full}
         if policy.adapter is not None:
             save_adapter(policy.model, policy.adapter, out, merged=self.merge_lora)
         else:
-            policy.model.save_pretrained(out, **kwargs)
+            model = policy.model
+            # transformers writes only on global rank 0 once torch.distributed is up
+            # (PreTrainedModel.should_save_on_this_rank); a pool's first rank writes its own policy
+            model.should_save_on_this_rank = lambda is_main_process: is_main_process
+            try:
+                model.save_pretrained(out, **kwargs)
+            finally:
+                del model.should_save_on_this_rank
         if self.save_tokenizer and policy.tokenizer is not None:
             policy.tokenizer.save_pretrained(out)

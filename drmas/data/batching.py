@@ -12,7 +12,7 @@ from drmas.algorithms.losses import AGGREGATIONS
 from drmas.packing import group_by_prefix, pack_shared_prefixes, pad_samples, prefix_order
 from drmas.records import BatchSpec, MicroBatch, Sample
 
-__all__ = ["make_micro_batches", "shard_prefix_groups", "shard_samples"]
+__all__ = ["make_micro_batches", "policy_micro_batches", "shard_prefix_groups", "shard_samples"]
 
 
 def shard_samples(samples: Sequence[Sample], world_size: int, prefix_sharing: bool = False,
@@ -119,13 +119,10 @@ def make_micro_batches(
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if by_agent and world_size > 1:
         raise ValueError("micro-batches split by agent (per-agent gradient norms) need one rank")
-    real = [i for i, s in enumerate(samples) if s.response_ids]
+    real, shares = _shares(samples, spec, world_size)
     if not real:
         return []
     total_tokens = sum(len(samples[i].response_ids) for i in real)
-    shares = [[real[j] for j in share]
-              for share in shard_samples([samples[i] for i in real], world_size, prefix_sharing,
-                                         micro_batch_size)]
     if prefix_sharing:
         order = prefix_order(samples, shares[rank])
     else:
@@ -157,6 +154,60 @@ def make_micro_batches(
         out.append(_micro_batch([samples[real[0]]], [-1], policy, pad_id, 0.0, ppo_epoch, stand_in=True))
     out[-1].step_after = True
     return out
+
+
+def _shares(samples: Sequence[Sample], spec: BatchSpec, world_size: int) -> tuple[list[int], list[list[int]]]:
+    """The samples with a response, and their positions per rank (:func:`shard_samples`)."""
+    real = [i for i, s in enumerate(samples) if s.response_ids]
+    shares = [[real[j] for j in share]
+              for share in shard_samples([samples[i] for i in real], world_size, spec.prefix_sharing,
+                                         spec.micro_batch_size)] if real else []
+    return real, shares
+
+
+def _passes(samples: Sequence[Sample], spec: BatchSpec, world_size: int) -> int:
+    """How many micro-batches :func:`make_micro_batches` gives each of ``world_size`` ranks (without
+    making them)."""
+    _, shares = _shares(samples, spec, world_size)
+    return max((math.ceil(len(share) / spec.micro_batch_size) for share in shares), default=0)
+
+
+def policy_micro_batches(samples: Sequence[Sample], specs: dict[str, BatchSpec], rank: int,
+                         world_size: int) -> list[MicroBatch]:
+    """This rank's micro-batches of each policy in ``specs`` that it trains (every policy, or under
+    per-policy pools those whose ``ranks`` hold it), PPO epoch by PPO epoch: a policy's samples are
+    shared among its own ranks, whose sharding averages their gradients, so the loss scales are
+    those of the whole batch whatever the layout."""
+    per_policy: dict[str, list[Sample]] = {}
+    for s in samples:
+        per_policy.setdefault(s.policy, []).append(s)
+    pools = {name: list(spec.ranks) if spec.ranks is not None else list(range(world_size))
+             for name, spec in specs.items()}
+    batches: list[MicroBatch] = []
+    for ppo_epoch in range(max((spec.ppo_epochs for spec in specs.values()), default=0)):
+        for name, spec in specs.items():
+            pool = pools[name]
+            if ppo_epoch < spec.ppo_epochs and per_policy.get(name) and rank in pool:
+                batches += make_micro_batches(per_policy[name], name, spec, ppo_epoch, pool.index(rank),
+                                              len(pool))
+    if any(len(pool) != world_size for pool in pools.values()):
+        # every rank runs as many passes as the busiest: pools train apart, but Lightning's loop
+        # meets every rank before each micro-batch
+        passes = [0] * world_size
+        for name, spec in specs.items():
+            if per_policy.get(name):
+                count = _passes(per_policy[name], spec, len(pools[name])) * spec.ppo_epochs
+                for r in pools[name]:
+                    passes[r] += count
+        batches += [_idle() for _ in range(max(passes) - len(batches))]
+    return batches
+
+
+def _idle() -> MicroBatch:
+    empty = torch.zeros((0, 0), dtype=torch.long)
+    return MicroBatch(policy="", input_ids=empty, attention_mask=empty, response_mask=empty.bool(),
+                      engine_logprobs=empty.float(), advantages=torch.zeros(0), sample_index=torch.zeros(0),
+                      loss_scale=0.0, idle=True)
 
 
 def _micro_batch(chunk: list[Sample], idx: list[int], policy: str, pad_id: int, scale: float,

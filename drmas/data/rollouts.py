@@ -10,7 +10,7 @@ is tested without Lightning or a model (a scripted ``generate`` will do).
 With several data-parallel ranks each rank plays whole tasks (an advantage group never spans
 ranks), then every rank gathers all ranks' samples and computes the same advantages from them,
 so agent-wise statistics are those of the whole iteration, exactly as with one process; each
-rank then trains on its token-balanced share (:func:`~drmas.data.batching.make_micro_batches`).
+rank then trains on its token-balanced share (:func:`~drmas.data.batching.policy_micro_batches`).
 
 Faults of the environment and of reward functions never become silent wrong advantages: a
 sample whose reward is NaN or infinite is dropped before the advantages are computed (counted
@@ -33,7 +33,7 @@ import torch
 
 from drmas.algorithms import compute_advantages
 from drmas.data.background import Pipeline, Played, Synchronous
-from drmas.data.batching import make_micro_batches
+from drmas.data.batching import policy_micro_batches
 from drmas.data.gathered import drop_nonfinite, gather, outcome_scalars
 from drmas.data.progress import EpisodeBar, show_progress
 from drmas.data.rerouted import Rerouted
@@ -252,20 +252,12 @@ class Rollouts:
             bar.close()
 
     def micro_batches(self, samples: Sequence[Sample], backend: RolloutBackend) -> list[MicroBatch]:
-        """This rank's micro-batches of each policy, PPO epoch by PPO epoch; a policy only ever sees
-        its agents' samples, and its last micro-batch of each PPO epoch carries its optimiser step."""
-        per_policy: dict[str, list[Sample]] = defaultdict(list)
-        for s in samples:
-            per_policy[s.policy].append(s)
+        """This rank's micro-batches of each policy it trains (every policy, or those whose pool holds
+        this rank), PPO epoch by PPO epoch; a policy only ever sees its agents' samples, and its last
+        micro-batch of each PPO epoch carries its optimiser step."""
         specs = {name: spec for name in dict.fromkeys(self.agent_map.values())
                  if (spec := backend.batch_spec(name)).trainable}  # a frozen policy's samples only count
-        batches: list[MicroBatch] = []
-        for ppo_epoch in range(max((spec.ppo_epochs for spec in specs.values()), default=0)):
-            for name, spec in specs.items():
-                if ppo_epoch < spec.ppo_epochs and per_policy.get(name):
-                    batches += make_micro_batches(per_policy[name], name, spec, ppo_epoch, backend.rank,
-                                                  backend.world_size)
-        return batches
+        return policy_micro_batches(samples, specs, backend.rank, backend.world_size)
 
     # ---- validation -------------------------------------------------------------------------
 

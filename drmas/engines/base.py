@@ -42,6 +42,9 @@ class Placement:
     engine_device: torch.device | None = None
     """The GPU this rank's engines run on when it is not the trainer's (``--model.engine_placement
     split``); None: the trainer's device."""
+    reached: bool = False
+    """Other ranks send this engine requests (per-policy pools): it runs in a process of its own,
+    which listens on an address (:class:`~drmas.engines.served.ServedEngine`)."""
     in_flight: dict[str, int] = dataclasses.field(default_factory=dict)
     """Sequences a training rollout sends each policy's engine at once on this rank, at most (tasks
     per rank x group size x the policy's agents); none: unknown. An engine may size its batch by it."""

@@ -165,15 +165,16 @@ class HFEngine(Engine):
         number of steps, which the shards' collectives cannot follow), so the engine then keeps an
         unsharded copy that ``sync_weights`` fills tensor by tensor. A trained policy whose rollouts
         play while the trainer updates it (``place.overlapped``), and every policy's on a GPU of the
-        engines' own (``place.split``), is served by an HF engine in a process of its own
+        engines' own (``place.split``) or asked by other ranks (``place.reached``), is served by an HF
+        engine in a process of its own
         (:class:`~drmas.engines.hf_process.HFProcessEngine`)."""
         # a frozen policy's tensors never change: it plays behind the update with them
-        apart = place.split or (place.overlapped and policy.trainable)
+        apart = place.split or place.reached or (place.overlapped and policy.trainable)
         if apart and policy.adapter is not None:
             raise ValueError(f"policy {policy.name!r} trains a LoRA adapter, which the hf engine generates "
                              f"with on the trained model itself: with rollouts behind the update "
-                             f"(--data.rollout.staleness) or engines on a GPU of their own "
-                             f"(--model.engine_placement split) use --model.engine vllm")
+                             f"(--data.rollout.staleness), engines on a GPU of their own "
+                             f"(--model.engine_placement split) or per-policy pools use --model.engine vllm")
         if apart:  # in a process of its own, on cores (and maybe a GPU) of its own (docs/async.md)
             from drmas.engines.hf_process import HFProcessEngine
             from drmas.engines.placement import local_ranks, rank_cores

@@ -1,30 +1,26 @@
 """What the trainer needs to generate with its policies: its engines as one object
-(:class:`RolloutEngines`: one engine per policy, built by its class and agreed on by every rank),
-the ``generate`` function the workflows call, the chat prompt's token ids, and the engine call
-that names the policy and the agent when it fails."""
+(:class:`RolloutEngines`: one engine per policy, built by its class and agreed on by every rank;
+under per-policy pools, connections to the other pools' engines), handing out the ``generate``
+function the workflows call (:mod:`drmas.modules.policy_generate`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import threading
-import time
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from drmas.engines import Engine, EngineError, Placement, parse_settings, policy_settings, resolve_engine
+from drmas.engines import Engine, Placement, parse_settings, policy_settings, resolve_engine
 from drmas.engines.base import FullState
+from drmas.engines.served import RemoteEngine
 from drmas.engines.placement import engine_gpu, local_ranks, overlap_cores, pin_process, rank_cores
 from drmas.models.shapes import model_shape
 from drmas.modules.memory import memory_plan, plan_terms, residue_report
+from drmas.modules.policy_generate import BusyClock, PolicyGenerate
 from drmas.ranks import agree, at
-from drmas.records import ChatPrompt, Completion, GenerateFn, GenerationSettings
-from drmas.tool_calls import fallback_messages, resolve_format
+from drmas.records import GenerateFn
 
-__all__ = ["BusyClock", "PolicyGenerate", "RolloutEngines", "encode_prompt", "engine_seed",
-           "release_cached_memory", "run_engine"]
+__all__ = ["RolloutEngines", "engine_seed", "release_cached_memory"]
 
 
 class RolloutEngines:
@@ -55,7 +51,10 @@ class RolloutEngines:
         self.team = team
         self.cls.sizing.check_memory(team, self.settings, torch.cuda.is_available(), placement == "split")
         self.built: dict[str, Engine] = {}
-        """Each policy's engine, once built (:meth:`build`)."""
+        """Each policy's engine, once built (:meth:`build`), of the policies this rank holds."""
+        self.remote: dict[str, Engine] = {}
+        """Under per-policy pools, each policy other ranks hold: a rank of its pool's engine, reached at
+        its address (:class:`~drmas.engines.served.RemoteEngine`), connected after the build."""
         self.pool: dict[str, Engine] = {}  # engines shared by policies (LoRA adapters on one base)
         self.synced: dict[str, int] = {}  # policy -> the weight version its engine serves (-1: none yet)
         self.busy: dict[str, BusyClock] = {}
@@ -67,7 +66,8 @@ class RolloutEngines:
     def _placement(self) -> Placement:
         host = self.host
         return Placement(host.rank, host.local_rank, host.world_size, host.device, host.rank, host._sharded,
-                         self.staleness > 0, self.cpus, self.gpu, self._in_flight())
+                         self.staleness > 0, self.cpus, self.gpu, host.pooled,
+                         self._in_flight())
 
     def _in_flight(self) -> dict[str, int]:
         """Sequences a training rollout sends each policy's engine at once on this rank, at most: the
@@ -98,6 +98,9 @@ class RolloutEngines:
         try:
             self._choose_places()
             self.cls.check_placement(self._placement())
+            if self.host.pooled and not self.cls.own_process(True):
+                raise ValueError(f"per-policy pools send agents' calls to other ranks' engines, which must "
+                                 f"run in processes of their own: the {self.name} engine does not")
         except ValueError as err:
             failure = err
         self._agree(failure)
@@ -162,7 +165,10 @@ class RolloutEngines:
         agree(self.host.gather_objects, self.host.rank, failure)
 
     def engine(self, name: str) -> Engine:
-        """The policy's engine (built at the first call)."""
+        """The policy's engine (built at the first call; another rank's under pools, connected at the
+        build)."""
+        if name in self.remote:
+            return self.remote[name]
         if name not in self.built:
             policy = self.host.policies[name]
             own = policy_settings(self.settings, policy.config)
@@ -226,19 +232,43 @@ class RolloutEngines:
         except Exception as err:  # an engine that cannot load on this rank (memory, files)
             failure = err
         self._agree(failure)
+        if self.host.pooled:
+            self._connect()
 
+    def _connect(self) -> None:
+        """Per-policy pools: every rank's engine addresses, gathered (a collective), and a connection to
+        an engine of each policy this rank does not hold, on a rank of its pool (rank r asks the pool's
+        (r mod size)-th rank, so the pool's ranks share the others' requests)."""
+        mine = {name: (getattr(e, "address", None), getattr(e, "key", None))
+                for name, e in self.built.items()}
+        everyone = self.host.gather_objects(mine)
+        failure = None
+        try:
+            for name in self.host.elsewhere:
+                pool = self.host.pools[name]
+                owner = pool[self.host.rank % len(pool)]
+                address, key = everyone[owner][name]
+                if address is None:
+                    raise ValueError(f"the {self.name} engine of policy {name!r} on rank {owner} runs in its "
+                                     "trainer's process: other ranks cannot reach it")
+                self.remote[name] = RemoteEngine(address, key, name, owner, f"rank {self.host.rank}",
+                                                 getattr(self.built.get(name), "kind", self.name))
+        except Exception as err:
+            failure = err
+        self._agree(failure)
     def reseed(self, seed: int) -> None:
         """Reseed every engine from ``seed`` (engines drawing from an RNG of their own: a stream each)."""
-        for k, engine in enumerate(self.built.values()):
+        for k, engine in enumerate([*self.built.values(), *self.remote.values()]):
             engine.reseed(engine_seed(seed, k))
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds each policy's engine answered requests since the last call (overlapping ones once)."""
-        return {name: self.busy[name].take() if name in self.busy else 0.0 for name in self.host.policies}
+        return {name: self.busy[name].take() if name in self.busy else 0.0
+                for name in [*self.host.policies, *self.remote]}
 
     def cache_stats(self) -> tuple[int, int]:
         """``(prompt tokens, of which from a prefix cache)`` of this rank's engines since the last call."""
-        stats = [e.take_cache_stats() for e in self.built.values()]
+        stats = [e.take_cache_stats() for e in [*self.built.values(), *self.remote.values()]]
         return sum(s[0] for s in stats), sum(s[1] for s in stats)
 
     def generate_fn(self, train: bool) -> GenerateFn:
@@ -259,102 +289,25 @@ class RolloutEngines:
         self.plan = None
 
     def close(self) -> None:
-        """Close every engine (again: a no-op)."""
+        """Close every engine (again: a no-op); under per-policy pools, first say what each engine of
+        this rank answered, per asking rank."""
+        for engine in self.remote.values():
+            engine.close()
+        self.remote.clear()
+        if self.host.pooled:
+            for name, engine in self.built.items():
+                try:
+                    served = engine.served()["requests"]
+                except Exception:  # a dead or in-process engine: nothing to say
+                    continue
+                asked = ", ".join(f"{'this rank' if k == 'owner' else k}: {n}"
+                                  for k, n in sorted(served.items()))
+                print(f"[rank {self.host.rank}] the {self.name} engine of policy {name} answered {asked}",
+                      flush=True)
         for engine in self.built.values():
             engine.close()
         self.built.clear()
         self.pool.clear()
-
-
-class PolicyGenerate:
-    """``generate(agent, prompts, n)`` on the agent's policy with its train or eval generation settings, and
-    what an endpoint needs to answer within that policy (:meth:`settings`, :meth:`prompt_tokens`)."""
-
-    def __init__(self, engines: RolloutEngines, train: bool) -> None:
-        self.engines, self.module, self.train = engines, engines.host, train
-
-    def _policy(self, agent: str) -> Any:
-        return self.module.policies[self.module.policy_of(agent)]
-
-    def _params(self, policy: Any) -> Any:
-        return policy.config.generation.train if self.train else policy.config.generation.eval
-
-    def check_stop(self) -> None:
-        """Raise when this rank was preempted (SIGTERM)."""
-        self.module.stop_signal.raise_if_requested()
-
-    def __call__(self, agent: str, prompts: Sequence[ChatPrompt], n: int) -> list[list[Completion]]:
-        if not prompts:
-            return []
-        self.check_stop()  # preempted: stop before the next request, not after the rollout
-        policy = self._policy(agent)
-        params = self._params(policy)
-        # each prompt its own stop strings and length, within the policy's budget
-        stops = [list(dict.fromkeys([*params.stop, *p.stop])) for p in prompts]
-        budgets = [params.max_new_tokens if p.max_new_tokens is None
-                   else min(p.max_new_tokens, params.max_new_tokens)
-                   for p in prompts]  # a budget below 1 is refused by the engine, naming the prompt
-        config = policy.config
-        ids = [encode_prompt(policy.tokenizer, p, config.chat_template_kwargs, config.tool_format)
-               for p in prompts]
-        with self.engines.busy.setdefault(policy.name, BusyClock()):
-            outs = run_engine(self.engines.engine(policy.name), self.engines.name, policy.name, agent,
-                              ids, n, params, stops, budgets)
-        # what the agent's parser reads: the prefill it was given, then the response
-        return [[dataclasses.replace(c, text=p.prefill + c.text) for c in completions]
-                for p, completions in zip(prompts, outs)]
-
-    def settings(self, agent: str) -> GenerationSettings:
-        """The agent's policy's sampling and length budget."""
-        return self._params(self._policy(agent))
-
-    def context_length(self, agent: str) -> int | None:
-        """The agent's engine's context length, else its model's position limit."""
-        policy = self._policy(agent)
-        engine = self.engines.built.get(policy.name)
-        return (getattr(engine, "context_length", None)
-                or getattr(policy.model.config, "max_position_embeddings", None))
-
-    def prompt_tokens(self, agent: str, prompt: ChatPrompt) -> int:
-        policy = self._policy(agent)
-        return len(encode_prompt(policy.tokenizer, prompt, policy.config.chat_template_kwargs,
-                                 policy.config.tool_format))
-
-    def tool_format(self, agent: str) -> tuple[str, Any]:
-        policy = self._policy(agent)
-        return resolve_format(policy.config.tool_format, policy.tokenizer.chat_template)[0], policy.tokenizer
-
-    def tokenizer(self, agent: str) -> Any:
-        return self._policy(agent).tokenizer
-
-
-class BusyClock:
-    """Seconds of requests in flight (``with clock:`` around each): requests that overlap, from the
-    episode loop's threads, count once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open, self._since, self._total = 0, 0.0, 0.0
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if not self._open:
-                self._since = time.perf_counter()
-            self._open += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        with self._lock:
-            self._open -= 1
-            if not self._open:
-                self._total += time.perf_counter() - self._since
-
-    def take(self) -> float:
-        """The seconds since the last call (a request still in flight counts up to now)."""
-        with self._lock:
-            now = time.perf_counter()
-            total = self._total + (now - self._since if self._open else 0.0)
-            self._total, self._since = 0.0, now
-            return total
 
 
 def release_cached_memory(device: Any) -> None:
@@ -371,59 +324,3 @@ def release_cached_memory(device: Any) -> None:
 def engine_seed(rollout_seed: int, k: int) -> int:
     """The seed of a rank's ``k``-th engine for a rollout of ``rollout_seed``."""
     return (rollout_seed * 1_000_033 + k) % 2**63
-
-
-def encode_prompt(tokenizer, prompt: ChatPrompt, template_kwargs: dict[str, Any] | None = None,
-                  tool_format: str = "auto") -> list[int]:
-    """Token ids of the chat prompt with the generation header and the assistant prefill; tools
-    and tool calls rendered by the template where it takes them (earlier calls' arguments as
-    objects, as serving engines pass them: templates that apply ``tojson`` would show a string encoded
-    twice), else in the hermes format. A message's ``name`` is given to a template that reads it;
-    elsewhere it prefixes a user's, system's or tool's content and is left out of an assistant's
-    (whose content is what the policy itself wrote)."""
-    messages = [{"role": r, "content": c} for r, c in prompt.messages]
-    template = tokenizer.chat_template or ""
-    takes_name = any(f"message{k}" in template for k in (".name", "['name']", '["name"]'))
-    for m, extra in zip(messages, prompt.fields):
-        m.update(json.loads(extra) if extra else {})
-        name = m.get("name") if not takes_name else None
-        if name is not None:
-            del m["name"]
-            if m["role"] != "assistant":
-                m["content"] = f"{name}: {m['content']}"
-    kwargs = {**(template_kwargs or {}),  # the request's own variables over the policy's
-              **(json.loads(prompt.template_kwargs) if prompt.template_kwargs else {})}
-    if prompt.tools or any("tool_calls" in m or "tool_call_id" in m for m in messages):
-        tools = [json.loads(t) for t in prompt.tools]
-        if resolve_format(tool_format, template)[1]:
-            kwargs["tools"] = tools or None
-            for m in messages:
-                for c in m.get("tool_calls") or ():
-                    fn = c.get("function") or {}
-                    if isinstance(fn.get("arguments"), str):
-                        fn["arguments"] = _json_object(fn["arguments"])
-        else:
-            messages = fallback_messages(messages, tools)
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **kwargs
-    ) + prompt.prefill
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def _json_object(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text  # as the program sent it
-
-
-def run_engine(engine: Any, kind: str, policy: str, agent: str, ids: list[list[int]], n: int, params: Any,
-               stops: Any = None, max_new_tokens: Any = None) -> Any:
-    """``engine.generate(ids, n, params, stops, max_new_tokens)``; any failure re-raised as
-    :class:`EngineError` naming the policy and the agent, so a lost device or a bad request says
-    whose rollout it ended."""
-    try:
-        return engine.generate(ids, n, params, stops, max_new_tokens)
-    except Exception as err:
-        raise EngineError(f"the {kind} engine of policy {policy!r} failed generating for agent {agent!r} "
-                          f"({len(ids)} prompts x {n}): {type(err).__name__}: {err}") from err

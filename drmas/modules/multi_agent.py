@@ -29,11 +29,12 @@ from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.engine_routing import RolloutEngines
 from drmas.modules.preflight import run_preflight
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
+from drmas.modules.pools import Pools, pooled, resolve_pools, unbuilt
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_gaps, restore_rank_rng,
                                      save_state)
 from drmas.modules.sharding import check_precision
-from drmas.ranks import agree, at, watch_state
+from drmas.ranks import agree, at, group_gather, watch_state
 from drmas.records import BatchSpec, GenerateFn, MicroBatch
 from drmas.watch import watch
 
@@ -97,6 +98,11 @@ class MultiAgentRL(L.LightningModule):
         if loss.kl_coef > 0:  # the frozen references are in eval mode on purpose
             warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
         self.policies = torch.nn.ModuleDict(make_policies(policies, loss.kl_coef > 0, prefix_sharing))
+        """The policies this rank holds: every one, or under per-policy pools those whose pool it is in."""
+        self.configs = dict(policies)  # every policy's settings, whichever ranks hold it
+        self.pools: Pools = {}  # policy -> the ranks that hold it (set up with the ranks)
+        self.elsewhere: dict[str, Policy] = {}  # policies other ranks hold: their tokenizer and settings
+        self._pool_groups: dict[str, Any] = {}  # policy -> its pool's gloo group, under pools
         self.agent_map = dict(agents or {})
         self.loss = loss
         self.agent_grad_norms = agent_grad_norms
@@ -119,11 +125,21 @@ class MultiAgentRL(L.LightningModule):
 
     def bind_agents(self, agents: Sequence[str]) -> dict[str, str]:
         """Resolve and check the agent -> policy map for a workflow's agents; return it."""
-        self.agent_map = agent_policies(agents, self.agent_map, list(self.policies))
+        self.agent_map = agent_policies(agents, self.agent_map, list(self.configs))
         return dict(self.agent_map)
 
     def policy_of(self, agent: str) -> str:
         return self.agent_map[agent]
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the policies live in per-policy pools (some rank does not hold every policy)."""
+        return bool(self._pool_groups)
+
+    def any_policy(self, name: str) -> Policy:
+        """The policy of that name, held here or (per-policy pools) by other ranks: then its tokenizer
+        and settings only."""
+        return self.policies[name] if name in self.policies else self.elsewhere[name]
 
     @property
     def rank(self) -> int:
@@ -179,8 +195,24 @@ class MultiAgentRL(L.LightningModule):
         if self.agent_grad_norms:
             raise ValueError("agent_grad_norms runs on one device: it is not supported with a sharded "
                              "strategy")
-        self.weights_read = shard_policies(self.policies, strategy, self.device_mesh["data_parallel"])
+        meshes = dict.fromkeys(self.policies, self.device_mesh["data_parallel"])
+        if pooled(self.pools, self.world_size):
+            meshes, self._pool_groups = self._take_pools(strategy)
+        self.weights_read = shard_policies(self.policies, strategy, meshes)
         self._sharded = True
+
+    def _take_pools(self, strategy: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Keep only the policies whose pool holds this rank (the others' weights are never read here:
+        their tokenizer and settings stay, in :attr:`elsewhere`); each kept policy's mesh over its
+        pool's ranks, and every pool's gloo group."""
+        from drmas.modules.sharding import pool_meshes
+
+        meshes, groups = pool_meshes(self.pools, strategy.root_device.type)  # every rank, the same order
+        for name in [n for n in self.policies if self.rank not in self.pools[n]]:
+            policy = self.policies.pop(name)
+            policy.model = policy.reference = None
+            self.elsewhere[name] = policy
+        return {name: meshes[name] for name in self.policies}, groups
 
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
@@ -196,7 +228,7 @@ class MultiAgentRL(L.LightningModule):
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
         trained = [p for p in self.policies.values() if p.trainable]  # frozen policies have no optimiser
-        if not trained:
+        if not any(c.trainable for c in self.configs.values()):
             raise ValueError("every policy is frozen (trainable: false): there is nothing to train")
         self._optimizer_of = {p.name: i for i, p in enumerate(trained)}
         pairs = [p.make_optimizer(total) for p in trained]
@@ -219,9 +251,12 @@ class MultiAgentRL(L.LightningModule):
         return policy.token_logprobs(batch, temperature, with_entropy, reference)
 
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
+        if batch.idle:  # per-policy pools: this rank's policies are done, another rank's are not
+            return {}
         at("the update's forward and backward")
-        # every rank stops at the same micro-batch
-        self.stop_signal.raise_if_any(self.world_size, self.device)
+        # every rank of the policy's pool stops at the same micro-batch
+        self.stop_signal.raise_if_any(len(self._pool(batch.policy)), self.device,
+                                      self._pool_groups.get(batch.policy))
         policy = self.policies[batch.policy]
         generation = policy.config.generation.train
         logp, entropy = self.token_logprobs(policy, batch, generation.temperature)
@@ -254,7 +289,7 @@ class MultiAgentRL(L.LightningModule):
             self.manual_backward(loss * batch.loss_scale)
         else:
             self._bad_loss = True  # every rank skips this step (_step agrees on it)
-            if self.world_size > 1:  # a sharded backward is a collective: run it, with a finite loss
+            if len(self._pool(batch.policy)) > 1:  # a sharded backward is a collective: run it, finite
                 self.manual_backward(torch.nan_to_num(loss, 0.0, 0.0, 0.0) * batch.loss_scale)
         if not batch.stand_in:  # a stand-in pass that keeps ranks in step has no statistics
             bucket = self._metrics[batch.policy]
@@ -290,7 +325,12 @@ class MultiAgentRL(L.LightningModule):
         # sharded parameters give a DTensor: its full value is the global norm over all shards
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         bad = self._bad_loss or not math.isfinite(norm)
-        if self._trainer is not None and self.trainer.world_size > 1:  # every rank skips, or none
+        group = self._pool_groups.get(policy.name)
+        if group is not None:  # every rank of the policy's pool skips, or none
+            flag = torch.tensor(float(bad))
+            torch.distributed.all_reduce(flag, group=group)
+            bad = bool(flag > 0)
+        elif self._trainer is not None and self.trainer.world_size > 1:  # every rank skips, or none
             flag = torch.tensor(float(bad), device=self.device)
             bad = bool(self.trainer.strategy.reduce(flag, reduce_op="sum") > 0)
         bucket = self._metrics[policy.name]
@@ -307,19 +347,25 @@ class MultiAgentRL(L.LightningModule):
                 failure = err
         opt.zero_grad(set_to_none=True)
         self._bad_loss = False
-        agree(self.gather_objects, self.rank, failure)
+        agree(self.gather_objects if group is None else group_gather(group), self.rank, failure)
         bucket["grad_norm"].append((norm, 1.0))
         for agent, agent_norm in self._agent_grads.take_norms(policy.name).items():
             bucket[f"{agent}/grad_norm"].append((agent_norm, 1.0))
         return norm
 
     def batch_spec(self, policy: str) -> BatchSpec:
-        """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs."""
-        p = self.policies[policy]
+        """How ``policy``'s samples are packed: its tokenizer's pad id, micro-batch size, PPO epochs,
+        and under per-policy pools the ranks that train it."""
+        p = self.any_policy(policy)
         update = p.config.update
         return BatchSpec(p.tokenizer.pad_token_id, update.micro_batch_size, update.ppo_epochs,
                          self.loss.agg, p.prefix_sharing, self.agent_grad_norms, p.attention_window,
-                         p.trainable)
+                         p.trainable, self.pools[policy] if self._pool_groups else None)
+
+    def _pool(self, policy: str) -> Sequence[int]:
+        """The ranks that train ``policy`` (every rank without pools)."""
+        return self.pools[policy] if self._pool_groups else range(self.world_size)
+
 
     def begin_iteration(self) -> int:
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,
@@ -342,12 +388,14 @@ class MultiAgentRL(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         at("the iteration's metrics gather")
         buckets = {name: dict(bucket) for name, bucket in self._metrics.items()}
-        per_rank = self.gather_objects(buckets)  # every rank trained on its own share
+        lrs = {name: self._optimizer(name).param_groups[0]["lr"] for name in buckets}
+        # every rank trained on its own share (under pools, of its own policies)
+        per_rank = self.gather_objects((buckets, lrs))
         scalars = {"time/update_s": time.perf_counter() - self._update_started,
-                   **epoch_scalars(per_rank, {n: p.config.update.ppo_epochs
-                                              for n, p in self.policies.items()})}
-        for name in {n for buckets in per_rank for n in buckets}:
-            scalars[f"train/{name}/lr"] = self._optimizer(name).param_groups[0]["lr"]
+                   **epoch_scalars([b for b, _ in per_rank],
+                                   {n: c.update.ppo_epochs for n, c in self.configs.items()})}
+        for _, rank_lrs in per_rank:
+            scalars.update({f"train/{name}/lr": lr for name, lr in rank_lrs.items()})
         self._metrics.clear()
         self.log_scalars(scalars)
 
@@ -379,6 +427,14 @@ class MultiAgentRL(L.LightningModule):
     def setup(self, stage: str) -> None:
         # before the policies are loaded (configure_model): a failure there ends every rank too
         watch.start(self.global_rank, self.world_size)  # another rank's failure stops this one too
+        self.pools = resolve_pools(self.configs, self.world_size)
+        if pooled(self.pools, self.world_size):  # refused before any weights are read
+            rollout = getattr(getattr(self.trainer.datamodule, "rollouts", None), "config", None)
+            refusal = unbuilt(self.pools, isinstance(self.trainer.strategy, ModelParallelStrategy),
+                              any(getattr(c, "save_last", True) for c in self.trainer.checkpoint_callbacks),
+                              getattr(rollout, "staleness", 0))
+            if refusal:
+                raise ValueError(refusal)
         if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
             watch.at_end(self._flush_logs)
 

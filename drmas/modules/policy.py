@@ -53,6 +53,7 @@ class Policy(nn.Module):
             resolve_format(config.tool_format, self.tokenizer.chat_template)
         except ValueError as err:
             raise ValueError(f"policy {name!r}: {err}") from None
+        self.model_config = self.model.config  # kept where another rank holds the weights (pools)
         self.trainable = config.trainable
         if not self.trainable:
             self.model.requires_grad_(False)

@@ -106,6 +106,10 @@ class PolicyConfig:
     engine's settings, e.g. ``{gpu_memory_utilization: 0.25}``)."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter instead of every weight (None = full fine-tuning)."""
+    ranks: list[int] | int | None = None
+    """The trainer ranks that hold this policy, its pool (docs/scaling.md, "Per-policy pools"): a list
+    of ranks, or a count laid out after the previous policies' pools; None: every rank (one shared
+    pool, the default). Its model, optimiser and update exist only on those ranks."""
 
     def __post_init__(self) -> None:
         if self.tool_format != "auto" and self.tool_format not in FORMATS:

@@ -53,11 +53,11 @@ class StopSignal:
         if self.requested:
             raise SIGTERMException
 
-    def raise_if_any(self, world_size: int, device: torch.device) -> None:
-        """A collective (every rank calls it at the same point): raise on every rank if any rank
-        received the signal."""
+    def raise_if_any(self, world_size: int, device: torch.device, group: Any = None) -> None:
+        """A collective (every rank of ``group``, of ``world_size`` ranks, calls it at the same
+        point; None: every rank, on the device): raise on every rank if any rank received the signal."""
         if world_size > 1:
-            flag = torch.tensor([float(self.requested)], device=device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            flag = torch.tensor([float(self.requested)], device=device if group is None else "cpu")
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
             self.requested = bool(flag.item() > 0)
         self.raise_if_requested()

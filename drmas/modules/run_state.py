@@ -89,14 +89,16 @@ def epoch_scalars(per_rank: Sequence[dict[str, dict[str, list[tuple[float, float
 
     Each rank records ``(value, weight)`` pairs per policy and key, the weight being the
     micro-batch's share of the whole batch: the weighted mean over all ranks is the value of the
-    whole batch; ``samples`` and ``tokens`` add up over ranks; the agreed keys come from rank 0.
+    whole batch; ``samples`` and ``tokens`` add up over ranks; the agreed keys come from the first
+    rank that trained the policy (rank 0, or under per-policy pools its pool's first).
     """
     merged: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for rank, buckets in enumerate(per_rank):
+    for buckets in per_rank:
         for policy, bucket in buckets.items():
+            first = policy not in merged
             into = merged.setdefault(policy, {})
             for key, values in bucket.items():
-                if key in _AGREED and rank > 0:
+                if key in _AGREED and not first:
                     continue
                 into.setdefault(key, []).extend(values)
     scalars: dict[str, float] = {}

@@ -24,7 +24,7 @@ from drmas.ranks import collective_timeout_s, flight_recorder, init_process_grou
 from drmas.watch import watch
 
 __all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded",
-           "resolve_strategy", "shard_model", "shard_policies"]
+           "pool_meshes", "resolve_strategy", "shard_model", "shard_policies"]
 
 
 class FSDP(ModelParallelStrategy):
@@ -102,10 +102,27 @@ def shard_model(model: nn.Module, mesh: Any, mixed_precision: bool = False,
     return model
 
 
-def shard_policies(policies: Any, strategy: Any, mesh: Any) -> dict[str, str]:
-    """FSDP2 on every policy and its frozen reference over ``mesh``; a policy built without its
-    weights (``deferred_weights``) then reads only the rows this rank keeps. Returns how each such
-    policy's weights were read. LoRA policies are refused: their adapters are not sharded yet."""
+def pool_meshes(pools: dict[str, tuple[int, ...]], device_type: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per-policy pools: each policy's one-dimensional mesh over its pool's ranks, and each pool's gloo
+    group (for the agreements of its ranks: a step skipped or raised, a stop). Collectives: every
+    rank makes every pool's, in the same order, whether it is in the pool or not (torch creates a
+    process group on every rank); policies with the same ranks share them."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    made: dict[tuple[int, ...], tuple[Any, Any]] = {}
+    for ranks in pools.values():
+        if ranks not in made:
+            mesh = DeviceMesh(device_type, list(ranks), mesh_dim_names=("data_parallel",))
+            timeout = datetime.timedelta(seconds=collective_timeout_s())
+            made[ranks] = (mesh, torch.distributed.new_group(list(ranks), backend="gloo", timeout=timeout))
+    return ({n: made[r][0] for n, r in pools.items()}, {n: made[r][1] for n, r in pools.items()})
+
+
+def shard_policies(policies: Any, strategy: Any, meshes: dict[str, Any]) -> dict[str, str]:
+    """FSDP2 on every policy and its frozen reference over its mesh (``meshes``, by policy: every
+    rank's, or its pool's); a policy built without its weights (``deferred_weights``) then reads
+    only the rows this rank keeps. Returns how each such policy's weights were read. LoRA policies
+    are refused: their adapters are not sharded yet."""
     lora = [name for name, p in policies.items() if p.adapter is not None]
     if lora:
         raise ValueError(f"LoRA policies ({', '.join(lora)}) cannot be sharded yet: run them on one device")
@@ -113,10 +130,10 @@ def shard_policies(policies: Any, strategy: Any, mesh: Any) -> dict[str, str]:
     mixed = strategy.root_device.type == "cuda" if mixed is None else mixed
     offload = getattr(strategy, "cpu_offload", False)
     read = {}
-    for policy in policies.values():
-        shard_model(policy.model, mesh, mixed, offload)
+    for name, policy in policies.items():
+        shard_model(policy.model, meshes[name], mixed, offload)
         if policy.reference is not None:
-            shard_model(policy.reference, mesh, False, offload)
+            shard_model(policy.reference, meshes[name], False, offload)
         if policy.deferred:  # offloaded shards live in CPU memory
             read[policy.name] = policy.load_weights(torch.device("cpu") if offload else strategy.root_device,
                                                     mixed)

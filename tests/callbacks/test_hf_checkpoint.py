@@ -210,7 +210,8 @@ def test_the_export_gathers_and_writes_one_policy_at_a_time(tmp_path, tiny, monk
 
     events = []
     gather, write = hf._full_state_dict, hf.HFCheckpoint._write_policy
-    monkeypatch.setattr(hf, "_full_state_dict", lambda model: events.append("gather") or gather(model))
+    monkeypatch.setattr(hf, "_full_state_dict",
+                        lambda model, keep: events.append("gather") or gather(model, keep))
     monkeypatch.setattr(hf.HFCheckpoint, "_write_policy",
                         lambda self, policy, full, out: events.append(f"write {os.path.basename(out)}")
                         or write(self, policy, full, out))

@@ -11,7 +11,7 @@ from drmas.data.background import Background, Pipeline
 from drmas.data.datamodule import RolloutDataModule
 from drmas.data.rollout_config import ValidationConfig
 from drmas.data.rollouts import RolloutConfig, Rollouts
-from drmas.modules.engine_routing import BusyClock
+from drmas.modules.policy_generate import BusyClock
 from drmas.records import Completion, ScriptedGenerate
 from drmas.workflows.math import SolverVerifierWorkflow
 from test_rollouts import ScriptedBackend
@@ -196,10 +196,10 @@ def test_staleness_is_checked():
 
 
 def test_an_engines_busy_time_counts_overlapping_requests_once(monkeypatch):
-    from drmas.modules import engine_routing
+    from drmas.modules import policy_generate
 
     now = [0.0]
-    monkeypatch.setattr(engine_routing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(policy_generate.time, "perf_counter", lambda: now[0])
     clock = BusyClock()
     with clock:  # 0-4 s, with a second request 1-3 s inside it: 4 s busy, not 6
         now[0] = 1.0

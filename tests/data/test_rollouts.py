@@ -4,7 +4,7 @@
 import copy
 import dataclasses
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -533,3 +533,47 @@ def test_each_sample_is_kept_as_a_record_with_its_terms_and_advantage(workflow, 
     assert table[0].startswith("| sample | advantage |")
     picked = [row.split(" | ")[:2] for row in table[2:]]
     assert picked == [["| best", f"{a:+.3f}"], ["| median", f"{-a:+.3f}"], ["| worst", f"{-a:+.3f}"]]
+
+
+def test_per_policy_pools_give_each_policy_its_own_ranks_with_the_whole_batchs_loss_scales():
+    """Pools {p_solve: [0], p_check: [1]} (and p_solve on both for the overlapping case): a rank
+    gets micro-batches only of the policies whose pool holds it, the policy's pool together trains
+    each of its samples once per PPO epoch, and the scales add up to the pool's size (its sharding
+    averages the pool's gradients)."""
+    wf = SolverVerifierWorkflow(max_turns=2)
+    config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=4, seed=1)
+
+    def generate(backend):
+        def gen(agent, prompts, n):
+            text = "\\boxed{-1}" if agent == "solver" else "reject</verify>"
+            return [[Completion([7] * 3, [1] * (i + 1), [-0.5] * (i + 1), text) for i in range(n)]
+                    for _ in prompts]
+        return gen
+
+    for pools in ({"p_solve": (0,), "p_check": (1,)}, {"p_solve": (0, 1), "p_check": (1,)}):
+        backends = _ranked_backends(2, generate)
+        for b in backends:
+            b.specs = {name: replace(spec, ranks=pools[name]) for name, spec in ScriptedBackend.specs.items()}
+        plans = [None, None]
+
+        def play(rank, backends=backends, plans=plans):
+            plans[rank] = Rollouts(wf, config, ValidationConfig(tasks=0)).prepare(backends[rank], iteration=1)
+
+        threads = [threading.Thread(target=play, args=(r,)) for r in range(2)]
+        [t.start() for t in threads]
+        [t.join(timeout=120) for t in threads]
+        # as many passes on each rank (idle ones where its pools have less to train): Lightning's loop
+        # meets every rank before each
+        counts = [len(p.micro_batches) for p in plans]
+        assert counts[0] == counts[1] and any(m.idle for p in plans for m in p.micro_batches)
+        assert all(m.idle for p in plans for m in p.micro_batches if not m.policy)
+        for name, pool in pools.items():
+            n = sum(x.policy == name for x in plans[0].samples)
+            for epoch in range(ScriptedBackend.specs[name].ppo_epochs):
+                mine = [[m for m in plans[r].micro_batches if m.policy == name and m.ppo_epoch == epoch]
+                        for r in range(2)]
+                assert [bool(m) for m in mine] == [r in pool for r in range(2)]
+                trained = sorted(i for ms in mine for m in ms if not m.stand_in
+                                 for i in m.sample_index.tolist())
+                assert trained == list(range(n)) and n > 0
+                assert sum(m.loss_scale for ms in mine for m in ms) == pytest.approx(len(pool))

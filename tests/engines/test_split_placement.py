@@ -136,7 +136,8 @@ def test_the_hf_engine_apart_from_the_trainer_refuses_a_lora_policy_it_could_not
     assert Placement().engines_on == torch.device("cpu") and not Placement().split
     lora = SimpleNamespace(name="solver", adapter="solver", trainable=False)
     with pytest.raises(ValueError, match=r"policy 'solver' trains a LoRA adapter.*engines on a GPU of their "
-                                         r"own \(--model.engine_placement split\) use --model.engine vllm"):
+                                         r"own \(--model.engine_placement split\) or per-policy pools use "
+                                         r"--model.engine vllm"):
         HFEngine.create(lora, None, place, {}, {})
 
 

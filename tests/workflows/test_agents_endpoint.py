@@ -471,7 +471,7 @@ class StrictTemplate(Limited):
         return self.tok
 
     def prompt_tokens(self, agent, prompt):
-        from drmas.modules.engine_routing import encode_prompt
+        from drmas.modules.policy_generate import encode_prompt
 
         return len(encode_prompt(self.tok, prompt))
 

@@ -14,7 +14,7 @@ from scripted import HermesScript as ToolEngine
 
 from drmas.workflows.agents import AgentsWorkflow
 from drmas.models import load_tokenizer
-from drmas.modules.engine_routing import encode_prompt
+from drmas.modules.policy_generate import encode_prompt
 from drmas.records import ChatPrompt
 
 pytest.importorskip("vllm.tool_parsers")

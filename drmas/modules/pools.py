@@ -1,0 +1,64 @@
+"""Per-policy pools: which trainer ranks hold each policy (``ranks`` of a policy's settings), and the
+layouts refused before any model loads. Pure: no torch, no Lightning."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+__all__ = ["Pools", "pooled", "resolve_pools", "unbuilt"]
+
+Pools = dict[str, tuple[int, ...]]
+"""Policy -> the ranks that hold it, in rank order."""
+
+
+def resolve_pools(configs: Mapping[str, Any], world_size: int) -> Pools:
+    """Each policy's ranks: its ``ranks`` list; a count, laid out contiguously after the ranks the
+    policies before it took (wrapping around the world); None, every rank. Refused in one line each:
+    a rank outside the world, a policy without ranks (a frozen one too: its engines run there),
+    policies sharing one LoRA base in different pools."""
+    pools: Pools = {}
+    cursor = 0
+    for name, c in configs.items():
+        ranks = c.ranks
+        if ranks is None:
+            pools[name] = tuple(range(world_size))
+            continue
+        if isinstance(ranks, int):
+            if ranks > world_size:
+                raise ValueError(f"policy {name!r}: ranks: {ranks} asks for more ranks than the world's "
+                                 f"{world_size}")
+            ranks = [(cursor + i) % world_size for i in range(ranks)]
+            cursor = (cursor + len(ranks)) % world_size if world_size else 0
+        outside = sorted({r for r in ranks if not 0 <= r < world_size})
+        if outside:
+            raise ValueError(f"policy {name!r}: ranks {list(c.ranks)} name rank(s) {outside} outside the "
+                             f"world of {world_size} rank(s) (0-{world_size - 1})")
+        if not ranks:  # a frozen policy too: its engines run on its ranks
+            raise ValueError(f"policy {name!r} has no ranks: give it at least one (a frozen policy's "
+                             "engines run on its ranks)")
+        pools[name] = tuple(sorted(set(ranks)))
+    shared = {name: pools[name] for name, c in configs.items() if c.share_base}
+    if len(set(shared.values())) > 1:
+        named = ", ".join(f"{n}: {list(r)}" for n, r in shared.items())
+        raise ValueError(f"policies whose LoRA adapters share one base model must share one pool, got "
+                         f"{named}")
+    return pools
+
+
+def unbuilt(pools: Pools, sharded: bool, checkpoints: bool, staleness: int) -> str | None:
+    """The line refusing what per-policy pools do not run yet (None: nothing): a strategy that does
+    not shard, checkpoints, rollouts behind the update."""
+    why = None
+    if not sharded:
+        why = "they shard each policy over its own ranks: use --trainer.strategy fsdp"
+    elif checkpoints:
+        why = "checkpoints of pooled ranks are not built yet: --checkpoint.every_n_iterations 0"
+    elif staleness:
+        why = "rollouts behind the update are not built on pools yet: --data.rollout.staleness 0"
+    layout = ", ".join(f"{n}: {list(r)}" for n, r in pools.items())
+    return why and f"per-policy pools ({layout}) cannot run here: {why}"
+
+
+def pooled(pools: Pools, world_size: int) -> bool:
+    """Whether any policy is held by fewer than every rank (else: today's shared layout)."""
+    return any(len(r) != world_size for r in pools.values())

@@ -1,0 +1,100 @@
+"""Per-policy pools: each policy's ranks as a layout names them, and the layouts refused before any
+model loads, each in one line naming the policy."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from drmas.models.lora import LoraSettings
+from drmas.modules.policy_config import PolicyConfig
+from drmas.modules.pools import pooled, resolve_pools, unbuilt
+
+
+def team(**ranks):
+    return {name: PolicyConfig(model="tiny-random", ranks=r) for name, r in ranks.items()}
+
+
+def test_lists_counts_and_the_default_every_rank():
+    assert resolve_pools(team(a=None, b=None), 4) == {"a": (0, 1, 2, 3), "b": (0, 1, 2, 3)}
+    assert not pooled(resolve_pools(team(a=None, b=None), 4), 4)
+    # counts laid out one after another; a list as given (sorted, once each)
+    assert resolve_pools(team(a=2, b=2), 4) == {"a": (0, 1), "b": (2, 3)}
+    assert resolve_pools(team(a=[3, 1, 3], b=None), 4) == {"a": (1, 3), "b": (0, 1, 2, 3)}
+    pools = resolve_pools(team(solver=2, checker=2, judge=4), 4)  # overlapping: judge on every rank
+    assert pools == {"solver": (0, 1), "checker": (2, 3), "judge": (0, 1, 2, 3)} and pooled(pools, 4)
+
+
+@pytest.mark.parametrize("ranks, world, message", [
+    ({"a": [0, 2], "b": None}, 2, r"policy 'a': ranks \[0, 2\] name rank\(s\) \[2\] outside the world of 2 "
+                                  r"rank\(s\) \(0-1\)"),
+    ({"a": 3, "b": None}, 2, r"policy 'a': ranks: 3 asks for more ranks than the world's 2"),
+    ({"a": [], "b": None}, 2, r"policy 'a' has no ranks: give it at least one"),
+])
+def test_a_layout_outside_the_world_or_without_ranks_is_refused(ranks, world, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_pools(team(**ranks), world)
+
+
+def test_adapters_sharing_one_base_must_share_one_pool():
+    lora = LoraSettings(share_base=True)
+    configs = {"a": PolicyConfig(model="tiny-random", lora=lora, ranks=[0]),
+               "b": PolicyConfig(model="tiny-random", lora=lora, ranks=[1])}
+    with pytest.raises(ValueError, match=r"share one base model must share one pool, got a: \[0\], b: \[1\]"):
+        resolve_pools(configs, 2)
+    configs["b"].ranks = [0]
+    assert resolve_pools(configs, 2) == {"a": (0,), "b": (0,)}
+
+
+# ---- training on pools: 2 ranks (gloo), the same fixed batch in both layouts -----------------------
+
+SCRIPT = Path(__file__).with_name("pools_step.py")
+
+
+@pytest.mark.integration  # 2 ranks in processes of their own, both layouts in one launch (~16 s)
+def test_pools_hold_only_their_policy_update_at_once_and_step_as_the_shared_layout(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    shared, pooled = ([torch.load(tmp_path / f"out.{layout}.{r}", weights_only=True) for r in (0, 1)]
+                      for layout in ("shared", "pooled"))
+    # each rank holds its own policy whole and none of the other's; shared: half of each
+    assert [r["held"] for r in pooled] == [{"A": 3227968, "B": 0}, {"A": 0, "B": 3227968}]
+    assert [r["held"] for r in shared] == [{"A": 1613984, "B": 1613984}] * 2
+    assert [r["versions"] for r in pooled] == [{"A": 1}, {"B": 1}]
+    (start0, end0), (start1, end1) = pooled[0]["span"], pooled[1]["span"]
+    assert start0 < end1 and start1 < end0  # the two updates ran at the same time
+    # the same loss and global grad norm per policy as the shared layout: the loss scales of the whole
+    # batch were kept (a wrong scale shows here and in the moments; Adam's first step hides it)
+    for name, rank in (("A", 0), ("B", 1)):
+        ours, theirs = pooled[rank], shared[0]
+        assert ours["loss"][name] == pytest.approx(theirs["loss"][name], rel=1e-6)
+        assert ours["grad_norm"][name] == pytest.approx(theirs["grad_norm"][name], rel=1e-5)
+        for param, (avg, sq) in theirs["moments"][name].items():
+            got_avg, got_sq = ours["moments"][name][param]
+            assert float((got_avg - avg).abs().max()) <= 1e-6 and float((got_sq - sq).abs().max()) <= 1e-6
+        # weights: to 1e-6 where the step is well-conditioned (moved by >= 0.99 lr; see test_fsdp.py for
+        # why AdamW's first step turns last-bit differences of near-zero gradients into visible ones)
+        firm_total = total = 0
+        for param, w in theirs["weights"][name].items():
+            diff = (ours["weights"][name][param] - w).abs()
+            grad = theirs["moments"][name][param][0] / 0.1  # the first exp_avg is (1 - beta1) g
+            firm = grad.abs() >= 99 * 1e-8  # |g| >= 99 eps: the step moved the element by >= 0.99 lr
+            assert float(torch.where(firm, diff, 0.0).max()) <= 1e-6, param
+            assert float(diff.max()) <= 2e-2, param
+            firm_total, total = firm_total + int(firm.sum()), total + diff.numel()
+        assert firm_total >= 0.1 * total
+
+
+@pytest.mark.parametrize("sharded, checkpoints, staleness, message", [
+    (False, False, 0, "they shard each policy over its own ranks: use --trainer.strategy fsdp"),
+    (True, True, 0, "checkpoints of pooled ranks are not built yet: --checkpoint.every_n_iterations 0"),
+    (True, False, 1, "rollouts behind the update are not built on pools yet: --data.rollout.staleness 0"),
+])
+def test_what_pools_do_not_run_yet_is_refused_in_one_line(sharded, checkpoints, staleness, message):
+    pools = resolve_pools(team(a=[0], b=[1]), 2)
+    assert unbuilt(pools, sharded, checkpoints, staleness) == (
+        f"per-policy pools (a: [0], b: [1]) cannot run here: {message}")
+    assert unbuilt(pools, True, False, 0) is None
