@@ -12,7 +12,7 @@ shared for each.
 
 Its last lines say what the measured phases imply for a GPU node, labelled as an estimate.
 
-    python bench/bench_pools.py [--iterations 4]
+    python bench/bench_pools.py [--iterations 3]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ("rollout", "sync", "update")
-POLICY = "{{model: embedded:smollm2-135m-instruct, update: {{micro_batch_size: 4}}{ranks}}}"
+POLICY = "{{model: embedded:smollm2-135m-instruct, update: {{micro_batch_size: 2}}{ranks}}}"
 
 
 def policies(pooled: bool) -> str:
@@ -40,7 +40,10 @@ def run(pooled: bool, iterations: int, out: str) -> dict[str, object]:
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "math_team.py"), "fit",
            "--trainer.devices", "2", "--trainer.strategy", "fsdp", "--model.engine", "vllm",
            "--model.policies", policies(pooled), "--trainer.max_epochs", str(iterations),
-           "--data.rollout.tasks_per_iteration", "8", "--data.rollout.group_size", "4",
+           "--data.rollout.tasks_per_iteration", "4", "--data.rollout.group_size", "4",
+           # the shared layout holds two policies and two engines per rank: on 24 GiB and 2 ranks it
+           # ran out of memory at 8 tasks, 1 GiB of KV cache per engine and micro-batches of 4
+           "--model.engine_settings", "{kv_cache_gib: 0.5}",
            "--data.validation.tasks", "0", "--checkpoint.every_n_iterations", "0",
            "--hf_checkpoint.dirpath", os.path.join(out, "hf"), "--trainer.logger.init_args.save_dir", out]
     start = time.perf_counter()
@@ -64,7 +67,7 @@ def run(pooled: bool, iterations: int, out: str) -> dict[str, object]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iterations", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=3)
     args = p.parse_args()
     if args.iterations < 2:
         p.error("--iterations must be >= 2 (the first iteration's times include the engines' build)")
@@ -89,13 +92,12 @@ def main() -> None:
         print(f"{name:>8s} " + " ".join(f"{r['medians'][k]:10.2f}" for k in keys))
     shared, pools = results["shared"]["medians"], results["pools"]["medians"]
     print(f"{'pools/shared':>8s} " + " ".join(f"{pools[k] / shared[k]:10.2f}" for k in keys))
-    update_sum = shared["update"]
     print(f"\nestimate for a GPU node (from these phases, not measured on GPUs): a compute-bound update "
-          f"scales with its devices, so two pools of half the devices each update in about the shared "
-          f"layout's {update_sum:.1f} s together; what pools save there is memory (one model and one engine "
-          f"per device, not two) and one engine's sleep and wake per device. Here each single-rank pool "
-          f"also skips gloo's sharding traffic, which NVLink makes small: this machine's ratio overstates "
-          f"a GPU node's.")
+          f"takes about as long on two pools of half the devices at once as the shared layout's one policy "
+          f"after the other on all of them ({pools['update'] / shared['update']:.2f}x here); what pools save "
+          f"there is memory (one model and one engine per device, not two) and one engine's sleep and wake "
+          f"per device. The rollout ({pools['rollout'] / shared['rollout']:.2f}x here) depends on how busy "
+          f"each pool's engines are with the other pools' calls.")
 
 if __name__ == "__main__":
     main()
