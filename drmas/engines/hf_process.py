@@ -54,12 +54,12 @@ class HFServer:
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
                  stops: Sequence[Sequence[str]], max_new_tokens: Sequence[int],
                  seeds: Sequence[int] | None = None) -> tuple[list[list[Completion]], int, int]:
-        """Completions per prompt, and the prompt tokens (none cached); ``seeds``: the request draws
-        from the first (else from this process's generator, as :meth:`reseed` left it)."""
+        """Completions per prompt, and no token counts: HF keeps no prefix cache whose hit rate they
+        would give (a served engine's answer has their places); ``seeds``: the request draws from the
+        first (else from this process's generator, as :meth:`reseed` left it)."""
         if seeds is not None:
             torch.manual_seed(seeds[0])
-        return (self.engine.generate(prompts, n, params, stops, max_new_tokens),
-                sum(len(p) for p in prompts), 0)
+        return self.engine.generate(prompts, n, params, stops, max_new_tokens), 0, 0
 
     def generate_many(self, calls: Sequence[dict[str, Any]]) -> list[tuple[list[list[Completion]], int, int]]:
         return [self.generate(**call) for call in calls]
@@ -115,7 +115,6 @@ class HFProcessEngine(ServedEngine):
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
                  stops: Sequence[Sequence[str]] | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
-        # the counts are those of any served engine; HF has no prefix cache to report them for
         return self._generate(prompts, n, params, stops, max_new_tokens)[0]
 
     def reseed(self, seed: int) -> None:

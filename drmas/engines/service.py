@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from collections import Counter, deque
 from multiprocessing.connection import Connection, Listener
@@ -125,7 +126,7 @@ class _Hub:
 
     def _beat(self) -> None:
         while True:
-            threading.Event().wait(1.0)
+            time.sleep(1.0)
             for client in list(self.clients):
                 with client.lock:
                     if client.busy:

@@ -360,11 +360,11 @@ class MultiAgentRL(L.LightningModule):
         update = p.config.update
         return BatchSpec(p.tokenizer.pad_token_id, update.micro_batch_size, update.ppo_epochs,
                          self.loss.agg, p.prefix_sharing, self.agent_grad_norms, p.attention_window,
-                         p.trainable, self.pools[policy] if self._pool_groups else None)
+                         p.trainable, self.pools[policy] if self.pooled else None)
 
     def _pool(self, policy: str) -> Sequence[int]:
         """The ranks that train ``policy`` (every rank without pools)."""
-        return self.pools[policy] if self._pool_groups else range(self.world_size)
+        return self.pools[policy] if self.pooled else range(self.world_size)
 
 
     def begin_iteration(self) -> int:

@@ -62,10 +62,10 @@ class Clock(L.Callback):
 
 def held(module, name):
     """Elements of ``name``'s parameters this rank keeps in memory (its shards)."""
-    policy = module.policies[name] if name in module.policies else None
-    if policy is None or policy.model is None:
+    if name not in module.policies:  # another rank's: its tokenizer and settings only
         return 0
-    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in policy.model.parameters())
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+               for p in module.policies[name].model.parameters())
 
 
 def step(out: str, layout: str) -> None:
