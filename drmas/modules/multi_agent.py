@@ -29,7 +29,7 @@ from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.engine_routing import RolloutEngines
 from drmas.modules.preflight import run_preflight
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
-from drmas.modules.pools import Pools, pooled, resolve_pools, unbuilt
+from drmas.modules.pools import Pools, pooled, refusal, resolve_pools
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_gaps, restore_rank_rng,
                                      save_state)
@@ -108,6 +108,7 @@ class MultiAgentRL(L.LightningModule):
         self.agent_grad_norms = agent_grad_norms
         self.preflight = preflight
         self._agent_grads = AgentGradients()
+        self._optimizer_of: dict[str, int] = {}  # trained policy -> its optimiser's place
         self.iteration = 0
         self._bad_loss = False
         self.stop_signal = StopSignal()
@@ -235,6 +236,11 @@ class MultiAgentRL(L.LightningModule):
         # Returned to Lightning so their states are checkpointed; stepped by begin_iteration.
         return [o for o, _ in pairs], [s for _, s in pairs]
 
+    def optimizer_names(self) -> list[str]:
+        """The policy of each optimiser :meth:`configure_optimizers` returned, in order (checkpoints
+        key optimiser states by it)."""
+        return list(self._optimizer_of)
+
     def _schedulers(self) -> list:
         scheds = self.lr_schedulers()
         return [] if scheds is None else scheds if isinstance(scheds, list) else [scheds]
@@ -253,7 +259,7 @@ class MultiAgentRL(L.LightningModule):
     def training_step(self, batch: MicroBatch, batch_idx: int) -> dict[str, Any]:
         if batch.idle:  # per-policy pools: this rank's policies are done, another rank's are not
             return {}
-        at("the update's forward and backward")
+        at(f"the forward and backward of policy {batch.policy}")
         # every rank of the policy's pool stops at the same micro-batch
         self.stop_signal.raise_if_any(len(self._pool(batch.policy)), self.device,
                                       self._pool_groups.get(batch.policy))
@@ -317,7 +323,7 @@ class MultiAgentRL(L.LightningModule):
     def _step(self, policy: Policy) -> float:
         """Clip and step ``policy``'s optimiser, or skip on every rank if any rank's loss or gradient
         is not finite; a step that raises on one rank is raised on every rank (agreed)."""
-        at("the optimiser step")
+        at(f"the optimiser step of policy {policy.name}")
         opt = self._optimizer(policy.name)
         params = [p for p in policy.trainable_parameters() if p.grad is not None]
         clip = policy.config.optim.grad_clip if policy.config.optim.grad_clip > 0 else math.inf
@@ -410,15 +416,24 @@ class MultiAgentRL(L.LightningModule):
                 lg.log_metrics(metrics, step=step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # every rank's random state: each samples its own rollouts
-        checkpoint["drmas"] = save_state(self.iteration, {n: p.version for n, p in self.policies.items()},
-                                         self.history, self.gather_objects(capture_rng()), self._precision())
+        # every rank's random state (each samples its own rollouts), and every policy's version and
+        # schedule from the ranks that hold it: Lightning's own list of schedules is rank 0's
+        held = self._schedulers() if self._trainer is not None else []
+        schedules = dict(zip(self.optimizer_names(), (s.state_dict() for s in held)))
+        mine = (capture_rng(), {n: p.version for n, p in self.policies.items()}, schedules)
+        everyone = self.gather_objects(mine)
+        versions = {n: v for _, held, _ in everyone for n, v in held.items()}
+        schedules = {n: s for *_, held in everyone for n, s in held.items()}
+        checkpoint["drmas"] = save_state(self.iteration, versions, self.history, [r for r, *_ in everyone],
+                                         self._precision(), schedules)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = load_state(checkpoint, self.world_size, self._precision())
         self.iteration, self.history = state["iteration"], state["history"]
         for n, v in state["versions"].items():
-            self.policies[n].version = v
+            self.any_policy(n).version = v
+        if state.get("schedules") and self._optimizer_of:  # this rank's, by policy
+            checkpoint["lr_schedulers"] = [state["schedules"][n] for n in self.optimizer_names()]
         restore_rank_rng(state["rng"], self.rank, self.world_size, self.iteration)
 
     def _precision(self) -> str | None:
@@ -429,12 +444,11 @@ class MultiAgentRL(L.LightningModule):
         watch.start(self.global_rank, self.world_size)  # another rank's failure stops this one too
         self.pools = resolve_pools(self.configs, self.world_size)
         if pooled(self.pools, self.world_size):  # refused before any weights are read
-            rollout = getattr(getattr(self.trainer.datamodule, "rollouts", None), "config", None)
-            refusal = unbuilt(self.pools, isinstance(self.trainer.strategy, ModelParallelStrategy),
-                              any(getattr(c, "save_last", True) for c in self.trainer.checkpoint_callbacks),
-                              getattr(rollout, "staleness", 0))
-            if refusal:
-                raise ValueError(refusal)
+            from drmas.modules.sharding import FSDP
+
+            why = refusal(self.pools, isinstance(self.trainer.strategy, FSDP))  # (its checkpoints: by policy)
+            if why:
+                raise ValueError(why)
         if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
             watch.at_end(self._flush_logs)
 

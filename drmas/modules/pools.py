@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["Pools", "pooled", "resolve_pools", "unbuilt"]
+__all__ = ["Pools", "pooled", "refusal", "resolve_pools"]
 
 Pools = dict[str, tuple[int, ...]]
 """Policy -> the ranks that hold it, in rank order."""
@@ -45,18 +45,13 @@ def resolve_pools(configs: Mapping[str, Any], world_size: int) -> Pools:
     return pools
 
 
-def unbuilt(pools: Pools, sharded: bool, checkpoints: bool, staleness: int) -> str | None:
-    """The line refusing what per-policy pools do not run yet (None: nothing): a strategy that does
-    not shard, checkpoints, rollouts behind the update."""
-    why = None
-    if not sharded:
-        why = "they shard each policy over its own ranks: use --trainer.strategy fsdp"
-    elif checkpoints:
-        why = "checkpoints of pooled ranks are not built yet: --checkpoint.every_n_iterations 0"
-    elif staleness:
-        why = "rollouts behind the update are not built on pools yet: --data.rollout.staleness 0"
+def refusal(pools: Pools, sharded: bool) -> str | None:
+    """The line refusing per-policy pools under a strategy that does not shard (None: they run)."""
+    if sharded:
+        return None
     layout = ", ".join(f"{n}: {list(r)}" for n, r in pools.items())
-    return why and f"per-policy pools ({layout}) cannot run here: {why}"
+    return (f"per-policy pools ({layout}) cannot run here: they shard each policy over its own ranks: use "
+            "--trainer.strategy fsdp")
 
 
 def pooled(pools: Pools, world_size: int) -> bool:

@@ -38,11 +38,12 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def save_state(iteration: int, versions: dict[str, int], history: list, rngs: list, precision: str | None
-               ) -> dict[str, Any]:
-    """The run's state in a checkpoint (``rngs``: every rank's :func:`capture_rng`)."""
+def save_state(iteration: int, versions: dict[str, int], history: list, rngs: list, precision: str | None,
+               schedules: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's state in a checkpoint (``rngs``: every rank's :func:`capture_rng`; ``versions`` and
+    ``schedules``: every policy's weight version and learning-rate schedule, by name)."""
     return {"iteration": iteration, "versions": versions, "history": history, "rng": rngs,
-            "precision": precision, "machine": machine()}
+            "precision": precision, "machine": machine(), "schedules": schedules or {}}
 
 
 def load_state(checkpoint: dict[str, Any], world_size: int, precision: str | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,6 +67,47 @@ class FSDP(ModelParallelStrategy):
             init_process_group(backend, env.global_rank(), env.world_size(), self._timeout,
                                device_id=device if device.type != "cpu" else None)
         super()._setup_distributed()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """A sharded checkpoint (a directory: every rank's shards, ``meta.pt`` from rank 0) whose
+        optimiser states are keyed by policy (``optimizer_<policy>``), not by their place in a rank's
+        list: under per-policy pools each rank holds the optimisers of its own policies only, and keys
+        by place would have one rank's states (their ``param_groups``) written over another's."""
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from torch.distributed.checkpoint import save
+
+        path = Path(self.broadcast(filepath))
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        states = checkpoint.pop("optimizer_states", [])
+        save({"state_dict": checkpoint.pop("state_dict"),
+              **{f"optimizer_{name}": state for name, state in zip(self._optimizer_names(), states)}},
+             checkpoint_id=path)
+        if self.global_rank == 0:
+            torch.save(checkpoint, path / "meta.pt")
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read back what :meth:`save_checkpoint` wrote: each optimiser's state by its policy's name,
+        on whichever ranks hold it now (DCP reshards to the ranks and meshes of this run)."""
+        if not self._save_distributed_checkpoint:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        from lightning.fabric.strategies.model_parallel import _load_checkpoint
+
+        path = Path(self.broadcast(checkpoint_path))
+        state = {"state_dict": self.model,
+                 **{f"optimizer_{name}": o for name, o in zip(self._optimizer_names(), self.optimizers)}}
+        return _load_checkpoint(path=path, state=state, strict=self.lightning_module.strict_loading,
+                                optimizer_states_from_list=True, weights_only=weights_only)
+
+    def _optimizer_names(self) -> list[str]:
+        """The policy of each optimiser of this rank, in the order the module returned them."""
+        names = list(getattr(self.lightning_module, "optimizer_names", lambda: [])())
+        if len(names) != len(self.optimizers):
+            raise RuntimeError(f"{type(self.lightning_module).__name__} names {len(names)} policies for its "
+                               f"{len(self.optimizers)} optimisers (optimizer_names)")
+        return names
 
     def on_exception(self, exception: BaseException) -> None:
         """A rank's own failure is posted on the failure board at once, before Lightning's teardown

@@ -10,7 +10,7 @@ import torch
 
 from drmas.models.lora import LoraSettings
 from drmas.modules.policy_config import PolicyConfig
-from drmas.modules.pools import pooled, resolve_pools, unbuilt
+from drmas.modules.pools import pooled, refusal, resolve_pools
 
 
 def team(**ranks):
@@ -88,13 +88,8 @@ def test_pools_hold_only_their_policy_update_at_once_and_step_as_the_shared_layo
         assert firm_total >= 0.1 * total
 
 
-@pytest.mark.parametrize("sharded, checkpoints, staleness, message", [
-    (False, False, 0, "they shard each policy over its own ranks: use --trainer.strategy fsdp"),
-    (True, True, 0, "checkpoints of pooled ranks are not built yet: --checkpoint.every_n_iterations 0"),
-    (True, False, 1, "rollouts behind the update are not built on pools yet: --data.rollout.staleness 0"),
-])
-def test_what_pools_do_not_run_yet_is_refused_in_one_line(sharded, checkpoints, staleness, message):
+def test_pools_under_a_strategy_that_does_not_shard_are_refused_in_one_line():
     pools = resolve_pools(team(a=[0], b=[1]), 2)
-    assert unbuilt(pools, sharded, checkpoints, staleness) == (
-        f"per-policy pools (a: [0], b: [1]) cannot run here: {message}")
-    assert unbuilt(pools, True, False, 0) is None
+    assert refusal(pools, False) == ("per-policy pools (a: [0], b: [1]) cannot run here: they shard each "
+                                     "policy over its own ranks: use --trainer.strategy fsdp")
+    assert refusal(pools, True) is None

@@ -73,12 +73,12 @@ def assert_one_adam_step_apart(before: dict, after: dict) -> None:
     """``after`` is ``before`` plus one AdamW step: its moments and weights follow from the restored
     ones and the step's gradient (recovered from the first moment). A fresh optimiser (step 1,
     ``exp_avg_sq = (1 - b2) g^2``) or other weights would break both."""
-    group = after["optimizer_0"]["param_groups"][0]
+    group = after["optimizer_shared"]["param_groups"][0]
     (b1, b2), lr, eps, wd = group["betas"], group["lr"], group["eps"], group["weight_decay"]
-    state = after["optimizer_0"]["state"]
-    assert state.keys() == before["optimizer_0"]["state"].keys() and len(state) > 10
+    state = after["optimizer_shared"]["state"]
+    assert state.keys() == before["optimizer_shared"]["state"].keys() and len(state) > 10
     for name, new in state.items():
-        old = before["optimizer_0"]["state"][name]
+        old = before["optimizer_shared"]["state"][name]
         t = int(new["step"])
         assert t == int(old["step"]) + 1, name
         grad = (new["exp_avg"] - b1 * old["exp_avg"]) / (1 - b1)

@@ -82,8 +82,8 @@ def test_a_torchrun_restart_resumes_and_finishes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     # the first attempt: both ranks ended (exit 1), naming rank 1
     assert {code for code, _ in exits(tmp_path / "exits").values()} == {1}
-    failed = (r"drmas: rank 1 failed during iteration 2( in the optimiser step)?: RuntimeError: CUDA out of "
-              r"memory")
+    failed = (r"drmas: rank 1 failed during iteration 2( in the optimiser step of policy shared)?: "
+              r"RuntimeError: CUDA out of memory")
     assert all(re.match(failed, line) for line in exit_lines(tmp_path / "exits").values())
     # the second: resumed from iteration 1, played 2 and 3
     assert "--ckpt_path last: resuming from" in proc.stdout + proc.stderr

@@ -1,6 +1,9 @@
 """Per-policy pools in a recipe run, as a user runs it: the math team on 2 CPU ranks (gloo), the
-solver's pool rank 0 and the verifier's rank 1, each rank building only its own policy's vLLM engine,
-episodes played on both ranks sending each agent's calls to its policy's engine wherever it runs."""
+solver's pool rank 0 and the verifier's rank 1, rollouts one update behind, a checkpoint after every
+iteration. Each rank builds only its own policy's engine (in a process of its own), episodes played
+on both ranks send each agent's calls to its policy's engine wherever it runs; a run killed with
+SIGKILL resumes as if it had not been, and a failing step on rank 1 ends both ranks naming it.
+(A vLLM engine reached from another rank: tests/engines/test_engines.py.)"""
 
 import os
 import re
@@ -9,38 +12,105 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from drmas.checkout import recipe_script
 from drmas.models import resolve_model_path
-from recipe_runs import assert_engine_logprobs_match, assert_engines_in_processes_of_their_own, run_dir, \
-    run_recipe, scalars
+from forked import run_script
+from recipe_runs import TINY, assert_engine_logprobs_match, run_dir, scalars
+from test_fsdp_faults import exit_lines, exits, saved_iteration
+from test_resume import FAULTY
 
-pytestmark = pytest.mark.integration  # runs the recipe on 2 ranks in processes of their own (~50 s)
+pytestmark = pytest.mark.integration  # runs the recipe on 2 ranks in processes of their own (~30 s a run)
 
-POOLS = ("{solver: {model: tiny-random, optim: {lr: 1.0e-3}, ranks: [0]}, "
-         "verifier: {model: tiny-random, optim: {lr: 1.0e-3}, ranks: [1]}}")
+# different learning rates: a resumed rank given another policy's schedule would log it
+POOLS = ("{solver: {model: tiny-random, optim: {lr: 1.0e-3, warmup_iterations: 1}, ranks: [0]}, "
+         "verifier: {model: tiny-random, optim: {lr: 2.0e-3, warmup_iterations: 1}, ranks: [1]}}")
+ARGS = ["--trainer.devices", "2", "--trainer.strategy", "fsdp", "--model.engine", "hf",
+        "--model.policies", POOLS, "--model.loss.entropy_coef", "0.01", "--trainer.precision", "32-true",
+        "--data.validation.tasks", "0", "--data.rollout.staleness", "1", "--trainer.max_epochs", "3"]
+TEAM = ("solver", "verifier")
+ERROR = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
 
 
-def test_each_policy_on_its_own_rank_answers_the_other_ranks_calls_and_trains_there(tmp_path):
-    proc = run_recipe("math", tmp_path, "--trainer.devices", "2", "--trainer.strategy", "fsdp",
-                      "--model.engine", "vllm", "--model.policies", POOLS,
-                      "--model.loss.entropy_coef", "0.01", "--trainer.precision", "32-true",
-                      "--checkpoint.every_n_iterations", "0", "--data.validation.tasks", "0")
-    # each rank built the engine of its own policy only
-    assert_engines_in_processes_of_their_own(proc, {(0, "solver"), (1, "verifier")})
-    # engine-side counts: each engine answered the other rank's episodes as well as its own rank's
-    answered = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(
-        r"^\[rank \d\] the vllm engine of policy (\w+) answered this rank: (\d+), rank \d: (\d+)$",
+def run(tmp, *args: str, fault: str | None = None, at: int = 0, env: dict | None = None):
+    """The pooled math team into ``tmp``, with ``faulty.py``'s ``fault`` at iteration ``at``."""
+    argv = [recipe_script("math"), "fit", *TINY, "--trainer.logger.init_args.save_dir", str(tmp / "runs"),
+            *ARGS, *args]
+    argv = [FAULTY, fault, str(at), *argv] if fault else argv
+    return run_script(argv, cwd=tmp, env={**os.environ, "TMPDIR": str(tmp), **(env or {})})
+
+
+def checkpoint(tmp) -> str:
+    return os.path.join(run_dir(tmp), "checkpoints", "last.ckpt")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pools")
+    proc = run(tmp)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, tmp, scalars(run_dir(tmp))
+
+
+def test_each_policy_on_its_own_rank_answers_the_other_ranks_calls_and_trains_there(uninterrupted):
+    proc, tmp, s = uninterrupted
+    # engine-side counts: each rank built its own policy's engine only, and it answered the other
+    # rank's episodes as well as its own rank's
+    answered = {(int(m[1]), m[2]): (int(m[3]), int(m[4])) for m in re.finditer(
+        r"^\[rank (\d)\] the hf engine of policy (\w+) answered this rank: (\d+), rank \d: (\d+)$",
         proc.stdout, re.M)}
-    assert set(answered) == {"solver", "verifier"} and all(own > 0 and other > 0 for own, other in
-                                                             answered.values()), answered
-    d = run_dir(tmp_path)
-    s = scalars(d)
-    for agent in ("solver", "verifier"):
-        for it in (1, 2):  # every sample of the policy trained by its own pool
+    assert set(answered) == {(0, "solver"), (1, "verifier")}, proc.stdout[-3000:]
+    assert all(own > 0 and other > 0 for own, other in answered.values()), answered
+    assert len(re.findall(r"^HF engine of policy \w+: process \d+", proc.stdout, re.M)) == 2
+    for agent in TEAM:
+        for it in (1, 2, 3):  # every sample of the policy trained by its own pool
             assert s[f"train/{agent}/samples"][it] == s[f"rollout/{agent}/samples"][it] > 0
-    # iteration 2 sampled from each pool's weights after its step: engine and trainer agree
-    assert_engine_logprobs_match(s, ("solver", "verifier"), (1, 2))
+        # one update behind from iteration 2, per policy
+        assert s[f"train/{agent}/staleness_max"] == {1: 0.0, 2: 1.0, 3: 1.0}
+    # iteration 1 sampled from the weights each pool's trainer holds: engine and trainer agree
+    assert_engine_logprobs_match(s, TEAM, (1,))
     # the HF export: each policy written by its own pool's rank, into one directory, and moved
     start = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-random")).state_dict()
-    for policy in ("solver", "verifier"):
-        saved = AutoModelForCausalLM.from_pretrained(os.path.join(d, "hf", "iter_2", policy)).state_dict()
-        assert any(not torch.equal(saved[n], start[n]) for n in start), policy
+    for policy in TEAM:
+        saved = AutoModelForCausalLM.from_pretrained(os.path.join(run_dir(tmp), "hf", "iter_3", policy))
+        assert any(not torch.equal(saved.state_dict()[n], start[n]) for n in start), policy
+
+
+def test_a_pooled_run_killed_mid_update_resumes_as_if_never_stopped(tmp_path, uninterrupted):
+    """SIGKILL on both ranks in iteration 3's update; ``--ckpt_path last`` plays iteration 3 again from
+    the checkpoint of iteration 2 (each rank's optimiser and schedule read back by policy) and logs
+    what the uninterrupted run logged."""
+    killed = run(tmp_path, fault="kill_update", at=3)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert saved_iteration(checkpoint(tmp_path)) == 2
+    resumed = run(tmp_path, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    a, b = uninterrupted[2], scalars(run_dir(tmp_path))
+    assert sorted(b["train/verifier/lr"]) == [3]
+    assert a["train/verifier/lr"][3] == 2 * a["train/solver/lr"][3]
+    tags = [f"train/{p}/{k}" for p in TEAM for k in ("lr", "loss", "grad_norm", "entropy", "samples")]
+    for tag in [*tags, "rollout/solver/reward_mean", "rollout/verifier/samples"]:
+        assert b[tag][3] == pytest.approx(a[tag][3], rel=1e-5, abs=1e-7), tag
+
+
+def test_a_failing_step_in_the_verifiers_pool_ends_both_ranks_naming_it_and_the_run_resumes(tmp_path):
+    """Rank 1 (the verifier's pool) fails its optimiser step in iteration 2 while iteration 3's rollout
+    plays behind the update on both ranks: rank 0, which agrees nothing with rank 1 there, ends through
+    the failure board within the minute, naming rank 1, the policy and the error."""
+    (tmp_path / "exits").mkdir()
+    env = {"FAULT_RANK": "1", "FAULT_EXITS": str(tmp_path / "exits")}
+    proc = run(tmp_path, fault="step_error", at=2, env=env)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    ended = exits(tmp_path / "exits")
+    assert sorted(ended) == [0, 1] and {code for code, _ in ended.values()} == {1}, ended
+    assert abs(ended[0][1] - ended[1][1]) < 60
+    lines = exit_lines(tmp_path / "exits")
+    # the line also names where the rollout behind was, when it was waiting somewhere
+    failed = r"drmas: rank 1 failed during iteration 2 in the optimiser step of policy verifier( \([^)]+\))?"
+    assert re.match(rf"{failed}: {ERROR}$", lines[1]), lines
+    assert re.match(rf"{failed}: {ERROR}(; rank 0 stopped in [^;]+)?$", lines[0]), lines
+    assert "the background rollout of iteration(s) 3 was stopped with the run" in proc.stderr
+    assert saved_iteration(checkpoint(tmp_path)) == 1
+    resumed = run(tmp_path, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert sorted(scalars(run_dir(tmp_path))["train/verifier/loss"]) == [2, 3]
+    assert saved_iteration(checkpoint(tmp_path)) == 3

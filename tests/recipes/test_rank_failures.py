@@ -65,7 +65,8 @@ def test_rank_0s_full_disk_in_the_hf_export_stops_every_rank_naming_it(tmp_path)
 def test_rank_1s_failing_optimiser_step_stops_every_rank_naming_it(tmp_path):
     proc, _ = _fails(tmp_path, "step_error", "1")
     error = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
-    _every_rank_names(tmp_path, proc, 1, "the optimiser step", error)  # resumable as the test above shows
+    # resumable as the test above shows
+    _every_rank_names(tmp_path, proc, 1, "the optimiser step of policy shared", error)
 
 
 LAG = ("--data.rollout.staleness", "1")
@@ -78,7 +79,7 @@ def test_rank_1s_failing_step_under_rollouts_behind_the_update_stops_every_rank_
     proc, folder = _fails(tmp_path, "step_error", "1", *LAG)
     error = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
     # the line also names where the rollout behind was, when it was waiting somewhere
-    where = r"the optimiser step( \(the background rollout: [^)]+\))?"
+    where = r"the optimiser step of policy shared( \(the background rollout: [^)]+\))?"
     _every_rank_names(tmp_path, proc, 1, where, error)
     assert "the background rollout of iteration(s) 3 was stopped with the run" in proc.stderr
     _resumes_to_the_end(tmp_path, folder, *LAG)
@@ -139,7 +140,7 @@ def test_a_failure_inside_the_update_reaches_the_other_rank_through_the_board(tm
     reads rank 1's line from the board and ends it within seconds, not at the timeout."""
     proc, _ = _fails(tmp_path, "backward_error", "1")
     error = re.escape("RuntimeError: CUDA error: an illegal memory access was encountered (injected)")
-    _every_rank_names(tmp_path, proc, 1, "the update's forward and backward", error)
+    _every_rank_names(tmp_path, proc, 1, "the forward and backward of policy shared", error)
     ended = exits(tmp_path / "exits")
     assert abs(ended[0][1] - ended[1][1]) < 30  # well within the 300 s timeout
     # rank 0, ended by its watch thread (no exception reached its hooks), still says how to resume
