@@ -165,7 +165,7 @@ def test_a_users_registered_workflow_works_by_name(tmp_path):
                                      "--model.engine_settings; known: ['label', 'context']") in proc.stderr
 
 
-@pytest.mark.parametrize("config", ["hetero_cpu.yaml", "llama3b_qwen7b.yaml"])
+@pytest.mark.parametrize("config", ["hetero_cpu.yaml", "llama3b_qwen7b.yaml", "llama3b_qwen7b_pools.yaml"])
 @pytest.mark.parametrize("recipe", ["search", "math"])
 def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, monkeypatch):
     from drmas.cli import DrmasCLI
@@ -185,5 +185,7 @@ def test_the_team_configs_give_each_agent_its_own_model(config, recipe, capsys, 
         lora = [name for name, p in policies.items() if p["lora"]]
         assert lora and all(policies[name]["lora"]["share_base"] and policies[name]["lora"]["rank"] == 16
                             for name in lora)
-    else:  # the engines' GPU fractions fit one GPU
+    elif config == "llama3b_qwen7b.yaml":  # the engines' GPU fractions fit one GPU
         assert sum(p["engine_settings"]["gpu_memory_utilization"] for p in policies.values()) <= 1
+    else:  # each policy on GPUs of its own: 8 in all, contiguous after the policies before it
+        assert [p["ranks"] for p in policies.values()] == {"search": [2, 2, 4], "math": [4, 4]}[recipe]

@@ -76,7 +76,10 @@ def plan(monkeypatch, capsys, recipe, config, device="h100"):
 def test_the_shipped_gpu_configs_fit_an_h100_with_their_kv_caches_printed(monkeypatch, capsys):
     runs = {("search", "llama3b_qwen7b"): {"verifier": 4.8, "searcher": 4.8, "answerer": 6.5},
             ("math", "llama3b_qwen7b"): {"solver": 6.4, "verifier": 4.7},
-            ("search", "qwen3_8b"): {"shared": 5.4}, ("math", "qwen3_8b"): {"shared": 3.7}}
+            ("search", "qwen3_8b"): {"shared": 5.4}, ("math", "qwen3_8b"): {"shared": 3.7},
+            # per-policy pools: an engine alone on its GPU, taking half of it
+            ("search", "llama3b_qwen7b_pools"): {"verifier": 36.2, "searcher": 36.2, "answerer": 51.5},
+            ("math", "llama3b_qwen7b_pools"): {"solver": 51.2, "verifier": 36.2}}
     for (recipe, config), expected in runs.items():
         code, text = plan(monkeypatch, capsys, recipe, config)
         assert code == 0, text
@@ -86,5 +89,13 @@ def test_the_shipped_gpu_configs_fit_an_h100_with_their_kv_caches_printed(monkey
         comments = open(os.path.join(ROOT, "configs", f"{config}.yaml")).read()
         for engine, count in expected.items():
             assert f"{count:g} sequences" in comments, (config, engine)
+    # a plan per pool: each device's policy sharded over its pool, its engine asked by the ranks
+    # outside the pool too (search's Llama engines: 8 tasks x 5 x 4 ranks)
+    code, text = plan(monkeypatch, capsys, "search", "llama3b_qwen7b_pools")
+    assert "engine at once: verifier 160, searcher 160, answerer 80" in text
+    pools = re.findall(r"^ranks ([\d-]+) \(policies (\w+)\):\nmemory plan per device \(each policy over its "
+                       r"pool's ranks: \w+ (\d)", text, re.M)
+    assert pools == [("0-1", "verifier", "2"), ("2-3", "searcher", "2"), ("4-7", "answerer", "4")], text
+    assert re.search(r"^verifier +5\.98 +5\.98 +11\.97 ", text, re.M)  # 3.21B x 16 bytes / 2 ranks
     code, text = plan(monkeypatch, capsys, "search", "qwen3_8b", device="a100")
     assert code == 0 and "sampler 0.31 for 120 sequences" in text  # the rollout's width, not vLLM's 256

@@ -39,6 +39,7 @@ class HFServer:
         from drmas.models import load_causal_lm
 
         network, tokenizer = load_causal_lm(model, dtype=dtype)
+        self.device = torch.device(device)
         network = network.to(device).eval().requires_grad_(False)
         self.engine = HFEngine(network, tokenizer, copy_weights=True)
         self.state = self.engine.model.state_dict()
@@ -56,10 +57,12 @@ class HFServer:
                  seeds: Sequence[int] | None = None) -> tuple[list[list[Completion]], int, int]:
         """Completions per prompt, and no token counts: HF keeps no prefix cache whose hit rate they
         would give (a served engine's answer has their places); ``seeds``: the request draws from the
-        first (else from this process's generator, as :meth:`reseed` left it)."""
-        if seeds is not None:
+        first, leaving this process's generator as it was (else from it, as :meth:`reseed` left it)."""
+        if seeds is None:
+            return self.engine.generate(prompts, n, params, stops, max_new_tokens), 0, 0
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(seeds[0])
-        return self.engine.generate(prompts, n, params, stops, max_new_tokens), 0, 0
+            return self.engine.generate(prompts, n, params, stops, max_new_tokens), 0, 0
 
     def generate_many(self, calls: Sequence[dict[str, Any]]) -> list[tuple[list[list[Completion]], int, int]]:
         return [self.generate(**call) for call in calls]
@@ -119,6 +122,8 @@ class HFProcessEngine(ServedEngine):
 
     def reseed(self, seed: int) -> None:
         self._call("reseed", seed=seed)
+        if self.seeded:
+            self.seed_prompts(seed)
 
     def received_sums(self) -> dict[str, tuple[float, float]]:
         return self._call("weight_sums")

@@ -76,6 +76,10 @@ class EngineClient:
     conn: Connection | None = None
     _in_flight: str | None = None  # the request awaiting its answer, if any
     _serving = False  # the process has answered or beaten: its request loop (and heartbeat) runs
+    seeded = False
+    """Whether each generated prompt carries a seed of its own (:meth:`seed_prompts`): its draws then
+    do not depend on which other ranks' requests the process answered beside or between this end's."""
+    _seed = _drawn = 0
 
     def _what(self) -> str:
         raise NotImplementedError
@@ -94,6 +98,13 @@ class EngineClient:
     def _call(self, method: str, **kwargs: Any) -> Any:
         return self._request(method, **kwargs)
 
+    def seed_prompts(self, seed: int | None = None) -> None:
+        """From now on send a seed with every prompt: the ``k``-th prompt since the last reseed (``seed``)
+        draws from ``(seed, k)``. Per-policy pools turn it on for every engine another rank may ask."""
+        self.seeded = True
+        if seed is not None:
+            self._seed, self._drawn = seed, 0
+
     def _generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
                   stops: Sequence[Sequence[str]] | None, max_new_tokens: Sequence[int] | None,
                   **extra: Any) -> tuple[list[list[Completion]], int, int]:
@@ -103,6 +114,9 @@ class EngineClient:
         if not prompts:
             return [], 0, 0
         stops, budgets = per_prompt(prompts, params, stops, max_new_tokens)
+        if self.seeded:
+            extra["seeds"] = [(self._seed * 1_000_003 + self._drawn + i) % 2**31 for i in range(len(prompts))]
+            self._drawn += len(prompts)
         return self._call("generate", prompts=[list(p) for p in prompts], n=n, params=params, stops=stops,
                           max_new_tokens=budgets, **extra)
 
@@ -279,7 +293,7 @@ class RemoteEngine(EngineClient, Engine):
             raise EngineProcessError(f"{self._what()} cannot be reached: {type(err).__name__}: {err} "
                                      "(another run's key, or the engine ended)") from err
         self.info = self._request("hello", client=client)
-        self._seed, self._drawn = 0, 0
+        self.seed_prompts(0)
 
     def _what(self) -> str:
         host, port = self.address
@@ -292,14 +306,12 @@ class RemoteEngine(EngineClient, Engine):
         return "ended (its connection closed)"
 
     def reseed(self, seed: int) -> None:
-        self._seed, self._drawn = seed, 0
+        self.seed_prompts(seed)
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, params: GenerationSettings,
                  stops: Sequence[Sequence[str]] | None = None,
                  max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
-        seeds = [(self._seed * 1_000_003 + self._drawn + i) % 2**31 for i in range(len(prompts))]
-        self._drawn += len(prompts)
-        result, prompt_tokens, cached = self._generate(prompts, n, params, stops, max_new_tokens, seeds=seeds)
+        result, prompt_tokens, cached = self._generate(prompts, n, params, stops, max_new_tokens)
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached
         return result

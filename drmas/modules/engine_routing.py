@@ -12,11 +12,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.engines import Engine, Placement, parse_settings, policy_settings, resolve_engine
 from drmas.engines.base import FullState
-from drmas.engines.served import RemoteEngine
+from drmas.engines.served import EngineClient, RemoteEngine
 from drmas.engines.placement import engine_gpu, local_ranks, overlap_cores, pin_process, rank_cores
 from drmas.models.shapes import model_shape
 from drmas.modules.memory import memory_plan, plan_terms, residue_report
 from drmas.modules.policy_generate import BusyClock, PolicyGenerate
+from drmas.modules.pools import Pools, engine_askers, holdings
 from drmas.ranks import agree, at
 from drmas.records import GenerateFn
 
@@ -49,7 +50,8 @@ class RolloutEngines:
             parse_settings(self.name, self.cls, dict(config.engine_settings),
                            f"the engine_settings of policy {name!r}", self.settings)
         self.team = team
-        self.cls.sizing.check_memory(team, self.settings, torch.cuda.is_available(), placement == "split")
+        if all(getattr(c, "ranks", None) is None for c in team.values()):  # else per pool (check_pools)
+            self.cls.sizing.check_memory(team, self.settings, torch.cuda.is_available(), placement == "split")
         self.built: dict[str, Engine] = {}
         """Each policy's engine, once built (:meth:`build`), of the policies this rank holds."""
         self.remote: dict[str, Engine] = {}
@@ -63,6 +65,19 @@ class RolloutEngines:
         self.cpus: tuple[int, ...] | None = None  # engine processes' cores, when not the rank's
         self.gpu: torch.device | None = None  # the engines' GPU, when not the trainer's
 
+    def check_pools(self, pools: Pools, world_size: int) -> None:
+        """Per-policy pools: refuse, before anything is built, engines that cannot fit beside each other
+        on a device, for every set of policies some rank holds (its engines share that rank's device)."""
+        for held in holdings(pools, world_size):
+            if held:
+                self.cls.sizing.check_memory({n: self.team[n] for n in held}, self.settings,
+                                             torch.cuda.is_available(), self.placement == "split")
+
+    def _team_here(self) -> dict[str, Any]:
+        """The settings of the policies whose engines this rank builds (under pools, its own)."""
+        pools, rank = self.host.pools, self.host.rank
+        return {n: c for n, c in self.team.items() if not pools or rank in pools[n]}
+
     def _placement(self) -> Placement:
         host = self.host
         return Placement(host.rank, host.local_rank, host.world_size, host.device, host.rank, host._sharded,
@@ -71,15 +86,17 @@ class RolloutEngines:
 
     def _in_flight(self) -> dict[str, int]:
         """Sequences a training rollout sends each policy's engine at once on this rank, at most: the
-        rank's tasks x the group size x the agents the policy plays (none when no rollout data
-        module is attached)."""
+        rank's tasks x the group size x the agents the policy plays, x the ranks that ask one engine of
+        its pool under per-policy pools (none when no rollout data module is attached)."""
         rollouts = getattr(getattr(self.host._trainer, "datamodule", None), "rollouts", None)
         config = getattr(rollouts, "config", None)
         if config is None or not self.host.agent_map:
             return {}
         tasks = -(-config.tasks_per_iteration // self.host.world_size)
         agents = [self.host.policy_of(a) for a in self.host.agent_map]
-        return {name: tasks * config.group_size * agents.count(name) for name in self.host.policies}
+        askers = engine_askers(self.host.pools, self.host.world_size) if self.host.pools else {}
+        return {name: tasks * config.group_size * agents.count(name) * askers.get(name, 1)
+                for name in self._team_here()}
 
     def set_staleness(self, staleness: int) -> None:
         """Rollouts lag ``staleness`` updates (``--data.rollout.staleness``): engines stay awake and
@@ -108,11 +125,13 @@ class RolloutEngines:
             return
         device = torch.cuda.get_device_properties(self.host.device)
         trainer = self.host.trainer
-        self.plan = plan_terms(self.host.policies, self.cls, self.settings, self.team, self.host.world_size,
-                               device.total_memory, getattr(trainer.strategy, "cpu_offload", False),
+        shards = {n: len(self.host.pools[n]) for n in self.host.policies} if self.host.pooled else None
+        self.plan = plan_terms(self.host.policies, self.cls, self.settings, self._team_here(),
+                               self.host.world_size, device.total_memory,
+                               getattr(trainer.strategy, "cpu_offload", False),
                                self.host._sharded, self.host.loss.kl_coef > 0, awake=self.staleness > 0,
                                split=self.gpu is not None, mixed=str(trainer.precision).startswith("bf16"),
-                               device_name=device.name, in_flight=self._in_flight())
+                               device_name=device.name, in_flight=self._in_flight(), shards=shards)
         plan, fits = memory_plan(**self.plan)
         rank_zero_info(plan)
         if not fits:
@@ -131,8 +150,9 @@ class RolloutEngines:
         """The line refusing an engine that could not start on a GPU of ``device_bytes`` (its KV cache
         would not hold one sequence: ``EngineSizing.startup_budgets``), from the models' shapes alone, so
         before any weights are read; None when every engine can start."""
-        shapes = {name: model_shape(p.model) for name, p in self.host.policies.items()}
-        budgets = self.cls.sizing.startup_budgets(self.team, self.settings, shapes, device_bytes, device_name,
+        team = self._team_here()
+        shapes = {name: model_shape(self.host.policies[name].model) for name in team}
+        budgets = self.cls.sizing.startup_budgets(team, self.settings, shapes, device_bytes, device_name,
                                                   self._in_flight(), self.placement == "split")
         return next((b.refusal() for b in budgets if not b.fits), None)
 
@@ -242,6 +262,9 @@ class RolloutEngines:
         mine = {name: (getattr(e, "address", None), getattr(e, "key", None))
                 for name, e in self.built.items()}
         everyone = self.host.gather_objects(mine)
+        for engine in self.built.values():  # its draws independent of the other ranks' requests
+            if isinstance(engine, EngineClient):
+                engine.seed_prompts()
         failure = None
         try:
             for name in self.host.elsewhere:

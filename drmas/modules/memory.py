@@ -63,18 +63,21 @@ class PolicyMemory:
     engine_copy_bytes: float = 0.0
     """A whole copy of the weights the rollout engine keeps on the device at all times
     (``EngineSizing.keeps_copy``)."""
+    shards: int = 0
+    """The ranks its training state is sharded over (per-policy pools: its pool's); 0: the plan's."""
 
 
-def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False) -> PolicyMemory:
+def policy_memory(policy, kl: bool, max_len: int, engine_copy: bool = False, shards: int = 0) -> PolicyMemory:
     """A :class:`~drmas.modules.policy.Policy`'s entry (``max_len``: longest sequence;
-    ``engine_copy``: its engine keeps an unsharded copy in the policy's dtype)."""
+    ``engine_copy``: its engine keeps an unsharded copy in the policy's dtype; ``shards``: its pool's
+    ranks)."""
     c = policy.config
     params = sum(p.numel() for p in policy.model.parameters())  # a sharded parameter counts whole
     element = torch.empty((), dtype=getattr(torch, c.dtype)).element_size()
     trainable = policy.trainable
     return PolicyMemory(policy.name, params, policy.model.config.vocab_size, policy.chunk_tokens,
                         c.update.micro_batch_size * max_len, kl and trainable, trainable,
-                        params * element if engine_copy else 0.0)
+                        params * element if engine_copy else 0.0, shards)
 
 
 def plan_length(engine: Any, settings: Any, config: Any) -> int:
@@ -85,7 +88,8 @@ def plan_length(engine: Any, settings: Any, config: Any) -> int:
 def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[str, Any], ranks: int,
                device_bytes: int, offload: bool, sharded: bool, kl: bool,
                awake: bool = False, split: bool = False, mixed: bool = False, device_name: str = "",
-               in_flight: dict[str, int] | None = None) -> dict[str, Any]:
+               in_flight: dict[str, int] | None = None, shards: dict[str, int] | None = None
+               ) -> dict[str, Any]:
     """:func:`memory_plan`'s arguments for these policies and their engines (an ``Engine`` class and
     its settings). ``awake``: the engines play rollouts during the update (``--data.rollout.staleness``),
     so the update's peak holds their whole fractions, not what they keep asleep, and an engine that
@@ -93,7 +97,9 @@ def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[
     GPU of their own (``--model.engine_placement split``): the trainer's holds none of them, only
     the sending side of each weight transfer (their own GPU's budget is in ``budgets``). ``mixed``:
     FSDP2 gathers in bf16 (``bf16-mixed``); ``device_name`` and ``in_flight`` (sequences a rollout
-    sends each policy's engine at once) size the engines' start-up (``EngineSizing.startup_budgets``)."""
+    sends each policy's engine at once) size the engines' start-up (``EngineSizing.startup_budgets``).
+    Under per-policy pools ``policies`` and ``team`` are those one device holds, and ``shards`` each one's
+    pool size (``ranks``: the world's)."""
     sizing = engine.sizing
     copy = sizing.keeps_copy(sharded or awake) and not split
     fractions = [] if split else sizing.device_fractions(team, settings)
@@ -106,9 +112,12 @@ def plan_terms(policies: dict[str, Any], engine: Any, settings: Any, team: dict[
     # FSDP2 keeps the root group (embeddings, final norm, head) gathered from the forward to the end
     # of the backward, with its gradient unsharded until the reduce-scatter: the largest policy's
     root = max((s.root for n, s in shapes.items() if policies[n].trainable), default=0)
-    root_bytes = 2 * root * (2 if mixed else 4) if sharded and ranks > 1 and not offload else 0.0
-    return dict(policies=[policy_memory(p, kl, plan_length(engine, settings, p.config), copy)
-                          for p in policies.values()],
+    shards = shards or {}
+    spread = max((shards.get(n, ranks) for n, p in policies.items() if p.trainable), default=ranks)
+    root_bytes = 2 * root * (2 if mixed else 4) if sharded and spread > 1 and not offload else 0.0
+    entries = [policy_memory(p, kl, plan_length(engine, settings, p.config), copy, shards.get(n, 0))
+               for n, p in policies.items()]
+    return dict(policies=entries,
                 ranks=ranks, device_bytes=device_bytes,
                 engine_fractions=fractions, offload=offload,
                 engine_asleep=asleep, transfer_bytes=transfer, awake=awake, split=split,
@@ -137,9 +146,9 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
     """
     rows, update, resident = [], 0.0, 0.0
     for p in policies:
-        state = 0.0 if offload else p.parameters / ranks
+        state = 0.0 if offload else p.parameters / (p.shards or ranks)
         weights, grads, optim = 4 * state, 4 * state * p.trainable, 8 * state * p.trainable
-        ref = 2 * p.parameters / ranks if p.reference and not offload else 0.0
+        ref = 2 * p.parameters / (p.shards or ranks) if p.reference and not offload else 0.0
         tokens = p.chunk_tokens or p.tokens_per_micro_batch
         logits = 3 * 4 * tokens * p.vocab_size * p.trainable  # logits, softmax and their gradient, fp32
         copy = p.engine_copy_bytes  # never sharded, never offloaded
@@ -152,8 +161,10 @@ def memory_plan(policies: list[PolicyMemory], ranks: int, device_bytes: int, eng
     engine_contexts = CONTEXT_BYTES * max(contexts - 1, 0)
     update += asleep + root_bytes + trainer_context
     rollout = resident + engines + transfer_bytes + trainer_context + engine_contexts
-    lines = [f"memory plan per device ({ranks} rank(s), {device_bytes / GIB:.1f} GiB; "
-             "activations not counted)",
+    pools = {p.shards for p in policies if p.shards and p.shards != ranks}
+    over = f"{ranks} rank(s)" if not pools else "each policy over its pool's ranks: " + ", ".join(
+        f"{p.name} {p.shards}" for p in policies)
+    lines = [f"memory plan per device ({over}, {device_bytes / GIB:.1f} GiB; activations not counted)",
              f"{'policy':12s} {'weights':>8s} {'grads':>8s} {'adam':>8s} {'ref':>8s} "
              f"{'logits':>8s} {'engine':>8s}"]
     lines += [f"{name:12s} " + " ".join(f"{v / GIB:8.2f}" for v in values) for name, *values in rows]

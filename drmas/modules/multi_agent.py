@@ -449,6 +449,7 @@ class MultiAgentRL(L.LightningModule):
             why = refusal(self.pools, isinstance(self.trainer.strategy, FSDP))  # (its checkpoints: by policy)
             if why:
                 raise ValueError(why)
+            self.engines.check_pools(self.pools, self.world_size)
         if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
             watch.at_end(self._flush_logs)
 

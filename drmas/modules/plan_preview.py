@@ -15,6 +15,7 @@ import torch
 from drmas.engines import parse_settings, resolve_engine
 from drmas.modules.memory import GIB, memory_plan, plan_terms
 from drmas.modules.policy import agent_policies
+from drmas.modules.pools import engine_askers, holdings, pooled, resolve_pools
 from drmas.modules.sharding import is_sharded
 
 __all__ = ["DEVICES", "parse_device", "preview"]
@@ -99,16 +100,33 @@ def preview(config: Any, device: str) -> tuple[str, bool]:
     agents = _workflow_agents(data.workflow)
     rollout = data.rollout
     mapping = agent_policies(agents, dict(model.agents or {}), list(team)) if agents else {}
-    tasks = -(-rollout.tasks_per_iteration // max(ranks, 1))
-    in_flight = {n: tasks * rollout.group_size * list(mapping.values()).count(n) for n in team}
-    terms = plan_terms(policies, engine, settings, team, ranks, device_bytes,
-                       offload=strategy == "fsdp_offload", sharded=is_sharded(strategy) and ranks > 1,
-                       kl=model.loss.kl_coef > 0, awake=rollout.staleness > 0,
-                       split=model.engine_placement == "split",
-                       mixed=str(trainer.precision or "").startswith("bf16"), device_name=device_name,
-                       in_flight=in_flight)
-    text, fits = memory_plan(**terms)
-    head = (f"memory plan of this config on {ranks} x {device_name} ({device_bytes / GIB:.1f} GiB), from the "
+    world = ranks * (trainer.num_nodes or 1)
+    tasks = -(-rollout.tasks_per_iteration // max(world, 1))
+    pools = resolve_pools(team, world)  # a bad layout refused as the run would refuse it
+    askers = engine_askers(pools, world)
+    in_flight = {n: tasks * rollout.group_size * list(mapping.values()).count(n) * askers[n] for n in team}
+    layout = holdings(pools, world) if pooled(pools, world) else {tuple(team): tuple(range(world))}
+    plans, fits = [], True
+    for held, on in layout.items():
+        if not held:  # a rank that plays rollouts and holds no policy
+            continue
+        terms = plan_terms({n: policies[n] for n in held}, engine, settings, {n: team[n] for n in held},
+                           world, device_bytes, offload=strategy == "fsdp_offload",
+                           sharded=is_sharded(strategy) and world > 1, kl=model.loss.kl_coef > 0,
+                           awake=rollout.staleness > 0, split=model.engine_placement == "split",
+                           mixed=str(trainer.precision or "").startswith("bf16"), device_name=device_name,
+                           in_flight={n: in_flight[n] for n in held},
+                           shards={n: len(pools[n]) for n in held} if len(layout) > 1 else None)
+        text, ok = memory_plan(**terms)
+        plans.append(text if len(layout) == 1 else f"ranks {_span(on)} (policies {', '.join(held)}):\n{text}")
+        fits = fits and ok
+    head = (f"memory plan of this config on {world} x {device_name} ({device_bytes / GIB:.1f} GiB), from the "
             "models' shapes; sequences a rollout sends each policy's engine at once: "
             + ", ".join(f"{n} {k or 'unknown (the engine decides)'}" for n, k in in_flight.items()))
-    return head + "\n" + text, fits
+    return "\n".join([head, *plans]), fits
+
+
+def _span(ranks: tuple[int, ...]) -> str:
+    """``0-3`` for contiguous ranks, else the list."""
+    contiguous = list(ranks) == list(range(ranks[0], ranks[-1] + 1))
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ", ".join(map(str, ranks))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["Pools", "pooled", "refusal", "resolve_pools"]
+__all__ = ["Pools", "engine_askers", "holdings", "pooled", "refusal", "resolve_pools"]
 
 Pools = dict[str, tuple[int, ...]]
 """Policy -> the ranks that hold it, in rank order."""
@@ -52,6 +52,26 @@ def refusal(pools: Pools, sharded: bool) -> str | None:
     layout = ", ".join(f"{n}: {list(r)}" for n, r in pools.items())
     return (f"per-policy pools ({layout}) cannot run here: they shard each policy over its own ranks: use "
             "--trainer.strategy fsdp")
+
+
+def holdings(pools: Pools, world_size: int) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Each set of policies some rank holds -> the ranks that hold exactly that set (a device's memory
+    plan and its engines' share of the device are those of its set)."""
+    out: dict[tuple[str, ...], tuple[int, ...]] = {}
+    for rank in range(world_size):
+        held = tuple(name for name, ranks in pools.items() if rank in ranks)
+        out[held] = out.get(held, ()) + (rank,)
+    return out
+
+
+def engine_askers(pools: Pools, world_size: int) -> dict[str, int]:
+    """Per policy, the most ranks whose calls one engine of its pool answers: each rank of the world
+    asks the engine of its pool's ``(rank mod size)``-th rank, its own where it holds the policy."""
+    out = {}
+    for name, ranks in pools.items():
+        asked = [r if r in ranks else ranks[r % len(ranks)] for r in range(world_size)]
+        out[name] = max(asked.count(r) for r in ranks)
+    return out
 
 
 def pooled(pools: Pools, world_size: int) -> bool:

@@ -52,10 +52,11 @@ class PreflightError(RuntimeError):
 def sent_sums(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, tuple[float, float]]:
     """:func:`~drmas.engines.base.tensor_sums` of each state-dict tensor cast to ``dtype`` (floating ones),
     as a transfer sends it; a sharded (DTensor) one summed over its local shard and added up over the
-    ranks (one all-reduce), so no tensor is gathered."""
+    ranks of its mesh (one all-reduce; under per-policy pools, the policy's pool), so no tensor is
+    gathered."""
     from torch.distributed.tensor import DTensor
 
-    sums, shards = {}, []
+    sums, shards, group = {}, [], None
     for name, tensor in model.state_dict().items():
         local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
         if dtype is not None and local.is_floating_point():
@@ -63,10 +64,11 @@ def sent_sums(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, tu
         sums[name] = tensor_sums(local)
         if isinstance(tensor, DTensor):
             shards.append(name)
+            group = tensor.device_mesh.get_group()
     if shards and torch.distributed.is_initialized():
         device = next(model.parameters()).device
         flat = torch.tensor([v for n in shards for v in sums[n]], dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(flat)
+        torch.distributed.all_reduce(flat, group=group)
         for i, name in enumerate(shards):
             sums[name] = (float(flat[2 * i]), float(flat[2 * i + 1]))
     return sums

@@ -10,7 +10,7 @@ import torch
 
 from drmas.models.lora import LoraSettings
 from drmas.modules.policy_config import PolicyConfig
-from drmas.modules.pools import pooled, refusal, resolve_pools
+from drmas.modules.pools import engine_askers, holdings, pooled, refusal, resolve_pools
 
 
 def team(**ranks):
@@ -93,3 +93,16 @@ def test_pools_under_a_strategy_that_does_not_shard_are_refused_in_one_line():
     assert refusal(pools, False) == ("per-policy pools (a: [0], b: [1]) cannot run here: they shard each "
                                      "policy over its own ranks: use --trainer.strategy fsdp")
     assert refusal(pools, True) is None
+
+
+def test_each_device_plans_the_policies_it_holds_and_each_engine_the_ranks_that_ask_it():
+    # search's team on 8 GPUs: 2 + 2 + 4; overlapping pools on 4 ranks
+    pools = resolve_pools(team(verifier=2, searcher=2, answerer=4), 8)
+    assert holdings(pools, 8) == {("verifier",): (0, 1), ("searcher",): (2, 3), ("answerer",): (4, 5, 6, 7)}
+    # a rank outside a pool asks its pool's (rank mod size)-th rank: four ranks per engine of a pool of 2
+    assert engine_askers(pools, 8) == {"verifier": 4, "searcher": 4, "answerer": 2}
+    overlap = resolve_pools(team(a=[0, 1, 2], b=[2, 3]), 4)
+    assert holdings(overlap, 4) == {("a",): (0, 1), ("a", "b"): (2,), ("b",): (3,)}
+    # b's engines: rank 2 answers ranks 0 (0 mod 2 -> 2) and 2; rank 3 answers 1 (1 mod 2 -> 3) and 3
+    assert engine_askers(overlap, 4) == {"a": 2, "b": 2}  # a's rank 0 answers itself and rank 3
+    assert engine_askers(resolve_pools(team(a=None), 4), 4) == {"a": 1}  # the shared layout: its own

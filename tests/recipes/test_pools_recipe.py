@@ -98,8 +98,12 @@ def test_a_failing_step_in_the_verifiers_pool_ends_both_ranks_naming_it_and_the_
     the failure board within the minute, naming rank 1, the policy and the error."""
     (tmp_path / "exits").mkdir()
     env = {"FAULT_RANK": "1", "FAULT_EXITS": str(tmp_path / "exits")}
-    proc = run(tmp_path, fault="step_error", at=2, env=env)
+    # with the first-minute pass and a validation before training
+    checked = ("--model.preflight", "true", "--data.validation.tasks", "1")
+    proc = run(tmp_path, *checked, fault="step_error", at=2, env=env)
     assert proc.returncode == 1, proc.stderr[-4000:]
+    # each pool checked its own transfer (its sums added up over the pool's shards) and micro-batch
+    assert "one micro-batch forward and backward: ok in" in proc.stdout
     ended = exits(tmp_path / "exits")
     assert sorted(ended) == [0, 1] and {code for code, _ in ended.values()} == {1}, ended
     assert abs(ended[0][1] - ended[1][1]) < 60
@@ -110,7 +114,8 @@ def test_a_failing_step_in_the_verifiers_pool_ends_both_ranks_naming_it_and_the_
     assert re.match(rf"{failed}: {ERROR}(; rank 0 stopped in [^;]+)?$", lines[0]), lines
     assert "the background rollout of iteration(s) 3 was stopped with the run" in proc.stderr
     assert saved_iteration(checkpoint(tmp_path)) == 1
-    resumed = run(tmp_path, "--ckpt_path", "last")
+    resumed = run(tmp_path, "--data.validation.tasks", "1", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert sorted(scalars(run_dir(tmp_path))["train/verifier/loss"]) == [2, 3]
+    assert 3 in scalars(run_dir(tmp_path))["val/solver/reward_mean"]  # validated across the pools
     assert saved_iteration(checkpoint(tmp_path)) == 3

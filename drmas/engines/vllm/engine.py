@@ -249,6 +249,8 @@ class VLLMEngine(ServedEngine):
 
     def reseed(self, seed: int) -> None:
         self._call("reseed", seed=seed)
+        if self.seeded:
+            self.seed_prompts(seed)
 
     def record_transfer(self) -> None:
         self._call("record_transfer")
