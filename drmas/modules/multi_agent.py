@@ -29,10 +29,10 @@ from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.engine_routing import RolloutEngines
 from drmas.modules.preflight import run_preflight
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
-from drmas.modules.pools import Pools, pooled, refusal, resolve_pools
+from drmas.modules.pools import Pools, pooled, refuse, resolve_pools
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_gaps, restore_rank_rng,
-                                     save_state)
+from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_micro_batch,
+                                     restore_rank_rng, save_state)
 from drmas.modules.sharding import check_precision
 from drmas.ranks import agree, at, group_gather, watch_state
 from drmas.records import BatchSpec, GenerateFn, MicroBatch
@@ -191,29 +191,17 @@ class MultiAgentRL(L.LightningModule):
                 if policy.deferred:  # built for sharding, trained whole after all
                     policy.load_weights(self.device)
             return
-        from drmas.modules.sharding import shard_policies
+        from drmas.modules.sharding import shard_policies, take_pools
 
         if self.agent_grad_norms:
             raise ValueError("agent_grad_norms runs on one device: it is not supported with a sharded "
                              "strategy")
         meshes = dict.fromkeys(self.policies, self.device_mesh["data_parallel"])
-        if pooled(self.pools, self.world_size):
-            meshes, self._pool_groups = self._take_pools(strategy)
+        if pooled(self.pools, self.world_size):  # only this rank's policies stay (the others: elsewhere)
+            meshes, self._pool_groups = take_pools(self.policies, self.elsewhere, self.pools, self.rank,
+                                                   strategy.root_device.type)
         self.weights_read = shard_policies(self.policies, strategy, meshes)
         self._sharded = True
-
-    def _take_pools(self, strategy: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Keep only the policies whose pool holds this rank (the others' weights are never read here:
-        their tokenizer and settings stay, in :attr:`elsewhere`); each kept policy's mesh over its
-        pool's ranks, and every pool's gloo group."""
-        from drmas.modules.sharding import pool_meshes
-
-        meshes, groups = pool_meshes(self.pools, strategy.root_device.type)  # every rank, the same order
-        for name in [n for n in self.policies if self.rank not in self.pools[n]]:
-            policy = self.policies.pop(name)
-            policy.model = policy.reference = None
-            self.elsewhere[name] = policy
-        return {name: meshes[name] for name in self.policies}, groups
 
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
@@ -298,23 +286,9 @@ class MultiAgentRL(L.LightningModule):
             if len(self._pool(batch.policy)) > 1:  # a sharded backward is a collective: run it, finite
                 self.manual_backward(torch.nan_to_num(loss, 0.0, 0.0, 0.0) * batch.loss_scale)
         if not batch.stand_in:  # a stand-in pass that keeps ranks in step has no statistics
-            bucket = self._metrics[batch.policy]
-            for k, v in metrics.items():
-                bucket[k].append((float(v), batch.loss_scale))
-            bucket["loss"].append((float(loss.detach()), batch.loss_scale))
-            bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
-            ran = (batch.packed.tokens if batch.packed is not None and policy.chunk_tokens
-                   else batch.attention_mask.sum())
-            bucket["tokens"].append((float(ran), 0.0))  # through the decoder: shared prefixes once
-            if batch.ppo_epoch == 0 and mask.any():  # the engine's weights are the trainer's here
-                largest = record_gaps(self.sample_gaps, batch, old)
-                bucket["engine_logprob_gap_max"].append((largest, 0.0))
-            if importance_weights is not None and mask.any():
-                bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()),
-                                                         batch.loss_scale))
-                # the tokens whose weight the cap bound
-                truncated = (importance_weights[mask] >= self.loss.importance_cap).float()
-                bucket["importance_truncated_frac"].append((float(truncated.mean()), batch.loss_scale))
+            record_micro_batch(self._metrics[batch.policy], self.sample_gaps, batch,
+                               bool(policy.chunk_tokens), loss, metrics, old, importance_weights,
+                               self.loss.importance_cap)
         out: dict[str, Any] = {}
         if batch.step_after:
             out["grad_norms"] = {batch.policy: self._step(policy)}
@@ -446,9 +420,9 @@ class MultiAgentRL(L.LightningModule):
         if pooled(self.pools, self.world_size):  # refused before any weights are read
             from drmas.modules.sharding import FSDP
 
-            why = refusal(self.pools, isinstance(self.trainer.strategy, FSDP))  # (its checkpoints: by policy)
-            if why:
-                raise ValueError(why)
+            rollout = getattr(getattr(self.trainer.datamodule, "rollouts", None), "config", None)
+            refuse(self.pools, isinstance(self.trainer.strategy, FSDP),  # (its checkpoints: by policy)
+                   getattr(rollout, "tasks_per_iteration", None))
             self.engines.check_pools(self.pools, self.world_size)
         if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
             watch.at_end(self._flush_logs)

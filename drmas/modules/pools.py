@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["Pools", "engine_askers", "holdings", "pooled", "refusal", "resolve_pools"]
+__all__ = ["Pools", "engine_askers", "holdings", "pooled", "refuse", "resolve_pools"]
 
 Pools = dict[str, tuple[int, ...]]
 """Policy -> the ranks that hold it, in rank order."""
@@ -45,13 +45,20 @@ def resolve_pools(configs: Mapping[str, Any], world_size: int) -> Pools:
     return pools
 
 
-def refusal(pools: Pools, sharded: bool) -> str | None:
-    """The line refusing per-policy pools under a strategy that does not shard (None: they run)."""
-    if sharded:
-        return None
+def refuse(pools: Pools, sharded: bool, tasks: int | None = None) -> None:
+    """Refuse in one line (ValueError) per-policy pools under a strategy that does not shard, or a pool
+    of more ranks than the ``tasks`` an iteration plays (some of its ranks would have nothing to
+    train)."""
     layout = ", ".join(f"{n}: {list(r)}" for n, r in pools.items())
-    return (f"per-policy pools ({layout}) cannot run here: they shard each policy over its own ranks: use "
-            "--trainer.strategy fsdp")
+    if not sharded:
+        raise ValueError(f"per-policy pools ({layout}) cannot run here: they shard each policy over its own "
+                         "ranks: use --trainer.strategy fsdp")
+    wide = [n for n, r in pools.items() if tasks is not None and len(r) > tasks]
+    if wide:
+        width = len(pools[wide[0]])
+        raise ValueError(f"per-policy pools ({layout}): the pool of {wide[0]!r} has {width} ranks "
+                         f"and an iteration plays {tasks} task(s): give it at most {tasks} ranks, or raise "
+                         "--data.rollout.tasks_per_iteration")
 
 
 def holdings(pools: Pools, world_size: int) -> dict[tuple[str, ...], tuple[int, ...]]:

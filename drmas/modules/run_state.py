@@ -13,8 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.hardware import machine
 
-__all__ = ["capture_rng", "epoch_scalars", "load_state", "record_gaps", "restore_rank_rng", "restore_rng",
-           "save_state", "seed_rng"]
+__all__ = ["capture_rng", "epoch_scalars", "load_state", "record_gaps", "record_micro_batch",
+           "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -131,3 +131,25 @@ def record_gaps(gaps: dict[tuple[str, int], tuple[float, Any]], batch: Any, old:
     for row, (i, gap) in enumerate(zip(batch.sample_index.tolist(), per_row)):
         gaps[(batch.policy, i)] = (gap, diff[row][mask[row]].to(torch.float16).cpu().numpy())
     return float(diff.abs().max())
+
+
+def record_micro_batch(bucket: dict[str, list[tuple[float, float]]], gaps: dict, batch: Any, chunked: bool,
+                       loss: torch.Tensor, metrics: dict[str, Any], old: torch.Tensor,
+                       importance_weights: torch.Tensor | None, cap: float | None) -> None:
+    """A trained micro-batch's ``(value, weight)`` pairs into its policy's ``bucket`` (the weight: its
+    share of the batch, for :func:`epoch_scalars`): the loss terms, samples, tokens through the decoder
+    (shared prefixes once where ``chunked`` packing ran), the engine-vs-trainer gap (first PPO epoch:
+    the engine's weights are the trainer's; each sample's into ``gaps``) and the importance weights."""
+    mask = batch.response_mask
+    for k, v in metrics.items():
+        bucket[k].append((float(v), batch.loss_scale))
+    bucket["loss"].append((float(loss.detach()), batch.loss_scale))
+    bucket["samples"].append((float(batch.input_ids.shape[0]), 0.0))
+    ran = batch.packed.tokens if batch.packed is not None and chunked else batch.attention_mask.sum()
+    bucket["tokens"].append((float(ran), 0.0))
+    if batch.ppo_epoch == 0 and mask.any():
+        bucket["engine_logprob_gap_max"].append((record_gaps(gaps, batch, old), 0.0))
+    if importance_weights is not None and mask.any():
+        bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()), batch.loss_scale))
+        truncated = (importance_weights[mask] >= cap).float()  # the tokens whose weight the cap bound
+        bucket["importance_truncated_frac"].append((float(truncated.mean()), batch.loss_scale))

@@ -25,7 +25,7 @@ from drmas.ranks import collective_timeout_s, flight_recorder, init_process_grou
 from drmas.watch import watch
 
 __all__ = ["FSDP", "STRATEGIES", "check_precision", "check_resume", "decoder_layers", "is_sharded",
-           "pool_meshes", "resolve_strategy", "shard_model", "shard_policies"]
+           "pool_meshes", "resolve_strategy", "shard_model", "shard_policies", "take_pools"]
 
 
 class FSDP(ModelParallelStrategy):
@@ -158,6 +158,19 @@ def pool_meshes(pools: dict[str, tuple[int, ...]], device_type: str) -> tuple[di
             timeout = datetime.timedelta(seconds=collective_timeout_s())
             made[ranks] = (mesh, torch.distributed.new_group(list(ranks), backend="gloo", timeout=timeout))
     return ({n: made[r][0] for n, r in pools.items()}, {n: made[r][1] for n, r in pools.items()})
+
+
+def take_pools(policies: dict[str, Any], elsewhere: dict[str, Any], pools: dict[str, tuple[int, ...]],
+               rank: int, device_type: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per-policy pools: move the policies whose pool does not hold ``rank`` from ``policies`` to
+    ``elsewhere``, without their weights (never read here: their tokenizer and settings stay); return
+    each kept policy's mesh over its pool's ranks, and every pool's gloo group (:func:`pool_meshes`)."""
+    meshes, groups = pool_meshes(pools, device_type)  # every rank, the same order
+    for name in [n for n in policies if rank not in pools[n]]:
+        policy = policies.pop(name)
+        policy.model = policy.reference = None
+        elsewhere[name] = policy
+    return {name: meshes[name] for name in policies}, groups
 
 
 def shard_policies(policies: Any, strategy: Any, meshes: dict[str, Any]) -> dict[str, str]:

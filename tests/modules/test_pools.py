@@ -10,7 +10,7 @@ import torch
 
 from drmas.models.lora import LoraSettings
 from drmas.modules.policy_config import PolicyConfig
-from drmas.modules.pools import engine_askers, holdings, pooled, refusal, resolve_pools
+from drmas.modules.pools import engine_askers, holdings, pooled, refuse, resolve_pools
 
 
 def team(**ranks):
@@ -88,11 +88,20 @@ def test_pools_hold_only_their_policy_update_at_once_and_step_as_the_shared_layo
         assert firm_total >= 0.1 * total
 
 
-def test_pools_under_a_strategy_that_does_not_shard_are_refused_in_one_line():
+def test_pools_under_a_strategy_that_does_not_shard_or_wider_than_the_tasks_are_refused_in_one_line():
     pools = resolve_pools(team(a=[0], b=[1]), 2)
-    assert refusal(pools, False) == ("per-policy pools (a: [0], b: [1]) cannot run here: they shard each "
-                                     "policy over its own ranks: use --trainer.strategy fsdp")
-    assert refusal(pools, True) is None
+    with pytest.raises(ValueError) as err:
+        refuse(pools, False)
+    assert str(err.value) == ("per-policy pools (a: [0], b: [1]) cannot run here: they shard each "
+                              "policy over its own ranks: use --trainer.strategy fsdp")
+    refuse(pools, True)
+    wide = resolve_pools(team(a=4, b=[0]), 4)
+    with pytest.raises(ValueError) as err:
+        refuse(wide, True, tasks=3)
+    assert str(err.value) == (
+        "per-policy pools (a: [0, 1, 2, 3], b: [0]): the pool of 'a' has 4 ranks and an iteration plays 3 "
+        "task(s): give it at most 3 ranks, or raise --data.rollout.tasks_per_iteration")
+    refuse(wide, True, tasks=4)
 
 
 def test_each_device_plans_the_policies_it_holds_and_each_engine_the_ranks_that_ask_it():
