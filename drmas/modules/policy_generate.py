@@ -52,8 +52,14 @@ class PolicyGenerate:
         ids = [encode_prompt(policy.tokenizer, p, config.chat_template_kwargs, config.tool_format)
                for p in prompts]
         with self.engines.busy.setdefault(policy.name, BusyClock()):
-            outs = run_engine(self.engines.engine(policy.name), self.engines.name, policy.name, agent,
-                              ids, n, params, stops, budgets)
+            try:
+                outs = run_engine(self.engines.engine(policy.name), self.engines.name, policy.name, agent,
+                                  ids, n, params, stops, budgets)
+            except EngineError:
+                # preempted meanwhile: the stop closes engines (under per-policy pools, another rank's
+                # too) while a rollout behind the update still plays; that is the stop, not a failure
+                self.check_stop()
+                raise
         # what the agent's parser reads: the prefill it was given, then the response
         return [[dataclasses.replace(c, text=p.prefill + c.text) for c in completions]
                 for p, completions in zip(prompts, outs)]

@@ -1,10 +1,12 @@
 """Per-policy pools in a recipe run, as a user runs it: the math team on 2 CPU ranks (gloo), the
 solver's pool rank 0 and the verifier's rank 1, rollouts one update behind, a checkpoint after every
 iteration. Each rank builds only its own policy's engine (in a process of its own), episodes played
-on both ranks send each agent's calls to its policy's engine wherever it runs; a run killed with
-SIGKILL resumes as if it had not been, and a failing step on rank 1 ends both ranks naming it.
+on both ranks send each agent's calls to its policy's engine wherever it runs; a run stopped by
+SIGTERM, then by SIGKILL, resumes as if it had not been, and a failing step on rank 1 ends both
+ranks naming it.
 (A vLLM engine reached from another rank: tests/engines/test_engines.py.)"""
 
+import glob
 import os
 import re
 
@@ -75,21 +77,29 @@ def test_each_policy_on_its_own_rank_answers_the_other_ranks_calls_and_trains_th
         assert any(not torch.equal(saved.state_dict()[n], start[n]) for n in start), policy
 
 
-def test_a_pooled_run_killed_mid_update_resumes_as_if_never_stopped(tmp_path, uninterrupted):
-    """SIGKILL on both ranks in iteration 3's update; ``--ckpt_path last`` plays iteration 3 again from
-    the checkpoint of iteration 2 (each rank's optimiser and schedule read back by policy) and logs
-    what the uninterrupted run logged."""
-    killed = run(tmp_path, fault="kill_update", at=3)
+def test_a_pooled_run_preempted_then_killed_resumes_as_if_never_stopped(tmp_path, uninterrupted):
+    """SIGTERM on both ranks in iteration 2's update: both stop (exit 143, a preempted job), though the
+    rollout behind the update still asks the other rank's engine as it closes; ``--ckpt_path last``
+    plays iteration 2 again and SIGKILL strikes in iteration 3's update; resumed again, it plays
+    iteration 3 from the checkpoint of iteration 2 (each rank's optimiser and schedule read back by
+    policy). Iterations 2 and 3 log what the uninterrupted run logged."""
+    preempted = run(tmp_path, fault="sigterm_update", at=2)
+    assert preempted.returncode == 143, preempted.stderr[-3000:]
+    assert saved_iteration(checkpoint(tmp_path)) == 1
+    killed = run(tmp_path, "--ckpt_path", "last", fault="kill_update", at=3)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert saved_iteration(checkpoint(tmp_path)) == 2
     resumed = run(tmp_path, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    a, b = uninterrupted[2], scalars(run_dir(tmp_path))
-    assert sorted(b["train/verifier/lr"]) == [3]
+    a = uninterrupted[2]
     assert a["train/verifier/lr"][3] == 2 * a["train/solver/lr"][3]
     tags = [f"train/{p}/{k}" for p in TEAM for k in ("lr", "loss", "grad_norm", "entropy", "samples")]
-    for tag in [*tags, "rollout/solver/reward_mean", "rollout/verifier/samples"]:
-        assert b[tag][3] == pytest.approx(a[tag][3], rel=1e-5, abs=1e-7), tag
+    versions = sorted(glob.glob(str(tmp_path / "runs/*/version_*")))  # preempted, killed, resumed
+    for it, version in ((2, versions[1]), (3, versions[2])):
+        b = scalars(version)
+        assert max(b["train/verifier/lr"]) == it
+        for tag in [*tags, "rollout/solver/reward_mean", "rollout/verifier/samples"]:
+            assert b[tag][it] == pytest.approx(a[tag][it], rel=1e-5, abs=1e-7), (tag, it)
 
 
 def test_a_failing_step_in_the_verifiers_pool_ends_both_ranks_naming_it_and_the_run_resumes(tmp_path):
