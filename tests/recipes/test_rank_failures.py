@@ -75,14 +75,14 @@ LAG = ("--data.rollout.staleness", "1")
 def test_rank_1s_failing_step_under_rollouts_behind_the_update_stops_every_rank_naming_it(tmp_path):
     """Staleness 1: iteration 3's rollout plays behind the update on both ranks, gathering on its own
     process group, while the update's steps agree on theirs; rank 1's step fails, and both end as in
-    a synchronous run, the rollout behind stopped."""
-    proc, folder = _fails(tmp_path, "step_error", "1", *LAG)
+    a synchronous run, the rollout behind stopped. (A run on 2 ranks one update behind resumes:
+    tests/recipes/test_pools_recipe.py, after SIGTERM and SIGKILL.)"""
+    proc, _ = _fails(tmp_path, "step_error", "1", *LAG)
     error = re.escape("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
     # the line also names where the rollout behind was, when it was waiting somewhere
     where = r"the optimiser step of policy shared( \(the background rollout: [^)]+\))?"
     _every_rank_names(tmp_path, proc, 1, where, error)
     assert "the background rollout of iteration(s) 3 was stopped with the run" in proc.stderr
-    _resumes_to_the_end(tmp_path, folder, *LAG)
 
 
 def test_rank_1s_engine_failing_behind_the_update_stops_every_rank_naming_it(tmp_path):
