@@ -31,6 +31,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -139,9 +140,10 @@ def trl_steps(args: argparse.Namespace, data: str, out: str, name: str) -> dict 
     proc = subprocess.run([sys.executable, "-c", TRL_SCRIPT, data, out, str(args.steps),
                            json.dumps(TRL_SETTINGS[name])], cwd=out, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT})
-    if proc.returncode != 0:
-        last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or ["(nothing on stderr)"]
-        return f"TRL {name} did not run: {last[0].strip()[:300]}"
+    if proc.returncode != 0:  # the exception's line (a progress bar may come after it)
+        lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        raised = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception)\b", ln)]
+        return f"TRL {name} did not run: {(raised or lines or ['(nothing on stderr)'])[-1][:300]}"
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STEPS "))
     return json.loads(line[len("STEPS "):])
 
