@@ -423,6 +423,7 @@ class MultiAgentRL(L.LightningModule):
             rollout = getattr(getattr(self.trainer.datamodule, "rollouts", None), "config", None)
             refuse(self.pools, isinstance(self.trainer.strategy, FSDP),  # (its checkpoints: by policy)
                    getattr(rollout, "tasks_per_iteration", None))
+        if any(c.ranks is not None for c in self.configs.values()):  # (else checked as the engines were set)
             self.engines.check_pools(self.pools, self.world_size)
         if self.trainer.is_global_zero:  # ended for another rank's failure: the events written so far kept
             watch.at_end(self._flush_logs)
