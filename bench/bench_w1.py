@@ -50,10 +50,9 @@ def write_problems(path: str) -> None:
             f.write(json.dumps({"problem": t.problem, "answer": t.answer}) + "\n")
 
 
-def drmas_steps(args: argparse.Namespace, data: str, out: str
-                ) -> tuple[list[float], str, tuple[float, float]]:
-    """drmas's seconds per step, the vLLM kernel build its engine loaded, and the tokens it generated
-    and trained per step (the trained ones through the decoder: a prompt its samples share, once)."""
+def drmas_run(args: argparse.Namespace, data: str, out: str) -> tuple[dict[str, dict[int, float]], str]:
+    """W1's drmas run (``args``: ``steps``, ``engine``, ``precision``) into ``out``: every scalar it
+    logged ({tag: {iteration: value}}), and the vLLM kernel build its engine loaded."""
     cmd = [sys.executable, os.path.join(ROOT, "recipes", "math_team.py"), "fit",
            "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
            "--trainer.max_epochs", str(args.steps),
@@ -76,8 +75,16 @@ def drmas_steps(args: argparse.Namespace, data: str, out: str
     ea = EventAccumulator(glob.glob(os.path.join(out, "math", "version_*", "events.*"))[0],
                           size_guidance={"scalars": 0})
     ea.Reload()
-    parts = [{e.step: e.value for e in ea.Scalars(f"time/{k}_s")} for k in ("sync", "rollout", "update")]
-    mean = lambda tag: statistics.mean(e.value for e in ea.Scalars(tag))  # noqa: E731
+    return {tag: {e.step: e.value for e in ea.Scalars(tag)} for tag in ea.Tags()["scalars"]}, kernels
+
+
+def drmas_steps(args: argparse.Namespace, data: str, out: str
+                ) -> tuple[list[float], str, tuple[float, float]]:
+    """drmas's seconds per step, the vLLM kernel build its engine loaded, and the tokens it generated
+    and trained per step (the trained ones through the decoder: a prompt its samples share, once)."""
+    s, kernels = drmas_run(args, data, out)
+    parts = [s[f"time/{k}_s"] for k in ("sync", "rollout", "update")]
+    mean = lambda tag: statistics.mean(s[tag].values())  # noqa: E731
     tokens = (mean("rollout/solver/response_tokens_mean") * mean("rollout/solver/samples"),
               mean("train/shared/tokens"))
     return [sum(p[it] for p in parts) for it in sorted(parts[0])], kernels, tokens
