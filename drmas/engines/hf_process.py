@@ -120,11 +120,6 @@ class HFProcessEngine(ServedEngine):
                  max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
         return self._generate(prompts, n, params, stops, max_new_tokens)[0]
 
-    def reseed(self, seed: int) -> None:
-        self._call("reseed", seed=seed)
-        if self.seeded:
-            self.seed_prompts(seed)
-
     def received_sums(self) -> dict[str, tuple[float, float]]:
         return self._call("weight_sums")
 

@@ -251,6 +251,13 @@ class ServedEngine(EngineClient, Engine):
         self.ready()
         return self._request(method, **kwargs)
 
+    def reseed(self, seed: int) -> None:
+        """The process's own generator (its unseeded requests' draws), and this end's per-prompt seeds
+        when it sends them."""
+        self._call("reseed", seed=seed)
+        if self.seeded:
+            self.seed_prompts(seed)
+
     def served(self) -> dict[str, Any]:
         """What the process answered so far: requests per asker (``owner``, or the label a
         :class:`RemoteEngine` gave), and how many requests each call of a batched method answered."""

@@ -346,7 +346,6 @@ class MultiAgentRL(L.LightningModule):
         """The ranks that train ``policy`` (every rank without pools)."""
         return self.pools[policy] if self.pooled else range(self.world_size)
 
-
     def begin_iteration(self) -> int:
         """Called by the rollout side when a rollout starts: iteration k runs as ``iteration == k``,
         with each policy's learning rate for iteration k."""
@@ -392,12 +391,12 @@ class MultiAgentRL(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # every rank's random state (each samples its own rollouts), and every policy's version and
         # schedule from the ranks that hold it: Lightning's own list of schedules is rank 0's
-        held = self._schedulers() if self._trainer is not None else []
-        schedules = dict(zip(self.optimizer_names(), (s.state_dict() for s in held)))
-        mine = (capture_rng(), {n: p.version for n, p in self.policies.items()}, schedules)
+        scheds = self._schedulers() if self._trainer is not None else []
+        mine = (capture_rng(), {n: p.version for n, p in self.policies.items()},
+                dict(zip(self.optimizer_names(), (s.state_dict() for s in scheds))))
         everyone = self.gather_objects(mine)
-        versions = {n: v for _, held, _ in everyone for n, v in held.items()}
-        schedules = {n: s for *_, held in everyone for n, s in held.items()}
+        versions = {n: v for _, theirs, _ in everyone for n, v in theirs.items()}
+        schedules = {n: s for *_, theirs in everyone for n, s in theirs.items()}
         checkpoint["drmas"] = save_state(self.iteration, versions, self.history, [r for r, *_ in everyone],
                                          self._precision(), schedules)
 

@@ -247,11 +247,6 @@ class VLLMEngine(ServedEngine):
         self.cached_tokens += cached
         return result
 
-    def reseed(self, seed: int) -> None:
-        self._call("reseed", seed=seed)
-        if self.seeded:
-            self.seed_prompts(seed)
-
     def record_transfer(self) -> None:
         self._call("record_transfer")
 
