@@ -15,6 +15,8 @@ The chunked path needs ``logits == lm_head(decoder(x))``. Models that post-proce
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -26,17 +28,78 @@ __all__ = ["block_mask", "chunked_logprobs_match", "full_logprobs", "packed_logp
            "response_logprobs"]
 
 
+BLOCK_BYTES = 2 * 2**20
+"""The fp32 logits of one block of rows (the vocabulary's width, a few rows): small enough to stay
+in a core's cache while it is exponentiated, scaled and written back."""
+
+
+def _rows_per_block(width: int) -> int:
+    return max(1, BLOCK_BYTES // (4 * width))
+
+
+def _scaled(logits: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """A block of logits in ``dtype``, a copy of its own (the caller works on it in place), over T."""
+    z = logits.to(dtype, copy=True)
+    return z.div_(temperature) if temperature > 0 and temperature != 1 else z
+
+
+class TokenLogprobs(torch.autograd.Function):
+    """``log softmax(logits / T)`` at the targets of ``[N, V]`` logits (and the entropy), in fp32.
+
+    Autograd over the plain formula (cast, divide, logsumexp, gather) keeps several ``[N, V]``
+    fp32 tensors and walks them a dozen times; the backward of the gather alone fills a zero
+    tensor of that size to scatter into. Here forward and backward go a block of rows at a time
+    (:data:`BLOCK_BYTES`) and backward writes the logits' gradient once, in their own dtype:
+    ``dz = -g p + g onehot`` and, for the entropy ``H = lse - sum p z``, ``dz = -g_H p (z - sum p z)``.
+    On W1's update (930 response tokens x 49,152) the head's chunk took 1.54 s, now 0.94 s
+    (docs/performance.md)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, temperature: float,
+                with_entropy: bool) -> tuple[Tensor, Tensor]:
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        rows, width = logits.shape
+        lse = torch.empty(rows, dtype=dtype, device=logits.device)
+        mean = torch.empty(rows if with_entropy else 0, dtype=dtype, device=logits.device)  # sum p z
+        step = _rows_per_block(width)
+        for start in range(0, rows, step):
+            end = start + step
+            z = _scaled(logits[start:end], dtype, temperature)
+            lse[start:end] = torch.logsumexp(z, -1)
+            if with_entropy:
+                mean[start:end] = (torch.exp(z - lse[start:end, None]) * z).sum(-1)
+        picked = _scaled(logits.gather(-1, targets[:, None]).squeeze(-1), dtype, temperature)
+        ctx.save_for_backward(logits, targets, lse, mean)
+        ctx.temperature, ctx.with_entropy, ctx.step = temperature, with_entropy, step
+        entropy = lse - mean if with_entropy else lse.new_zeros(())
+        ctx.mark_non_differentiable(*(() if with_entropy else (entropy,)))
+        return picked - lse, entropy
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: Tensor, g_entropy: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, targets, lse, mean = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.step):
+            end = start + ctx.step
+            z = _scaled(logits[start:end], lse.dtype, ctx.temperature)
+            g = g_logp[start:end, None].to(lse.dtype)
+            if ctx.with_entropy:
+                p = torch.exp(z - lse[start:end, None])
+                dz = p.mul_(z.sub_(mean[start:end, None]).mul_(g_entropy[start:end, None]).add_(g)).neg_()
+            else:
+                dz = torch.exp_(z.sub_(lse[start:end, None])).mul_(g).neg_()
+            dz.scatter_add_(-1, targets[start:end, None], g)
+            if ctx.temperature > 0 and ctx.temperature != 1:
+                dz.div_(ctx.temperature)
+            grad[start:end] = dz
+        return grad, None, None, None
+
+
 def _from_logits(logits: Tensor, targets: Tensor, temperature: float,
                  with_entropy: bool) -> tuple[Tensor, Tensor]:
-    logits = logits.float()
-    if temperature > 0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, -1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    if not with_entropy:
-        return logp, logp.new_zeros(())
-    # H = -sum p log p = lse - sum p * logits
-    return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    logp, entropy = TokenLogprobs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                        temperature, with_entropy)
+    return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else entropy
 
 
 def full_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float,
@@ -108,7 +171,7 @@ def response_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
         logps.append(lp)
         ents.append(ent)
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
-    zeros = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+    zeros = torch.zeros(shape, dtype=logps[0].dtype if logps else torch.float32, device=input_ids.device)
     flat = torch.cat(logps) if logps else zeros[response_mask]
     logp = zeros.masked_scatter(response_mask, flat)
     if not with_entropy:

@@ -99,3 +99,45 @@ def test_models_that_post_process_logits_keep_the_full_path(model):
 def test_chunk_size_is_checked():
     with pytest.raises(ValueError, match="logprob_chunk_tokens must be >= 0"):
         PolicyConfig(update=UpdateSettings(logprob_chunk_tokens=-1))
+
+
+def plain(logits, targets, temperature, with_entropy):
+    """The formula written out for autograd (what TokenLogprobs computes by blocks)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    z = z / temperature if temperature > 0 else z
+    lse = torch.logsumexp(z, -1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    return logp, lse - (torch.softmax(z, -1) * z).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_token_logprobs_by_blocks_equal_the_formula_in_values_and_gradients(monkeypatch, dtype, temperature,
+                                                                           with_entropy):
+    from drmas.modules import logprobs
+
+    monkeypatch.setattr(logprobs, "BLOCK_BYTES", 4 * 1000 * 5)  # 5 rows a block: 37 rows end mid-block
+    gen = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(37, 1000, generator=gen, dtype=torch.float64)).to(dtype)
+    targets = torch.randint(0, 1000, (37,), generator=gen)
+    g_logp, g_ent = torch.randn(37, generator=gen, dtype=torch.float64), torch.randn(37, generator=gen,
+                                                                                   dtype=torch.float64)
+    results = []
+    for fn in (plain, logprobs._from_logits):
+        x = logits.clone().requires_grad_()
+        lp, ent = fn(x, targets, temperature, with_entropy)
+        loss = (lp.double() * g_logp).sum() + ((ent.double() * g_ent).sum() if with_entropy else 0)
+        loss.backward()
+        results.append((lp, ent, x.grad))
+    (lp0, ent0, grad0), (lp1, ent1, grad1) = results
+    assert grad1.dtype == dtype and lp1.dtype == lp0.dtype
+    exact = dtype == torch.float64
+    torch.testing.assert_close(lp1, lp0, atol=1e-12 if exact else 5e-5, rtol=0)
+    if with_entropy:
+        torch.testing.assert_close(ent1, ent0, atol=1e-12 if exact else 5e-5, rtol=0)
+    else:
+        assert ent1.shape == ()
+    # bf16 gradients: the same fp32 values rounded once, so at most one bf16 step apart
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2 ** -8}[dtype]
+    torch.testing.assert_close(grad1.double(), grad0.double(), atol=tol * float(grad0.abs().max()), rtol=0)
