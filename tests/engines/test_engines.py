@@ -353,6 +353,14 @@ def test_vllm_n_generations(tiny, prompts, vllm_engine):
 
 
 @pytest.mark.integration
+def test_vllm_timed_generate_makes_exactly_the_lengths_asked(prompts, vllm_engine):
+    # bench/bench_limits.py's bare rate: each prompt generates exactly its length, EOS or not
+    lengths = [1 + 9 * i for i in range(len(prompts))]
+    seconds, tokens = vllm_engine.timed_generate(prompts, lengths, GenerationSettings(temperature=1.0))
+    assert tokens == sum(lengths) and seconds > 0
+
+
+@pytest.mark.integration
 def test_vllm_stop_strings_match_hf(tiny, prompts, vllm_engine):
     model, tok = tiny
     hf = HFEngine(model, tok)

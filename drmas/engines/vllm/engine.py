@@ -291,6 +291,12 @@ class VLLMEngine(ServedEngine):
             self._wake(["kv_cache"])
             self._asleep = False
 
+    def timed_generate(self, prompts: Sequence[Sequence[int]], lengths: Sequence[int],
+                       params: GenerationSettings) -> tuple[float, int]:
+        """Seconds and tokens of one bare ``LLM.generate`` in the engine process, each prompt made to
+        generate exactly its length (a benchmark's limit; see ``EngineServer.timed_generate``)."""
+        return self._call("timed_generate", prompts=prompts, lengths=lengths, params=params)
+
     def sync_adapter(self, model: torch.nn.Module, adapter: str) -> None:
         """Publish ``adapter``'s current tensors (of the peft ``model``) as a new version and
         retire the previous one; nothing else is sent."""

@@ -103,6 +103,21 @@ class EngineServer:
                           cached + (request.num_cached_tokens or 0))
         return answers
 
+    def timed_generate(self, prompts: Sequence[Sequence[int]], lengths: Sequence[int],
+                       params: GenerationSettings) -> tuple[float, int]:
+        """The engine's bare rate, for benchmarks (``bench/bench_limits.py``): ``prompts`` in one
+        ``LLM.generate``, each made to generate exactly its ``lengths`` tokens with ``params``'s
+        sampling; the seconds that call took in this process (no socket, no log-probs) and the
+        tokens it generated."""
+        sampling = [self.vllm.SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p,
+                                             top_k=params.top_k, min_tokens=n, max_tokens=n)
+                    for n in lengths]
+        requests = [self.vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        start = time.perf_counter()
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return seconds, sum(len(out.token_ids) for request in outputs for out in request.outputs)
+
     def reseed(self, seed: int) -> None:
         """Unseeded sampling draws from this process's torch RNG (CPU and CUDA generators alike):
         seeding it before each rollout makes a rollout's draws a function of the seed alone."""
