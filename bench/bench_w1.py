@@ -212,8 +212,8 @@ def main() -> None:
     print(f"W1: SmolLM2-135M, 4 problems x 4 samples, <= 64 new tokens, {args.steps} steps; "
           f"drmas engine {args.engine} (vLLM kernels loaded: {kernels}), "
           f"precision {resolved_precision(args.precision)}")
-    print(f"{'':12s} {'s/step':>7s} {'generated':>9s} {'trained':>8s}  ratio per step (per generated token)")
-    print(f"{'drmas':12s} {med(ours):7.1f} {tokens[0]:9.0f} {tokens[1]:8.0f}  "
+    print(f"{'':16s} {'s/step':>7s} {'generated':>9s} {'trained':>8s}  ratio per step (per generated token)")
+    print(f"{'drmas':16s} {med(ours):7.1f} {tokens[0]:9.0f} {tokens[1]:8.0f}  "
           f"(steps: {', '.join(f'{t:.1f}' for t in ours)})")
     for name, got in theirs.items():
         if isinstance(got, str):
@@ -222,7 +222,7 @@ def main() -> None:
         step = med(got["times"])
         generated, trained = statistics.mean(got["generated"]), statistics.mean(got["trained"])
         per_token = (med(ours) / tokens[0]) / (step / generated)
-        print(f"{'TRL ' + name:12s} {step:7.1f} {generated:9.0f} {trained:8.0f}  drmas / TRL {name}: "
+        print(f"{'TRL ' + name:16s} {step:7.1f} {generated:9.0f} {trained:8.0f}  drmas / TRL {name}: "
               f"{med(ours) / step:.2f}x ({per_token:.2f}x)  "
               f"(steps: {', '.join(f'{t:.1f}' for t in got['times'])})")
     version = getattr(sys.modules.get("trl"), "__version__", "absent")

@@ -1,16 +1,31 @@
-"""Where a checkout keeps its configs and recipe scripts, and which folders of ``sys.path`` are
-drmas's own."""
+"""Where drmas keeps its shipped configs (inside the package, so a wheel has them), where a
+checkout keeps its recipe scripts, and which folders of ``sys.path`` are drmas's own."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["CONFIGS", "RECIPES", "SCRIPT_FOLDERS", "recipe_script", "without_drmas_folders"]
+__all__ = ["CONFIGS", "RECIPES", "SCRIPT_FOLDERS", "config_path", "recipe_script", "shipped_configs",
+           "without_drmas_folders"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CONFIGS = os.path.join(ROOT, "configs")
-"""The configs shipped with a checkout (the recipes' default configs live here)."""
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+"""The shipped configs (``drmas/configs``; a checkout's ``configs/`` links to it)."""
+
+
+def shipped_configs() -> list[str]:
+    """The shipped configs' names (``qwen3_8b`` for ``drmas/configs/qwen3_8b.yaml``)."""
+    return sorted(f.removesuffix(".yaml") for f in os.listdir(CONFIGS) if f.endswith(".yaml"))
+
+
+def config_path(name: str) -> str:
+    """The path of the shipped config ``name`` (``.yaml`` optional); a KeyError names the shipped ones."""
+    path = os.path.join(CONFIGS, name.removesuffix(".yaml") + ".yaml")
+    if os.sep in name or not os.path.isfile(path):
+        raise KeyError(f"no shipped config {name!r}; the shipped configs: {', '.join(shipped_configs())}")
+    return path
+
 
 RECIPES = {"search": "search.py", "math": "math_team.py", "code": "code_team.py", "games": "games.py",
            "debate": "debate.py", "agents": "own_agents.py"}

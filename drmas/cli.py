@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 from typing import Any, Optional
 
@@ -47,6 +48,7 @@ import drmas.workflows.math  # noqa: F401
 import drmas.workflows.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
 from drmas.callbacks.iteration_checkpoint import partial_path, recover_checkpoint
+from drmas.checkout import config_path
 from drmas.console import quiet
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
@@ -143,6 +145,27 @@ def _resolve_argv_workflow(args: list[str]) -> list[str]:
     return out
 
 
+def _shipped_config(value: str) -> str:
+    """``--config``'s value, or the shipped config it names where no file of that name exists."""
+    if os.path.exists(value) or not re.fullmatch(r"[\w.-]+", value):  # a file, or inline YAML
+        return value
+    try:
+        return config_path(value)
+    except KeyError as err:
+        raise ConfigurationError(f"--config {value}: no such file, and {err.args[0]}") from None
+
+
+def _resolve_argv_configs(args: list[str]) -> list[str]:
+    """``--config NAME`` (or with ``=``): a shipped config by name (``qwen3_8b``)."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = _shipped_config(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + _shipped_config(arg.split("=", 1)[1])
+    return out
+
+
 def _load(text: str) -> Any:
     value = _yaml_load(text)
     # Only a whole config file has a top-level ``recipes`` key; values of single flags pass through.
@@ -166,9 +189,9 @@ class DrmasCLI(LightningCLI):
                  **kwargs: Any) -> None:
         self._workflow = resolve_workflow(workflow)
         if args is None:  # rewritten in place: LightningCLI warns when given args and argv both
-            sys.argv[1:] = _resolve_argv_workflow(sys.argv[1:])
+            sys.argv[1:] = _resolve_argv_configs(_resolve_argv_workflow(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = _resolve_argv_workflow(list(args))
+            args = _resolve_argv_configs(_resolve_argv_workflow(list(args)))
         # The default config is read first; --config files and flags override it.
         fit: dict[str, Any] = {"parser_mode": PARSER_MODE}
         if default_config:

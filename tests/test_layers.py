@@ -61,6 +61,8 @@ def offenders(importer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]
                          "drmas.callbacks", "drmas.models", "drmas.algorithms", "drmas.records")),
         ("drmas.atomic", ("drmas",)),
         ("drmas.checkout", ("drmas",)),
+        # the top: a recipe runs the command line; the drmas command runs recipes
+        ("drmas.recipes", ("drmas.command",)),
         ("drmas.iteration", ("drmas.data", "drmas.modules", "drmas.workflows", "drmas.engines",
                              "drmas.callbacks", "drmas.cli", "lightning")),
         ("drmas.console", ("drmas",)),
@@ -113,7 +115,8 @@ def test_every_module_is_under_a_rule():
              "drmas.workflows",
              "drmas.engines", "drmas.data", "drmas.modules", "drmas.callbacks", "drmas.models",
              "drmas.packing", "drmas.tool_calls", "drmas.metrics", "drmas.plots", "drmas.evaluation",
-             "drmas.report", "drmas.summary", "drmas.checkout", "drmas.iteration", "drmas.view"}
+             "drmas.report", "drmas.summary", "drmas.checkout", "drmas.iteration", "drmas.view",
+             "drmas.recipes", "drmas.command"}
     tops = {".".join(m.split(".")[:2]) for m in GRAPH}
     assert tops - ruled == set(), "add a rule (and a line in docs/architecture.md) for these"
 
@@ -122,6 +125,10 @@ def test_nothing_imports_a_recipe():
     files = [p for d in ("drmas", "tests", "bench", "examples", "recipes") for p in (ROOT / d).rglob("*.py")]
     bad = {str(p.relative_to(ROOT)): sorted(d for d in imports(p) if under(d, "recipes")) for p in files}
     assert {k: v for k, v in bad.items() if v} == {}
+    # the package's recipes and command sit above everything else of drmas's
+    above = {mod: sorted(d for d in deps if under(d, "drmas.recipes") or under(d, "drmas.command"))
+             for mod, deps in GRAPH.items() if not under(mod, "drmas.recipes") and mod != "drmas.command"}
+    assert {k: v for k, v in above.items() if v} == {}
 
 
 @pytest.mark.integration  # a fresh interpreter imports the workflows (7 s)

@@ -37,7 +37,8 @@ def read_records(path: Path, columns: tuple[str, ...] = ()) -> Iterator[tuple[st
         try:
             import pyarrow.parquet as pq
         except ImportError as err:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
+            raise ImportError(f"reading {path} needs pyarrow: pip install 'drmas[parquet]' "
+                              "(or pyarrow)") from err
         table = pq.read_table(path)
         missing = [c for c in columns if c not in table.column_names]
         if missing:
@@ -73,7 +74,8 @@ def load_hub_dataset(name: str, hub_id: str, config: str | None, split: str) -> 
     try:
         import datasets
     except ImportError as err:
-        raise ImportError(f"loading {name!r} needs the datasets library: pip install datasets") from err
+        raise ImportError(f"loading {name!r} needs the datasets library: pip install 'drmas[hub]' "
+                          "(or datasets)") from err
     try:
         return datasets.load_dataset(hub_id, config, split=split)
     except Exception as err:  # noqa: BLE001 - offline errors come in many types

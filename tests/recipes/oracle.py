@@ -14,14 +14,11 @@ from collections import deque
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from drmas.checkout import CONFIGS  # noqa: E402
-from drmas.cli import run_recipe  # noqa: E402
 from drmas.engines import ENGINES, HFEngine  # noqa: E402
+from drmas.recipes import main  # noqa: E402
 from drmas.records import Completion  # noqa: E402
 from drmas.workflows.code.loaders import embedded_problems  # noqa: E402
 from drmas.workflows.games.plan_path import MOVES  # noqa: E402
-
-WORKFLOWS = {"games": "games", "code": "code"}
 
 
 def shortest_plan(board: str) -> str:
@@ -67,5 +64,4 @@ class OracleEngine(HFEngine):
 
 
 if __name__ == "__main__":
-    recipe = sys.argv.pop(1)
-    run_recipe(WORKFLOWS[recipe], recipe, os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))
+    main(sys.argv.pop(1))

@@ -27,14 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from oracle import SOLUTIONS  # noqa: E402
 
-from drmas.checkout import CONFIGS  # noqa: E402
-from drmas.cli import run_recipe  # noqa: E402
 from drmas.engines import ENGINES, HFEngine  # noqa: E402
 from drmas.engines.base import check_request, per_prompt  # noqa: E402
+from drmas.recipes import main  # noqa: E402
 from drmas.records import Completion  # noqa: E402
-
-WORKFLOWS = {"search": "search", "math": "math_solver_verifier", "code": "code", "games": "games",
-             "debate": "debate", "agents": "agents"}
 
 # (what the prompt ends with, the well-formed reply, the malformed one): the first that matches
 PREFILLED = [("approve</verify> or <verify>reject</verify>", "approve</verify> Right.", "maybe</verify>"),
@@ -108,5 +104,4 @@ class RiggedEngine(HFEngine):
 
 
 if __name__ == "__main__":
-    recipe = sys.argv.pop(1)
-    run_recipe(WORKFLOWS[recipe], recipe, os.path.join(CONFIGS, "smollm2_135m_cpu.yaml"))
+    main(sys.argv.pop(1))

@@ -201,7 +201,7 @@ def test_load_math_file_parquet_without_pyarrow(tmp_path: Path, monkeypatch: pyt
     path.write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(ImportError, match="pip install pyarrow"):
+    with pytest.raises(ImportError, match=r"pip install 'drmas\[parquet\]'"):
         load_math_file(path)
 
 
@@ -306,7 +306,7 @@ def test_offline_failure_names_the_data_set(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_missing_datasets_library(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(ImportError, match="pip install datasets"):
+    with pytest.raises(ImportError, match=r"pip install 'drmas\[hub\]'"):
         load_math_dataset("gsm8k")
 
 

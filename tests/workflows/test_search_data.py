@@ -240,7 +240,7 @@ def test_parquet_without_pyarrow_names_the_install(tmp_path, monkeypatch):
     path = tmp_path / "x.parquet"
     path.write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import now fails
-    with pytest.raises(ImportError, match="pip install pyarrow"):
+    with pytest.raises(ImportError, match=r"pip install 'drmas\[parquet\]'"):
         load_search_r1(path)
 
 
