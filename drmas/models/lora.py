@@ -110,23 +110,10 @@ def save_adapter(model: nn.Module, adapter: str, out: str, merged: bool = False)
 
 
 def _merged_copy(model: Any, adapter: str) -> nn.Module:
-    """A plain copy of the base with ``adapter`` folded into its weights. Every LoRA layer is
-    unwrapped, also those only other adapters on a shared base target (they keep the base
-    weight); a ``fan_in_fan_out`` layer (GPT-2's ``Conv1D``, weight stored as in x out) takes
-    the transposed update."""
+    """A plain copy of the base with ``adapter`` folded into its weights: peft's own merge on a copy
+    (``merge_and_unload(adapter_names=[adapter])``: the adapter's scaling, rsLoRA, DoRA, a LoRA
+    bias and ``fan_in_fan_out`` layers as peft defines them), which also unwraps the layers that only
+    other adapters on a shared base target (they keep the base weight)."""
     import copy
 
-    base = copy.deepcopy(model.get_base_model())
-    with torch.no_grad():
-        for name, mod in model.get_base_model().named_modules():
-            if not hasattr(mod, "lora_A") or not hasattr(mod, "base_layer"):
-                continue
-            target = base.get_submodule(name)
-            if adapter in mod.lora_A:
-                delta = (mod.lora_B[adapter].weight @ mod.lora_A[adapter].weight) * mod.scaling[adapter]
-                if getattr(mod, "fan_in_fan_out", False):
-                    delta = delta.T
-                target.base_layer.weight += delta.to(target.base_layer.weight.dtype)
-            parent_name, _, child = name.rpartition(".")
-            setattr(base.get_submodule(parent_name) if parent_name else base, child, target.base_layer)
-    return base
+    return copy.deepcopy(model).merge_and_unload(adapter_names=[adapter])

@@ -29,6 +29,7 @@ from drmas.modules.agent_grads import AgentGradients
 from drmas.modules.engine_routing import RolloutEngines
 from drmas.modules.preflight import run_preflight
 from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_policies
+from drmas.modules.iteration_line import IterationLines
 from drmas.modules.pools import Pools, pooled, refuse, resolve_pools
 from drmas.modules.preemption import StopSignal
 from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_micro_batch,
@@ -121,6 +122,7 @@ class MultiAgentRL(L.LightningModule):
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
+        self.lines = IterationLines()  # a line per iteration where stdout is a log, not a terminal
 
     # ---- agents, engines, generation ------------------------------------------------------
 
@@ -213,6 +215,7 @@ class MultiAgentRL(L.LightningModule):
         on_gpu = self.device.type == "cuda" or self.engines.gpu is not None
         if self.preflight if self.preflight is not None else on_gpu:
             run_preflight(self)
+        self.lines.start()
 
     def configure_optimizers(self):
         total = self.trainer.max_epochs if self.trainer and self.trainer.max_epochs else 1
@@ -377,6 +380,8 @@ class MultiAgentRL(L.LightningModule):
             scalars.update({f"train/{name}/lr": lr for name, lr in rank_lrs.items()})
         self._metrics.clear()
         self.log_scalars(scalars)
+        if self.trainer.is_global_zero:  # the iteration's last scalars: validation and the rollout's are in
+            self.lines.end(self.iteration, self.trainer.max_epochs, self.history)
 
     # ---- logging and checkpoints ------------------------------------------------------------
 

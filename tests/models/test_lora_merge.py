@@ -57,3 +57,21 @@ def test_adapters_on_different_modules_of_one_base_merge_alone(tmp_path):
     ids = torch.tensor([[1, 5, 9, 33, 2, 7]])
     assert merged_matches(model, "a", tmp_path, ids) < 1e-4
     assert merged_matches(model, "b", tmp_path, ids) < 1e-4
+
+
+def test_a_dora_adapter_merges_with_its_magnitudes(tmp_path):
+    # peft's merge (drmas's export calls it) folds DoRA's per-column magnitudes in too: the sum
+    # B A alone, which a hand-written merge adds, gives another model
+    import peft
+
+    base, _ = load_causal_lm("tiny-random")
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"],
+                                                      use_dora=True), adapter_name="a")
+    randomize(model, "a")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_magnitude_vector.a" in name:
+                p.mul_(1.5)  # magnitudes away from the base weight's own column norms
+    model.eval()
+    ids = torch.tensor([[1, 5, 9, 33, 2, 7]])
+    assert merged_matches(model, "a", tmp_path, ids) < 1e-4

@@ -83,6 +83,16 @@ def test_parallel_sampling_trains_every_agent_with_its_own_advantages(rigged):
     val = read_records(os.path.join(folder, f"val_iter_{iterations[-1]:06d}.jsonl.gz"))
     successes = {(r["task"], r["trajectory"]): r["episode_success"] for r in val}
     assert sum(successes.values()) / len(successes) == pytest.approx(s["val/success_rate"][iterations[-1]])
+    # a line per iteration in a log (stdout is not a terminal here), from the iteration's own scalars
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("iteration ")]
+    assert [ln.split(" | ")[0] for ln in lines] == [f"iteration {k}/{iterations[-1]}" for k in iterations]
+    for k, line in zip(iterations, lines):
+        assert "reward/valid " + ", ".join(
+            f"{a} {s[f'rollout/{a}/reward_mean'][k]:.2f}/{s[f'rollout/{a}/valid_ratio'][k]:.2f}"
+            for a in sorted(AGENTS)) in line
+        assert f"update {s['time/update_s'][k]:.1f}" in line
+    assert f"val avg@2 {s['val/avg@2'][iterations[-1]]:.3f}" in lines[-1] and "val " not in lines[0]
+    assert lines[-1].endswith("about 0 s left")
 
 
 def test_tree_sampling_with_at_grpo(tmp_path):
