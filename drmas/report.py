@@ -19,10 +19,11 @@ import argparse
 import io
 import json
 import os
-import random
 import re
 from collections import defaultdict
 from typing import Sequence
+
+import numpy as np
 
 from drmas.atomic import write_bytes, write_text
 from drmas.plots import read_scalars
@@ -36,31 +37,41 @@ _GRAD = re.compile(r"^train/(?P<name>[^/]+(?:/[^/]+)?)/grad_norm$")
 _TIME = re.compile(r"^time/(?P<phase>[a-z_]+)_s$")
 
 
+def _percentiles(means: np.ndarray) -> tuple[float, float]:
+    """The 2.5% and 97.5% points of ``means`` (draws), as the order statistics the interval uses."""
+    ordered, draws = np.sort(means), len(means)
+    return float(ordered[int(0.025 * draws)]), float(ordered[min(draws - 1, int(0.975 * draws))])
+
+
 def bootstrap_interval(values: Sequence[float], draws: int = 2000,
                        seed: int = 0) -> tuple[float, float] | None:
-    """The 95% percentile-bootstrap interval of the mean of ``values`` (None for fewer than 2)."""
+    """The 95% percentile-bootstrap interval of the mean of ``values`` (None for fewer than 2):
+    ``draws`` resamples of as many values, with replacement, drawn at once."""
     if len(values) < 2:
         return None
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(values) for _ in values) / len(values) for _ in range(draws))
-    return means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]
+    x = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    return _percentiles(x[rng.integers(0, len(x), size=(draws, len(x)))].mean(axis=1))
 
 
 def two_level_interval(runs: Sequence[Sequence[float]], draws: int = 2000,
                        seed: int = 0) -> tuple[float, float] | None:
     """The 95% interval of the mean over runs of each run's mean over its questions: every draw
     takes as many runs as there are, with replacement, and within each drawn run as many of its
-    questions, with replacement. Seeds and questions both vary, so both are in the interval."""
-    runs = [list(r) for r in runs if r]
+    questions, with replacement. Seeds and questions both vary, so both are in the interval.
+    Vectorised: the runs of every draw are picked at once, then each run's questions for all the
+    places it was picked."""
+    runs = [np.asarray(r, dtype=float) for r in runs if len(r)]
     if not runs or (len(runs) == 1 and len(runs[0]) < 2):
         return None
-    rng = random.Random(seed)
-    means = []
-    for _ in range(draws):
-        picked = [runs[rng.randrange(len(runs))] for _ in runs]
-        means.append(sum(sum(rng.choice(r) for _ in r) / len(r) for r in picked) / len(picked))
-    means.sort()
-    return means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]
+    rng = np.random.default_rng(seed)
+    picked = rng.integers(0, len(runs), size=(draws, len(runs)))
+    run_means = np.empty(picked.shape)
+    for i, questions in enumerate(runs):
+        where = picked == i
+        drawn = questions[rng.integers(0, len(questions), size=(int(where.sum()), len(questions)))]
+        run_means[where] = drawn.mean(axis=1)
+    return _percentiles(run_means.mean(axis=1))
 
 
 def read_validations(run_dir: str) -> dict[int, dict]:

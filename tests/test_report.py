@@ -82,3 +82,16 @@ def test_agents_are_shown_over_windows_of_iterations(tmp_path):
     main([str(tmp_path / "a"), "-o", str(tmp_path / "out")])
     assert ("| rollout/solver/reward_mean | 1-5 | 3.000 | 8-12 | 10.000 |"
             in (tmp_path / "out" / "report.md").read_text())
+
+
+def test_the_intervals_are_the_normal_ones_where_the_law_says_and_repeat_for_a_seed():
+    # 400 questions, half right: the mean's 95% interval is 0.5 -+ 1.96 sqrt(0.25 / 400) = 0.5 -+ 0.049
+    values = [0.0, 1.0] * 200
+    low, high = bootstrap_interval(values)
+    assert abs(low - 0.451) < 0.01 and abs(high - 0.549) < 0.01
+    again = bootstrap_interval(values, seed=3)
+    assert again == bootstrap_interval(values, seed=3) != bootstrap_interval(values)
+    # three runs that agree: the questions' spread over three times the questions, 0.5 -+ 0.028
+    low, high = two_level_interval([values] * 3)
+    assert abs(low - 0.472) < 0.01 and abs(high - 0.528) < 0.01
+    assert two_level_interval([values] * 3, seed=3) == two_level_interval([values] * 3, seed=3)
