@@ -32,8 +32,8 @@ from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_poli
 from drmas.modules.iteration_line import IterationLines
 from drmas.modules.pools import Pools, pooled, refuse, resolve_pools
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_micro_batch,
-                                     restore_rank_rng, save_state)
+from drmas.modules.run_state import (IterationMetrics, capture_rng, epoch_scalars, load_state,
+                                     record_micro_batch, restore_rank_rng, save_state)
 from drmas.modules.sharding import check_precision
 from drmas.ranks import agree, at, group_gather, watch_state
 from drmas.records import BatchSpec, GenerateFn, MicroBatch
@@ -122,6 +122,7 @@ class MultiAgentRL(L.LightningModule):
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
+        self.published = IterationMetrics()
         self.lines = IterationLines()  # a line per iteration where stdout is a log, not a terminal
 
     # ---- agents, engines, generation ------------------------------------------------------
@@ -386,10 +387,14 @@ class MultiAgentRL(L.LightningModule):
     # ---- logging and checkpoints ------------------------------------------------------------
 
     def log_scalars(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Log to every logger with the RL iteration as the x-axis; keep a copy in ``history``."""
+        """Log to every logger with the RL iteration as the x-axis; keep a copy in ``history``; put
+        them in ``trainer.callback_metrics`` for Lightning's callbacks (:class:`IterationMetrics`)."""
         step = self.iteration if step is None else step
         self.history.append({"iteration": step, **metrics})
-        if self.trainer is not None and self.trainer.is_global_zero:
+        if self._trainer is None:
+            return
+        self.published.publish(self.trainer.callback_metrics, metrics, step)
+        if self.trainer.is_global_zero:
             for lg in self.loggers:
                 lg.log_metrics(metrics, step=step)
 

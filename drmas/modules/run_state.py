@@ -13,8 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.hardware import machine
 
-__all__ = ["capture_rng", "epoch_scalars", "load_state", "record_gaps", "record_micro_batch",
-           "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
+__all__ = ["IterationMetrics", "capture_rng", "epoch_scalars", "load_state", "record_gaps",
+           "record_micro_batch", "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -153,3 +153,22 @@ def record_micro_batch(bucket: dict[str, list[tuple[float, float]]], gaps: dict,
         bucket["importance_weight_mean"].append((float(importance_weights[mask].mean()), batch.loss_scale))
         truncated = (importance_weights[mask] >= cap).float()  # the tokens whose weight the cap bound
         bucket["importance_truncated_frac"].append((float(truncated.mean()), batch.loss_scale))
+
+
+class IterationMetrics:
+    """The current iteration's scalars in ``trainer.callback_metrics``, where Lightning's callbacks
+    read them (``ModelCheckpoint(monitor="val/avg@4")``, ``EarlyStopping``): a scalar logged at an
+    earlier iteration (a validation that did not run at this one) is taken out when the next
+    iteration logs, so nothing is judged on an old value."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.step: int | None = None
+
+    def publish(self, callback_metrics: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+        if step != self.step:
+            for key in self.keys:
+                callback_metrics.pop(key, None)
+            self.keys, self.step = set(), step
+        callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
+        self.keys.update(metrics)

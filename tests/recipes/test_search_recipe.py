@@ -3,8 +3,9 @@
 import os
 
 import pytest
+import torch
 from forked import run_script
-from recipe_runs import ROOT, TINY, check_run, run_dir, scalars
+from recipe_runs import RIGGED_ARGS, ROOT, TINY, check_run, run_dir, scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoConfig
 from recipe_runs import run_recipe as _run
@@ -194,3 +195,31 @@ def test_cli_errors_and_print_config(tmp_path):
     assert proc.returncode != 0 and "does not work with sampling='tree'" in proc.stderr
     proc = run(tmp_path, "--print_config")
     assert "estimator: drmas" in proc.stdout and "tiny-random" in proc.stdout
+
+
+def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration(tmp_path):
+    # drmas's scalars reach trainer.callback_metrics at the iteration they belong to: Lightning's own
+    # ModelCheckpoint keeps the best validated iteration, and an iteration that did not validate
+    # is never judged on the last validation's score (keep-all saves validated iterations only).
+    # Rigged replies alternate over the times a prompt is seen, so the validations differ.
+    monitor = "val/answerer/valid_ratio"
+    argv = [str(ROOT / "tests" / "recipes" / "rigged.py"), "search", "fit", *TINY, *RIGGED_ARGS,
+            "--trainer.max_epochs", "4", "--data.validation.every", "2",
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    # (two of Lightning's ModelCheckpoint need a state key each: the keep-all one takes mode min)
+    for folder, top_k, mode in (("best", "1", "max"), ("all", "-1", "min")):
+        argv += ["--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.monitor={monitor}",
+                 f"--trainer.callbacks.mode={mode}", f"--trainer.callbacks.save_top_k={top_k}",
+                 f"--trainer.callbacks.dirpath={tmp_path / folder}", "--trainer.callbacks.filename={epoch}"]
+    proc = run_script(argv, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = scalars(run_dir(tmp_path))
+    validated = {k: v for k, v in s[monitor].items() if k > 0}
+    assert sorted(validated) == [2, 4] and len(set(validated.values())) == 2  # they differ
+    best = max(validated, key=validated.get)
+    # Lightning counts epochs from 0: iteration k is epoch k - 1
+    assert sorted(os.listdir(tmp_path / "all")) == ["epoch=1.ckpt", "epoch=3.ckpt"]
+    assert os.listdir(tmp_path / "best") == [f"epoch={best - 1}.ckpt"]
+    state = torch.load(tmp_path / "best" / f"epoch={best - 1}.ckpt", map_location="cpu", weights_only=False)
+    kept = next(v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint") and "'max'" in k)
+    assert float(kept["best_model_score"]) == pytest.approx(validated[best])
