@@ -1,4 +1,4 @@
-"""Curves of a finished (or running) run, read from its TensorBoard events, as a PNG.
+"""Curves of a finished (or running) run, read from its ``metrics.jsonl`` (whatever the logger), as a PNG.
 
     python -m drmas.plots runs/games/version_0 rollout/success_rate val/avg@2 -o curve.png
 
@@ -12,6 +12,7 @@ import argparse
 import fnmatch
 import glob
 import io
+import json
 import os
 from typing import Sequence
 
@@ -21,18 +22,37 @@ __all__ = ["plot_scalars", "read_scalars"]
 
 
 def read_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar tag of the run's event files as sorted ``(step, value)`` pairs."""
+    """Every scalar tag of the run as sorted ``(step, value)`` pairs: from the run's own
+    ``metrics.jsonl`` (written whatever the logger), else from its TensorBoard event files (a run
+    of an older drmas)."""
+    jsonl = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(jsonl):
+        return _read_jsonl(jsonl)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
     if not files:
-        raise FileNotFoundError(f"no TensorBoard event file in {run_dir}")
+        raise FileNotFoundError(f"no metrics.jsonl or TensorBoard event file in {run_dir}")
     out: dict[str, dict[int, float]] = {}
     for path in files:  # a resumed run writes a second file: later values win
         ea = EventAccumulator(path, size_guidance={"scalars": 0})
         ea.Reload()
         for tag in ea.Tags()["scalars"]:
             out.setdefault(tag, {}).update({e.step: e.value for e in ea.Scalars(tag)})
+    return {tag: sorted(points.items()) for tag, points in out.items()}
+
+
+def _read_jsonl(path: str) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, dict[int, float]] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+            step = record.pop("iteration")
+            for tag, value in record.items():  # a resumed run logs its iterations again: later lines win
+                out.setdefault(tag, {})[step] = value
     return {tag: sorted(points.items()) for tag, points in out.items()}
 
 

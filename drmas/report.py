@@ -1,11 +1,12 @@
-"""A learning report from runs' TensorBoard events: one Markdown page with PNGs.
+"""A learning report from runs' scalars (their ``metrics.jsonl``, whatever the logger; else their
+TensorBoard events): one Markdown page with PNGs.
 
     python -m drmas.report runs/search/version_0 runs/search/version_1 runs/search/version_2 -o report
 
 For each validation tag (``val/avg@k``, ``val/pass@k``, per source too) the mean over the runs at
 each validated iteration with a 95% interval: a two-level percentile bootstrap (the runs, then the
 questions within each drawn run) where the runs wrote each question's result
-(``validation.jsonl``, which ``fit`` writes beside its events), else a bootstrap over the runs
+(``validation.jsonl``, which ``fit`` writes beside its scalars), else a bootstrap over the runs
 (with one run and no ``validation.jsonl`` there is no interval); per agent the rollout reward
 and valid ratio over the first and last iterations (up to 5 each); each policy's (and, where
 logged, each agent's) gradient norms: median, 90th percentile, max over every step of every
@@ -140,7 +141,7 @@ def _png(path: str, series: dict[str, dict[int, list[float]]], title: str, ylabe
 
 
 def write_report(run_dirs: Sequence[str], out_dir: str) -> str:
-    """Write ``out_dir/report.md`` and its PNGs from the runs' events; returns the Markdown."""
+    """Write ``out_dir/report.md`` and its PNGs from the runs' scalars; returns the Markdown."""
     runs = {d: read_scalars(d) for d in run_dirs}
     questions = {d: read_validations(d) for d in run_dirs}
     os.makedirs(out_dir, exist_ok=True)

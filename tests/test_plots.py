@@ -1,4 +1,5 @@
-"""drmas.plots: scalars read back from event files (a resumed run's second file wins), PNGs drawn."""
+"""drmas.plots: scalars read back from a run's metrics.jsonl or its event files (a resumed run's
+later values win), PNGs drawn."""
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
@@ -38,5 +39,17 @@ def test_unknown_tags_and_empty_dirs_are_named(run, tmp_path):
         plot_scalars(str(run), ["val/*"], str(tmp_path / "x.png"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no TensorBoard event file"):
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl or TensorBoard event file"):
         read_scalars(str(empty))
+
+
+def test_the_runs_own_metrics_file_is_read_first(run):
+    # metrics.jsonl (what drmas writes whatever the logger) wins over the events beside it; a resumed
+    # run's later line for an iteration wins; a line cut by a kill is skipped
+    (run / "metrics.jsonl").write_text(
+        '{"iteration": 1, "rollout/success_rate": 0.5, "time/update_s": 2.0}\n'
+        '{"iteration": 2, "rollout/success_rate": 0.6}\n'
+        '{"iteration": 2, "rollout/success_rate": 0.7}\n'
+        '{"iteration": 3, "rollout/succ')
+    assert read_scalars(str(run)) == {"rollout/success_rate": [(1, 0.5), (2, 0.7)],
+                                      "time/update_s": [(1, 2.0)]}

@@ -4,6 +4,7 @@ which exist once per rank and must be combined across ranks."""
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, Sequence
 
@@ -13,8 +14,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.hardware import machine
 
-__all__ = ["IterationMetrics", "capture_rng", "epoch_scalars", "load_state", "record_gaps",
-           "record_micro_batch", "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
+__all__ = ["IterationMetrics", "METRICS_FILE", "append_metrics", "capture_rng", "epoch_scalars", "load_state",
+           "record_gaps", "record_micro_batch", "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -172,3 +173,15 @@ class IterationMetrics:
             self.keys, self.step = set(), step
         callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
         self.keys.update(metrics)
+
+
+METRICS_FILE = "metrics.jsonl"
+"""Every scalar a run logs, a line per call (``{"iteration": k, tag: value, ...}``), in its log folder
+whatever the logger: what ``drmas.report`` and ``drmas.plots`` read, so a run with ``CSVLogger`` or
+``WandbLogger`` (whose files they cannot read) has its report and plots too."""
+
+
+def append_metrics(path: str, step: int, metrics: dict[str, float]) -> None:
+    """One line of :data:`METRICS_FILE` (a line cut by a kill is skipped by its readers)."""
+    with open(path, "a") as f:
+        f.write(json.dumps({"iteration": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")

@@ -1,5 +1,6 @@
 """The real search recipe, as users run it, on the tiny random model (a few iterations on CPU)."""
 
+import glob
 import os
 
 import pytest
@@ -16,6 +17,8 @@ from drmas.data.episodes import read_records
 from drmas.engines import vllm_available
 from drmas.hardware import cpu_flags, default_precision
 from drmas.view import load_run, silent_groups
+from drmas.plots import plot_scalars, read_scalars
+from drmas.report import main as report
 from drmas.view import main as view
 
 pytestmark = pytest.mark.integration  # runs the recipe in a process of its own
@@ -197,15 +200,16 @@ def test_cli_errors_and_print_config(tmp_path):
     assert "estimator: drmas" in proc.stdout and "tiny-random" in proc.stdout
 
 
-def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration(tmp_path):
+def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration_under_csv_logging(tmp_path):
     # drmas's scalars reach trainer.callback_metrics at the iteration they belong to: Lightning's own
     # ModelCheckpoint keeps the best validated iteration, and an iteration that did not validate
     # is never judged on the last validation's score (keep-all saves validated iterations only).
-    # Rigged replies alternate over the times a prompt is seen, so the validations differ.
+    # Rigged replies alternate over the times a prompt is seen, so the validations differ. The
+    # only logger is Lightning's CSVLogger: the report and the plots read the run's metrics.jsonl.
     monitor = "val/answerer/valid_ratio"
     argv = [str(ROOT / "tests" / "recipes" / "rigged.py"), "search", "fit", *TINY, *RIGGED_ARGS,
             "--trainer.max_epochs", "4", "--data.validation.every", "2",
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+            "--trainer.logger=CSVLogger", f"--trainer.logger.save_dir={tmp_path / 'runs'}"]
     # (two of Lightning's ModelCheckpoint need a state key each: the keep-all one takes mode min)
     for folder, top_k, mode in (("best", "1", "max"), ("all", "-1", "min")):
         argv += ["--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.monitor={monitor}",
@@ -213,7 +217,9 @@ def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration(tmp_path
                  f"--trainer.callbacks.dirpath={tmp_path / folder}", "--trainer.callbacks.filename={epoch}"]
     proc = run_script(argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    s = scalars(run_dir(tmp_path))
+    folder = run_dir(tmp_path)
+    assert os.path.isfile(os.path.join(folder, "metrics.csv")) and not glob.glob(f"{folder}/events.*")
+    s = {tag: dict(points) for tag, points in read_scalars(folder).items()}
     validated = {k: v for k, v in s[monitor].items() if k > 0}
     assert sorted(validated) == [2, 4] and len(set(validated.values())) == 2  # they differ
     best = max(validated, key=validated.get)
@@ -223,3 +229,11 @@ def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration(tmp_path
     state = torch.load(tmp_path / "best" / f"epoch={best - 1}.ckpt", map_location="cpu", weights_only=False)
     kept = next(v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint") and "'max'" in k)
     assert float(kept["best_model_score"]) == pytest.approx(validated[best])
+    # the report and the plots of a run that wrote no TensorBoard events
+    report([folder, "-o", str(tmp_path / "report")])
+    rows = [ln.split(" | ")[1:3] for ln in (tmp_path / "report" / "report.md").read_text().splitlines()
+            if ln.startswith("| val/avg@2 |")]
+    assert rows == [[str(k), f"{v:.3f}"] for k, v in sorted(s["val/avg@2"].items())] and len(rows) == 3
+    assert plot_scalars(folder, ["rollout/*/reward_mean"], str(tmp_path / "curve.png")) == [
+        f"rollout/{a}/reward_mean" for a in sorted(AGENTS)]
+    assert os.path.getsize(tmp_path / "curve.png") > 1000
