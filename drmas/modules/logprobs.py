@@ -30,12 +30,16 @@ __all__ = ["block_mask", "chunked_logprobs_match", "full_logprobs", "packed_logp
 
 
 BLOCK_BYTES = 2 * 2**20
-"""The fp32 logits of one block of rows (the vocabulary's width, a few rows): small enough to stay
-in a core's cache while it is exponentiated, scaled and written back."""
+"""On a CPU, the fp32 logits of one block of rows (the vocabulary's width, a few rows): small
+enough to stay in a core's cache while it is exponentiated, scaled and written back."""
 
 
-def _rows_per_block(width: int) -> int:
-    return max(1, BLOCK_BYTES // (4 * width))
+def _rows_per_block(logits: Tensor) -> int:
+    """Rows a block takes: on a GPU every row at once (its kernels stream from memory anyway, and a
+    few rows a launch would be thousands of launches; not exercised by the CPU test suite)."""
+    if logits.device.type != "cpu":
+        return max(1, logits.shape[0])
+    return max(1, BLOCK_BYTES // (4 * logits.shape[-1]))
 
 
 def _scaled(logits: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
@@ -59,10 +63,10 @@ class TokenLogprobs(torch.autograd.Function):
     def forward(ctx: Any, logits: Tensor, targets: Tensor, temperature: float,
                 with_entropy: bool) -> tuple[Tensor, Tensor]:
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        rows, width = logits.shape
+        rows = logits.shape[0]
         lse = torch.empty(rows, dtype=dtype, device=logits.device)
         mean = torch.empty(rows if with_entropy else 0, dtype=dtype, device=logits.device)  # sum p z
-        step = _rows_per_block(width)
+        step = _rows_per_block(logits)
         for start in range(0, rows, step):
             end = start + step
             z = _scaled(logits[start:end], dtype, temperature)
