@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,8 +28,12 @@ pytestmark = pytest.mark.integration  # builds a wheel and runs a recipe in a pr
 def venv(tmp_path_factory) -> Path:
     """A virtual environment with the freshly built wheel installed: its ``bin`` folder."""
     root = tmp_path_factory.mktemp("wheel")
+    # built from a copy: an in-tree build reuses build/, where files deleted from drmas/ would linger
+    source = root / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "runs"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(root / "dist"), str(ROOT)], check=True, capture_output=True, cwd=root)
+                    "-w", str(root / "dist"), str(source)], check=True, capture_output=True, cwd=root)
     (wheel,) = glob.glob(str(root / "dist" / "drmas-*.whl"))
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
                     str(root / "venv")], check=True)
