@@ -4,9 +4,10 @@ checkout keeps its recipe scripts, and which folders of ``sys.path`` are drmas's
 from __future__ import annotations
 
 import os
+import re
 
-__all__ = ["CONFIGS", "RECIPES", "SCRIPT_FOLDERS", "config_path", "recipe_script", "shipped_configs",
-           "without_drmas_folders"]
+__all__ = ["CONFIGS", "RECIPES", "SCRIPT_FOLDERS", "config_args", "config_path", "recipe_script",
+           "shipped_configs", "without_drmas_folders"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,6 +26,28 @@ def config_path(name: str) -> str:
     if os.sep in name or not os.path.isfile(path):
         raise KeyError(f"no shipped config {name!r}; the shipped configs: {', '.join(shipped_configs())}")
     return path
+
+
+def _shipped_config(value: str) -> str:
+    """``--config``'s value, or the shipped config it names where no file of that name exists."""
+    if os.path.exists(value) or not re.fullmatch(r"[\w.-]+", value):  # a file, or inline YAML
+        return value
+    try:
+        return config_path(value)
+    except KeyError as err:
+        raise KeyError(f"--config {value}: no such file, and {err.args[0]}") from None
+
+
+def config_args(args: list[str]) -> list[str]:
+    """``args`` with each ``--config NAME`` (or ``--config=NAME``) naming a shipped config by name
+    (``qwen3_8b``) replaced by its path; a name that is neither a file nor shipped: a KeyError."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = _shipped_config(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + _shipped_config(arg.split("=", 1)[1])
+    return out
 
 
 RECIPES = {"search": "search.py", "math": "math_team.py", "code": "code_team.py", "games": "games.py",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import sys
 from typing import Any, Optional
 
@@ -48,7 +47,7 @@ import drmas.workflows.math  # noqa: F401
 import drmas.workflows.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
 from drmas.callbacks.iteration_checkpoint import partial_path, recover_checkpoint
-from drmas.checkout import config_path
+from drmas.checkout import config_args
 from drmas.console import quiet
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
@@ -145,25 +144,12 @@ def _resolve_argv_workflow(args: list[str]) -> list[str]:
     return out
 
 
-def _shipped_config(value: str) -> str:
-    """``--config``'s value, or the shipped config it names where no file of that name exists."""
-    if os.path.exists(value) or not re.fullmatch(r"[\w.-]+", value):  # a file, or inline YAML
-        return value
-    try:
-        return config_path(value)
-    except KeyError as err:
-        raise ConfigurationError(f"--config {value}: no such file, and {err.args[0]}") from None
-
-
 def _resolve_argv_configs(args: list[str]) -> list[str]:
-    """``--config NAME`` (or with ``=``): a shipped config by name (``qwen3_8b``)."""
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            out[i + 1] = _shipped_config(out[i + 1])
-        elif arg.startswith("--config="):
-            out[i] = "--config=" + _shipped_config(arg.split("=", 1)[1])
-    return out
+    """``--config NAME``: a shipped config by name (:func:`drmas.checkout.config_args`)."""
+    try:
+        return config_args(args)
+    except KeyError as err:
+        raise ConfigurationError(err.args[0]) from None
 
 
 def _load(text: str) -> Any:

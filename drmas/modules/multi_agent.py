@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 import warnings
 from collections import defaultdict
@@ -33,9 +32,9 @@ from drmas.modules.policy import Policy, PolicyConfig, agent_policies, make_poli
 from drmas.modules.iteration_line import IterationLines
 from drmas.modules.pools import Pools, pooled, refuse, resolve_pools
 from drmas.modules.preemption import StopSignal
-from drmas.modules.run_state import (METRICS_FILE, IterationMetrics, append_metrics, capture_rng,
-                                     epoch_scalars, load_state, record_micro_batch, restore_rank_rng,
-                                     save_state)
+from drmas.modules.run_state import (capture_rng, epoch_scalars, load_state, record_micro_batch,
+                                     restore_rank_rng, save_state)
+from drmas.modules.scalar_log import ScalarLog
 from drmas.modules.sharding import check_precision
 from drmas.ranks import agree, at, group_gather, watch_state
 from drmas.records import BatchSpec, GenerateFn, MicroBatch
@@ -124,8 +123,7 @@ class MultiAgentRL(L.LightningModule):
         self._metrics: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         self.history: list[dict[str, float]] = []
-        self.published = IterationMetrics()
-        self.metrics_file: str | None = None  # the log folder's METRICS_FILE, once fit starts
+        self.scalar_log = ScalarLog()
         self.lines = IterationLines()  # a line per iteration where stdout is a log, not a terminal
 
     # ---- agents, engines, generation ------------------------------------------------------
@@ -211,10 +209,8 @@ class MultiAgentRL(L.LightningModule):
 
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
-        log_dir = self.trainer.log_dir  # on every rank: under a sharded strategy it is a collective
-        if log_dir and self.trainer.is_global_zero:
-            os.makedirs(log_dir, exist_ok=True)
-            self.metrics_file = os.path.join(log_dir, METRICS_FILE)
+        # trainer.log_dir on every rank: under a sharded strategy it is a collective
+        self.scalar_log.open(self.trainer.log_dir, self.trainer.is_global_zero)
         if self.trainer.is_global_zero:
             for policy in self.policies.values():
                 print(policy.describe(self.engines.name), flush=True)
@@ -394,18 +390,13 @@ class MultiAgentRL(L.LightningModule):
     # ---- logging and checkpoints ------------------------------------------------------------
 
     def log_scalars(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Log to every logger with the RL iteration as the x-axis; keep a copy in ``history``; put
-        them in ``trainer.callback_metrics`` for Lightning's callbacks (:class:`IterationMetrics`)."""
+        """Log with the RL iteration as the x-axis (:class:`ScalarLog`: every logger, metrics.jsonl,
+        ``trainer.callback_metrics``); keep a copy in ``history``."""
         step = self.iteration if step is None else step
         self.history.append({"iteration": step, **metrics})
-        if self._trainer is None:
-            return
-        self.published.publish(self.trainer.callback_metrics, metrics, step)
-        if self.trainer.is_global_zero:
-            for lg in self.loggers:
-                lg.log_metrics(metrics, step=step)
-            if self.metrics_file:
-                append_metrics(self.metrics_file, step, metrics)
+        if self._trainer is not None:
+            self.scalar_log.write(self.trainer.callback_metrics, self.loggers, metrics, step,
+                                  self.trainer.is_global_zero)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # every rank's random state (each samples its own rollouts), and every policy's version and

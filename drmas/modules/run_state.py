@@ -4,7 +4,6 @@ which exist once per rank and must be combined across ranks."""
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any, Sequence
 
@@ -14,8 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from drmas.hardware import machine
 
-__all__ = ["IterationMetrics", "METRICS_FILE", "append_metrics", "capture_rng", "epoch_scalars", "load_state",
-           "record_gaps", "record_micro_batch", "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
+__all__ = ["capture_rng", "epoch_scalars", "load_state", "record_gaps", "record_micro_batch",
+           "restore_rank_rng", "restore_rng", "save_state", "seed_rng"]
 
 # Metrics every rank records identically (the global grad norm, the rank-agreed skip): rank 0's
 # list is the value, the others would only repeat it.
@@ -155,33 +154,3 @@ def record_micro_batch(bucket: dict[str, list[tuple[float, float]]], gaps: dict,
         truncated = (importance_weights[mask] >= cap).float()  # the tokens whose weight the cap bound
         bucket["importance_truncated_frac"].append((float(truncated.mean()), batch.loss_scale))
 
-
-class IterationMetrics:
-    """The current iteration's scalars in ``trainer.callback_metrics``, where Lightning's callbacks
-    read them (``ModelCheckpoint(monitor="val/avg@4")``, ``EarlyStopping``): a scalar logged at an
-    earlier iteration (a validation that did not run at this one) is taken out when the next
-    iteration logs, so nothing is judged on an old value."""
-
-    def __init__(self) -> None:
-        self.keys: set[str] = set()
-        self.step: int | None = None
-
-    def publish(self, callback_metrics: dict[str, Any], metrics: dict[str, float], step: int) -> None:
-        if step != self.step:
-            for key in self.keys:
-                callback_metrics.pop(key, None)
-            self.keys, self.step = set(), step
-        callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
-        self.keys.update(metrics)
-
-
-METRICS_FILE = "metrics.jsonl"
-"""Every scalar a run logs, a line per call (``{"iteration": k, tag: value, ...}``), in its log folder
-whatever the logger: what ``drmas.report`` and ``drmas.plots`` read, so a run with ``CSVLogger`` or
-``WandbLogger`` (whose files they cannot read) has its report and plots too."""
-
-
-def append_metrics(path: str, step: int, metrics: dict[str, float]) -> None:
-    """One line of :data:`METRICS_FILE` (a line cut by a kill is skipped by its readers)."""
-    with open(path, "a") as f:
-        f.write(json.dumps({"iteration": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
