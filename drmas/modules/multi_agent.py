@@ -209,8 +209,9 @@ class MultiAgentRL(L.LightningModule):
 
     def on_fit_start(self) -> None:
         check_precision(str(self.trainer.precision))
-        # trainer.log_dir on every rank: under a sharded strategy it is a collective
-        self.scalar_log.open(self.trainer.log_dir, self.trainer.is_global_zero)
+        if self.trainer.loggers:  # without a logger no file either (log_dir would be the working directory)
+            # trainer.log_dir on every rank: under a sharded strategy it is a collective
+            self.scalar_log.open(self.trainer.log_dir, self.trainer.is_global_zero)
         if self.trainer.is_global_zero:
             for policy in self.policies.values():
                 print(policy.describe(self.engines.name), flush=True)
