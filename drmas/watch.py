@@ -20,7 +20,7 @@ from drmas.ranks import (_TIMEOUT, _TRANSPORT, _at, _prefix, collective_timeout_
 
 __all__ = ["Watch", "watch"]
 
-_POLL_S, _ACK_S = 1.0, 10.0
+_POLL_S, _ACK_S, _STORE_S = 1.0, 10.0, 30.0
 
 
 class Watch:
@@ -41,6 +41,7 @@ class Watch:
         self._posted = ""  # this rank's own failure line, once posted
         self._limit = 30.0
         self._last_words: list[Callable[[], None]] = []
+        self._thread: threading.Thread | None = None
 
     def at_end(self, say: Callable[[], None]) -> None:
         """Run ``say`` (bounded work: a line, a flush) when the watch thread ends this rank for
@@ -69,7 +70,7 @@ class Watch:
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         try:  # a client of its own: the process group's store object is not shared across threads
             self.store = dist.TCPStore(host, int(port), world, is_master=False,
-                                       timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+                                       timeout=datetime.timedelta(seconds=_STORE_S), wait_for_workers=False)
             for other in range(world):  # every count exists from here: one multi_get reads them all
                 self.store.add(f"{self._beat}/{other}", 0)
         except Exception as err:  # e.g. no MASTER_ADDR: the agreements and the timeout still hold
@@ -78,16 +79,23 @@ class Watch:
             self.store = None
             return
         self._stop.clear()
-        threading.Thread(target=self._run, name="drmas-rank-watch", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="drmas-rank-watch", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
-        """Stop watching: this rank is leaving or ending (its heartbeat stops, so it says so first)."""
+        """Stop watching: this rank is leaving or ending (its heartbeat stops, so it says so first).
+        Returns once the watch thread has ended: a daemon thread still inside a store request when
+        the interpreter exits aborts the process ("terminate called without an active exception",
+        exit -6) as that request returns, after a run that finished."""
         if self.store is not None and not self._stop.is_set():
             try:
                 self.store.set(f"{self._beat}/{self.rank}/left", "1")
             except Exception:
                 pass
         self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_STORE_S + _POLL_S)  # a request outlives the store's timeout by no more
 
     def _run(self) -> None:
         limit = self._limit

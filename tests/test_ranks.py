@@ -210,3 +210,35 @@ def test_the_heartbeat_limit_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv(ranks.HEARTBEAT_ENV, bad)
         with pytest.raises(ValueError, match=rf"DRMAS_HEARTBEAT_S must be seconds > 0, got '{bad}'"):
             ranks.heartbeat_s()
+
+
+_LEAVING = """
+import datetime, sys, threading, time
+import torch.distributed as dist
+import drmas.watch as watch
+watch._POLL_S = 0.0  # the thread is inside a store request nearly all the time
+host = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+w = watch.Watch()
+w.rank, w.world, w._limit = 0, 2, 60.0
+w.store = dist.TCPStore("127.0.0.1", host.port, 1, is_master=False, wait_for_workers=False,
+                        timeout=datetime.timedelta(seconds=10))
+w._failed, w._read, w._beat = "t/failed", "t/read", "t/beat"
+w.store.add("t/beat/1", 0)
+w._thread = threading.Thread(target=w._run, daemon=True)
+w._thread.start()
+time.sleep(0.3)
+w.stop()
+sys.exit(0)
+"""
+
+
+def test_a_rank_that_stops_watching_exits_cleanly():
+    """A finished run's rank leaves with the watch thread ended: left running, a daemon thread inside
+    a store request when the interpreter exits aborts the process as the request returns
+    ("terminate called without an active exception", exit -6; seen in a torchrun restart's second
+    attempt). Here the thread polls without pause, so an exit mid-request is all but certain."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _LEAVING], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # without the join: -6, six times in six

@@ -31,9 +31,9 @@ def exits(folder, ranks=2, wait=60.0) -> dict[int, tuple[int, float]]:
     return out
 
 
-def exit_lines(folder, ranks=2) -> dict[int, str]:
+def exit_lines(folder, ranks=2, wait=60.0) -> dict[int, str]:
     """The line drmas ended each rank with (as faulty.py records it)."""
-    exits(folder, ranks)  # every rank's record, or a minute's wait
+    exits(folder, ranks, wait)  # every rank's record, or a minute's wait
     return {int(name.removeprefix("rank")): open(os.path.join(folder, name)).read().split(maxsplit=2)[2]
             for name in os.listdir(folder)}
 

@@ -80,11 +80,14 @@ def test_a_torchrun_restart_resumes_and_finishes(tmp_path):
                            "step_error", "2", *_args(tmp_path, "--ckpt_path", "last")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    # the first attempt: both ranks ended (exit 1), naming rank 1
-    assert {code for code, _ in exits(tmp_path / "exits").values()} == {1}
+    # the first attempt: the ranks ended (exit 1), naming rank 1. torchrun has returned, so the
+    # records are final (no wait): the agent SIGTERMs the ranks left once one exits, so under load
+    # rank 1, still waiting for its line to be read, may be stopped before it records its exit
+    ended = exits(tmp_path / "exits", wait=0)
+    assert 0 in ended and {code for code, _ in ended.values()} == {1}
     failed = (r"drmas: rank 1 failed during iteration 2( in the optimiser step of policy shared)?: "
               r"RuntimeError: CUDA out of memory")
-    assert all(re.match(failed, line) for line in exit_lines(tmp_path / "exits").values())
+    assert all(re.match(failed, line) for line in exit_lines(tmp_path / "exits", wait=0).values())
     # the second: resumed from iteration 1, played 2 and 3
     assert "--ckpt_path last: resuming from" in proc.stdout + proc.stderr
     assert saved_iteration(os.path.join(run_dir(tmp_path), "checkpoints", "last.ckpt")) == 3
