@@ -29,8 +29,12 @@ def format_summary(module: Any, trainer: Any = None) -> str:
         for cb in trainer.callbacks:
             if isinstance(cb, HFCheckpoint):
                 lines.append(f"HF checkpoints:   {cb.resolve_dirpath(trainer)}")
-            elif isinstance(cb, ModelCheckpoint) and cb.last_model_path:
-                lines.append(f"resume with:      --ckpt_path {cb.last_model_path}")
+            elif isinstance(cb, ModelCheckpoint):
+                if cb.monitor and cb.best_model_path:  # a top-k kept by a metric
+                    lines.append(f"best checkpoint:  {cb.best_model_path} ({cb.monitor} = "
+                                 f"{float(cb.best_model_score):.3f})")
+                if cb.last_model_path:
+                    lines.append(f"resume with:      --ckpt_path {cb.last_model_path}")
     if rows:
         first, last = rows[0], rows[-1]
         agents = sorted({k.split("/")[1] for h in rows for k in h

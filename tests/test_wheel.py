@@ -78,3 +78,17 @@ def test_the_drmas_command_lists_and_copies_configs(venv, tmp_path):
     again = run(venv, "drmas", "cp", "qwen3_8b", ".", cwd=tmp_path)
     assert again.returncode == 1 and "exists" in again.stderr
     # (an unknown --config name is refused in tests/test_shipped_configs.py, without a recipe's imports)
+
+
+def test_the_wheel_carries_the_agents_recipes_default_team(venv, tmp_path):
+    # the agents workflow without an episode or tasks: the example team, from the installed package
+    code = ("from drmas.workflows.agents import AgentsWorkflow; w = AgentsWorkflow(); "
+            "print(w.episode); print(list(w.agents))")
+    proc = run(venv, "python", "-c", code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    episode, agents = proc.stdout.strip().splitlines()[-2:]
+    assert str(venv.parent) in episode and "example_team/math_team.py" in episode  # loaded there
+    assert agents == "['solver', 'verifier']"
+    example = ROOT / "examples" / "agents"  # the checkout's files are links to the package's
+    assert all((example / f).resolve().parent == ROOT / "drmas" / "workflows" / "agents" / "example_team"
+               for f in ("math_team.py", "train.jsonl", "val.jsonl"))

@@ -8,8 +8,10 @@ import os
 import shutil
 import sys
 import time
+from typing import Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -44,8 +46,10 @@ def checkpoint_bytes(path: str) -> int:
 
 class IterationCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose ``last.ckpt`` is written at the end of every ``every_n_iterations``-th
-    iteration and of the last one, and nothing else (RL iterations have no metric to rank by, so
-    ``ModelCheckpoint``'s top-k settings are not offered).
+    iteration and of the last one; with ``monitor``, also the ``save_top_k`` best iterations by a
+    metric the run logs (``best-iter<K>.ckpt``), judged at each iteration that logged it: the
+    validation scores exist only at the iterations that validated, and an iteration that did not is
+    never ranked on an older score. A new best costs a second write of the same state.
 
     Lightning 2.6 writes ``last`` at an epoch end only when a top-k checkpoint was saved in the
     same step, so with ``save_top_k=0`` (no metric to rank RL iterations by) it appeared only when
@@ -64,29 +68,58 @@ class IterationCheckpoint(ModelCheckpoint):
     MultiAgentRL`), rank 0 prints the checkpoint to resume from and the iteration it holds.
     """
 
-    def __init__(self, dirpath: str | None = None, every_n_iterations: int = 1) -> None:
+    def __init__(self, dirpath: str | None = None, every_n_iterations: int = 1, monitor: str | None = None,
+                 mode: Literal["max", "min"] = "max", save_top_k: int = 1) -> None:
         """
         Args:
-            dirpath: where ``last.ckpt`` goes (default: ``checkpoints/`` in the run's log dir).
-            every_n_iterations: write it at the end of every this many iterations and of the last
-                one (0 = never: the run cannot be resumed).
+            dirpath: where the checkpoints go (default: ``checkpoints/`` in the run's log dir).
+            every_n_iterations: write ``last.ckpt`` at the end of every this many iterations and of
+                the last one (0 = never: the run cannot be resumed).
+            monitor: a metric the run logs (e.g. ``val/avg@4``): keep the best iterations by it
+                beside ``last.ckpt`` (default: none kept).
+            mode: ``max`` (accuracy, reward) or ``min`` (a loss): which value is best.
+            save_top_k: how many best iterations to keep (-1: every iteration that logged it).
         """
         if every_n_iterations < 0:
             raise ValueError(f"every_n_iterations must be >= 0, got {every_n_iterations}")
-        super().__init__(dirpath=dirpath, save_last=every_n_iterations > 0, save_top_k=0,
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        if monitor is not None and (save_top_k == 0 or save_top_k < -1):
+            raise ValueError(f"save_top_k must be -1 or >= 1 with a monitor, got {save_top_k}")
+        super().__init__(dirpath=dirpath, save_last=every_n_iterations > 0,
+                         save_top_k=save_top_k if monitor else 0, monitor=monitor, mode=mode,
+                         filename="best-iter{iteration:04d}", auto_insert_metric_name=False,
                          every_n_epochs=every_n_iterations)
+        self._seen_monitor = False  # an iteration logged it (else the run's end says so)
         self._last_written_epoch: int | None = None
         self._timed = False  # the first save's size and time were printed
         self._saved_iteration: int | None = None  # the RL iteration in the last checkpoint this run wrote
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)  # top-k files, when asked for
+        # not ModelCheckpoint's: it ranks only at every_n_epochs and writes last only after a top-k
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor is not None and self.monitor in candidates:  # this iteration logged it
+            self._seen_monitor = True
+            self._save_topk_checkpoint(trainer, candidates)
         epoch = trainer.current_epoch
         due = (self._every_n_epochs >= 1 and (epoch + 1) % self._every_n_epochs == 0) or (
             trainer.max_epochs is not None and epoch + 1 >= trainer.max_epochs)
-        if (self.save_last and due and self._last_written_epoch != epoch
-                and not trainer.fast_dev_run and not trainer.sanity_checking):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self.save_last and due and self._last_written_epoch != epoch:
+            self._save_last_checkpoint(trainer, candidates)
+
+    def _monitor_candidates(self, trainer: pl.Trainer) -> dict:
+        candidates = super()._monitor_candidates(trainer)
+        candidates["iteration"] = torch.tensor(getattr(trainer.lightning_module, "iteration", 0))
+        return candidates
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.monitor is not None and not self._seen_monitor and trainer.is_global_zero:
+            known = sorted(k for k in trainer.callback_metrics if k.startswith("val/")) or "none"
+            print(f"IterationCheckpoint: no iteration logged {self.monitor!r}, so no best checkpoint was "
+                  f"kept (the last iteration's validation metrics: {known}; validation runs every "
+                  "--data.validation.every iterations)", file=sys.stderr, flush=True)
 
     def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:
         super()._save_last_checkpoint(trainer, monitor_candidates)

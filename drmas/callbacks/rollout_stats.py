@@ -8,7 +8,7 @@ import lightning as L
 
 from drmas.algorithms import baseline_inflation, singleton_prompts
 from drmas.callbacks.contracts import AgentModule, PreparedSource, require
-from drmas.data.episodes import agent_table, log_markdown
+from drmas.data.tables import agent_table, log_table
 from drmas.data.gathered import outcome_scalars
 from drmas.records import PreparedIteration, RolloutResult
 
@@ -40,8 +40,8 @@ def rollout_scalars(result: RolloutResult) -> dict[str, float]:
 
 class RolloutStats(L.Callback):
     """Logs the statistics and timings of each prepared iteration (the data module's ``current``)
-    at its iteration, and every ``log_completions_every`` iterations, per agent, a Markdown table of
-    its samples of the best, median and worst advantage (:func:`~drmas.data.episodes.agent_table`)."""
+    at its iteration, and every ``log_completions_every`` iterations, per agent, a table of its
+    samples of the best, median and worst advantage (:func:`~drmas.data.tables.agent_table`)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require(pl_module, AgentModule, "RolloutStats")
@@ -73,12 +73,12 @@ class RolloutStats(L.Callback):
                               step=prepared.iteration)
         every = dm.log_completions_every
         if every and prepared.iteration % every == 0 and trainer.is_global_zero:
-            self._log_text(trainer, prepared)
+            self._log_tables(trainer, prepared)
 
     @staticmethod
-    def _log_text(trainer: L.Trainer, prepared: PreparedIteration) -> None:
+    def _log_tables(trainer: L.Trainer, prepared: PreparedIteration) -> None:
         by_agent = defaultdict(list)
         for s in prepared.samples:
             by_agent[s.agent].append(s)
         for agent, samples in by_agent.items():
-            log_markdown(trainer, f"completions/{agent}", agent_table(samples), prepared.iteration)
+            log_table(trainer, f"completions/{agent}", agent_table(samples), prepared.iteration)

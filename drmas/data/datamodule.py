@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader
 from drmas import iteration as steps
 from drmas.algorithms import group_of
 from drmas.atomic import write_text
-from drmas.data.episodes import (EpisodeRecords, keep, log_markdown, policy_gaps, validation_table,
-                                 write_records)
+from drmas.data.episodes import EpisodeRecords, keep, policy_gaps, write_records
+from drmas.data.tables import log_table, validation_table
 from drmas.data.rollouts import RolloutBackend, RolloutConfig, Rollouts, ValidationConfig
 from drmas.workflows.base import Workflow
 from drmas.ranks import agree, at
@@ -145,8 +145,8 @@ class RolloutDataModule(L.LightningDataModule):
             self._record_tasks(backend, limit)
             sources = {t.uid: t.source for t in self.rollouts.val_task_list("val", limit)}
             if backend.rank == 0 and self.rollouts.last_validation is not None:
-                log_markdown(self.trainer, "validation/first_answers",
-                             validation_table(self.rollouts.last_validation, sources), backend.iteration)
+                log_table(self.trainer, "validation/first_answers",
+                          validation_table(self.rollouts.last_validation, sources), backend.iteration)
             if self.episodes.validation:
                 self._write_episodes("val", backend.iteration, self.rollouts.last_validation, sources, None)
         return scalars

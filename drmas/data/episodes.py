@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 from drmas.atomic import write_bytes
 from drmas.records import EPISODES_DIR, EpisodeResult, Sample
 
-__all__ = ["EPISODES_DIR", "EpisodeRecords", "agent_table", "episodes_path", "keep", "log_markdown",
-           "policy_gaps", "read_records", "sample_record", "validation_table", "write_records"]
+__all__ = ["EPISODES_DIR", "EpisodeRecords", "episodes_path", "keep", "policy_gaps", "read_records",
+           "sample_record", "write_records"]
 
 @dataclass(frozen=True)
 class EpisodeRecords:
@@ -129,49 +129,3 @@ def read_records(path: str) -> list[dict[str, Any]]:
     """The records of one file."""
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def _cell(text: Any, width: int = 240) -> str:
-    """A Markdown table cell: one line, pipes escaped, cut to ``width`` characters."""
-    flat = " ".join(str(text).split()).replace("|", "\\|")
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
-
-
-def agent_table(samples: Sequence[Sample]) -> str:
-    """One agent's samples of an iteration as a Markdown table: those of the best, median and worst
-    advantage, each with its reward terms, tree candidate and response."""
-    ranked = sorted(samples, key=lambda s: s.advantage, reverse=True)
-    if not ranked:
-        return ""
-    picks = {"best": ranked[0], "median": ranked[len(ranked) // 2], "worst": ranked[-1]}
-    rows = ["| sample | advantage | task | turn | candidate | reward | team | local | valid | response |",
-            "|---|---:|---|---:|---|---:|---:|---:|---|---|"]
-    for name, s in picks.items():
-        cand = f"{s.candidate}{' (chosen)' if s.chosen else ''}"
-        rows.append(f"| {name} | {s.advantage:+.3f} | {_cell(s.task_uid, 40)} | {s.turn} | {cand} | "
-                    f"{s.reward:+.3f} | {s.team_reward:+.3f} | {s.local_reward:+.3f} | {s.valid} | "
-                    f"{_cell(s.text)} |")
-    return "\n".join(rows)
-
-
-def validation_table(result: Any, sources: dict[Any, Any]) -> str:
-    """A validation's first episode of each source as a Markdown table: its agents' answers in
-    order and the grader's verdict."""
-    first: dict[Any, tuple[Any, Any]] = {}
-    for e in result.episodes:
-        first.setdefault(sources.get(e.task_uid), (e.task_uid, e.traj_uid))
-    rows = ["| source | task | verdict | agent | turn | response |", "|---|---|---|---|---:|---|"]
-    verdict = {(e.task_uid, e.traj_uid): e.success for e in result.episodes}
-    for source, key in first.items():
-        for s in (s for s in result.samples if (s.task_uid, s.traj_uid) == key):
-            rows.append(f"| {_cell(source, 40)} | {_cell(key[0], 40)} | "
-                        f"{'right' if verdict[key] else 'wrong'} | {s.agent} | {s.turn} | {_cell(s.text)} |")
-    return "\n".join(rows)
-
-
-def log_markdown(trainer: Any, tag: str, text: str, step: int) -> None:
-    """``text`` as TensorBoard text (a Markdown table renders as one) in every logger that takes it."""
-    for logger in trainer.loggers:
-        writer = getattr(logger, "experiment", None)
-        if hasattr(writer, "add_text"):
-            writer.add_text(tag, text, global_step=step)

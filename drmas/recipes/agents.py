@@ -8,8 +8,9 @@
 
 The program runs as it is: each episode gets an OpenAI client pointed at drmas's endpoint, and
 the request's ``model`` names the agent (docs/agents.md). Without an episode and a train_file it
-trains the example team of a checkout's ``examples/agents/``, whatever folder it runs from; a train_file of
-your own without a val_file validates on a held-apart share of your own tasks.
+trains the example math team the package ships (a checkout's ``examples/agents/math_team.py``),
+whatever folder it runs from; a train_file of your own without a val_file validates on a
+held-apart share of your own tasks.
 """
 
 from drmas.recipes import main

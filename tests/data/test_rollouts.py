@@ -487,7 +487,8 @@ def test_progress_is_part_of_the_rollout_contract_for_a_workflow_that_is_not_tur
 
 def test_each_sample_is_kept_as_a_record_with_its_terms_and_advantage(workflow, tmp_path):
     from drmas.algorithms import group_of
-    from drmas.data.episodes import agent_table, keep, policy_gaps, read_records, write_records
+    from drmas.data.episodes import keep, policy_gaps, read_records, write_records
+    from drmas.data.tables import agent_table, markdown
 
     config = RolloutConfig(estimator="drmas", group_size=4, tasks_per_iteration=1, seed=3)
     rollouts = Rollouts(workflow, config, ValidationConfig(tasks=0))
@@ -529,7 +530,7 @@ def test_each_sample_is_kept_as_a_record_with_its_terms_and_advantage(workflow, 
     # a cap keeps whole tasks, in the rollout's order
     two = plan.samples + [dataclasses.replace(s, task_uid="other") for s in plan.samples]
     assert len(keep(two, 5)) == 8 and len(keep(two, 4)) == 4 and keep(two, 0) == [] and keep(two, None) == two
-    table = agent_table(plan.samples).splitlines()
+    table = markdown(agent_table(plan.samples)).splitlines()
     assert table[0].startswith("| sample | advantage |")
     picked = [row.split(" | ")[:2] for row in table[2:]]
     assert picked == [["| best", f"{a:+.3f}"], ["| median", f"{-a:+.3f}"], ["| worst", f"{-a:+.3f}"]]

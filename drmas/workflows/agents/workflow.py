@@ -93,16 +93,13 @@ def read_tasks(path: str) -> list[RowTask]:
     return tasks
 
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agents"
+EXAMPLE = Path(__file__).resolve().parent / "example_team"  # in the wheel; examples/agents/ links to it
 _EXAMPLE_AGENTS = ("solver", "verifier")
 
 
 def example_team(agents: Sequence[str] | None) -> tuple[str, list[str]]:
     """The example math team's episode (a path that resolves from any folder) and agents."""
     program = EXAMPLE / "math_team.py"
-    if not program.is_file():
-        raise FileNotFoundError(f"no episode given, and the example team ({program}) is not there (it ships "
-                                "with the checkout, not the wheel): give episode, agents and train_file")
     if agents is not None and tuple(agents) != _EXAMPLE_AGENTS:
         raise ValueError(f"agents {list(agents)} given without an episode: the example team's agents are "
                          f"{list(_EXAMPLE_AGENTS)}; give your program as episode")
@@ -141,9 +138,8 @@ class AgentsWorkflow(Workflow):
                 module path) ``episode(task: dict, client: openai.OpenAI)`` (or ``async def``
                 with ``openai.AsyncOpenAI``) returning the team reward, or a dict of per-agent
                 local rewards with optional ``team`` and ``success`` keys. None, with no
-                ``train_file`` either: the example math team of ``examples/agents/`` with its
-                agents, training and validation tasks (found from the checkout, wherever the
-                command runs).
+                ``train_file`` either: the example math team (``examples/agents/math_team.py``,
+                shipped in the package) with its agents, training and validation tasks.
             agents: the agent names; a request's ``model`` names one (e.g. ``[writer, critic]``).
             train_file: training tasks, JSONL or parquet; each row is handed to the episode as a dict.
             val_file: validation tasks, likewise (None: a held-apart share of ``train_file``; the
