@@ -11,8 +11,9 @@ writes the tools into the system message and the calls and results as tagged tex
 Parsing: where the model's tokenizer ships a response template (``response_template`` in its
 ``tokenizer_config.json``), transformers' ``parse_response`` reads the calls by it, with no vLLM
 installed; elsewhere vLLM's maintained tool parsers (``vllm.tool_parsers``), on text alone,
-matched to the format by :data:`FORMATS`. Markup a parser did not take (an unclosed ``<tool_call>``, JSON that
-does not parse) is a malformed call: the text is returned as content and the call is counted.
+matched to the format by :data:`FORMATS`. Markup a parser did not take (an unclosed
+``<tool_call>``, JSON that does not parse) is a malformed call: the text is returned as content
+and the call is counted.
 Llama 3.x and Mistral begin a call with a special token (``<|python_tag|>``, ``[TOOL_CALLS]``),
 which the engines' text leaves out, so the parse reads the response's tokens with that marker
 kept (:func:`call_text`, as vLLM's server keeps special tokens for its tool parsers); a Llama
