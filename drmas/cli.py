@@ -1,23 +1,6 @@
-"""The LightningCLI shared by the recipes: RL-friendly trainer defaults, per-recipe config
-sections, and the end-of-run summary (:mod:`drmas.summary`).
-
-One config file serves every recipe (``configs/qwen3_8b.yaml`` runs search and math): its
-top-level keys are common to all recipes, and an optional ``recipes:`` mapping holds what differs
-per recipe (the workflow, group size, response length), merged over the common part when that
-recipe reads the file::
-
-    model: {policies: {shared: {model: Qwen/Qwen3-8B, optim: {lr: 1.0e-6}}}}
-    recipes:
-      search: {data: {rollout: {group_size: 5}}}
-      math: {data: {rollout: {group_size: 8}}}
-
-The merge happens as the file is read, so flags given after ``--config`` still override it, and
-``--print_config`` shows the merged result.
-
-Workflows are named by their registered name (``--data.workflow search``; a user's workflow
-registered with ``@WORKFLOWS.register("name")`` and imported before the CLI parses works the
-same way), by class name, or by import path.
-"""
+"""The LightningCLI shared by the recipes: RL-friendly trainer defaults, config files with per-recipe
+sections and workflows by registered name (:mod:`drmas.config_files`), and the end-of-run summary
+(:mod:`drmas.summary`)."""
 
 from __future__ import annotations
 
@@ -34,8 +17,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch.distributed as dist
-import yaml
-from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -48,10 +29,10 @@ import drmas.workflows.search  # noqa: F401
 from drmas.callbacks import GradNormSpikeMonitor, HFCheckpoint, IterationCheckpoint, RolloutStats
 from drmas.callbacks.iteration_checkpoint import partial_path, recover_checkpoint
 from drmas.checkout import config_args
+from drmas.config_files import PARSER_MODE, active_recipe, resolve_argv_workflow, resolve_workflow
 from drmas.console import quiet
 from drmas.evaluation import evaluate, format_table
 from drmas.data.datamodule import RolloutDataModule
-from drmas.workflows.base import WORKFLOWS
 from drmas.hardware import compute_device, default_precision, warn_if_slow_bf16
 from drmas.modules.multi_agent import MultiAgentRL
 from drmas.modules.policy import deferred_weights
@@ -61,8 +42,7 @@ from drmas.ranks import GATHER_ENV, TIMEOUT_ENV
 from drmas.summary import format_summary
 from drmas.watch import watch
 
-__all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "merge_recipe_section", "resolve_workflow",
-           "run_recipe"]
+__all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "run_recipe"]
 
 #: What a configuration found wrong at start raises (an unknown name, values that cannot work
 #: together, a missing file): the recipe prints it as one ``error:`` line and exits 2.
@@ -78,71 +58,6 @@ def _message(err: BaseException) -> str:
     # KeyError quotes its text
     return str(err.args[0] if isinstance(err, KeyError) and err.args else err).strip()
 
-PARSER_MODE = "drmas_yaml"
-_ROOT_KEYS = {"trainer", "model", "data", "checkpoint", "hf_checkpoint", "seed_everything", "ckpt_path",
-              "collective_timeout_s", "gather_timeout_s", "print_memory_plan",
-              "recipes"}
-_active_recipe: list[str] = []  # the recipe whose section a config file contributes
-
-
-def _deep_merge(base: Any, over: Any) -> Any:
-    if not (isinstance(base, dict) and isinstance(over, dict)):
-        return over
-    if "class_path" in over and over["class_path"] != base.get("class_path"):
-        return over  # another class: the common init_args do not apply to it
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _deep_merge(base[key], value) if key in base else value
-    return out
-
-
-def merge_recipe_section(config: dict[str, Any], recipe: str | None) -> dict[str, Any]:
-    """The common part of ``config`` with ``config["recipes"][recipe]`` merged over it (nested
-    mappings merge key by key, anything else is replaced)."""
-    sections = config.get("recipes") or {}
-    if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
-        raise ValueError("config key 'recipes' must map recipe names to config sections, "
-                         f"got {sections!r}")
-    common = {k: v for k, v in config.items() if k != "recipes"}
-    if recipe is None or recipe not in sections:
-        return common
-    unknown = set(sections[recipe]) - (_ROOT_KEYS - {"recipes"})
-    if unknown:
-        raise ValueError(f"config key 'recipes.{recipe}' has unknown keys {sorted(unknown)}; "
-                         f"allowed: {sorted(_ROOT_KEYS - {'recipes'})}")
-    return _deep_merge(common, sections[recipe])
-
-
-def resolve_workflow(name: Any) -> Any:
-    """The import path of a workflow registered as ``name``; anything else unchanged."""
-    if isinstance(name, str) and name in WORKFLOWS:
-        cls = WORKFLOWS.get(name)
-        return f"{cls.__module__}.{cls.__qualname__}"
-    return name
-
-
-def _resolve_config_workflow(config: dict[str, Any]) -> None:
-    data = config.get("data")
-    if isinstance(data, dict) and "workflow" in data:
-        wf = data["workflow"]
-        if isinstance(wf, dict) and "class_path" in wf:
-            data["workflow"] = {**wf, "class_path": resolve_workflow(wf["class_path"])}
-        else:
-            data["workflow"] = resolve_workflow(wf)
-
-
-def _resolve_argv_workflow(args: list[str]) -> list[str]:
-    """``--data.workflow NAME`` (or ``.class_path``, or with ``=``) with registered names resolved."""
-    flags = ("--data.workflow", "--data.workflow.class_path")
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg in flags and i + 1 < len(out):
-            out[i + 1] = resolve_workflow(out[i + 1])
-        elif "=" in arg and arg.split("=", 1)[0] in flags:
-            flag, value = arg.split("=", 1)
-            out[i] = f"{flag}={resolve_workflow(value)}"
-    return out
-
 
 def _resolve_argv_configs(args: list[str]) -> list[str]:
     """``--config NAME``: a shipped config by name (:func:`drmas.checkout.config_args`)."""
@@ -152,22 +67,6 @@ def _resolve_argv_configs(args: list[str]) -> list[str]:
         raise ConfigurationError(err.args[0]) from None
 
 
-def _load(text: str) -> Any:
-    value = _yaml_load(text)
-    # Only a whole config file has a top-level ``recipes`` key; values of single flags pass through.
-    if isinstance(value, dict) and set(value) <= _ROOT_KEYS:
-        # names resolved in every section first, so a section's class_path compares like with like
-        for section in [value, *(v for v in (value.get("recipes") or {}).values() if isinstance(v, dict))]:
-            _resolve_config_workflow(section)
-        if "recipes" in value:
-            value = merge_recipe_section(value, _active_recipe[-1] if _active_recipe else None)
-    return value
-
-
-_yaml_load = get_loader("yaml")  # jsonargparse's own YAML reading, before ours is registered
-set_loader(PARSER_MODE, _load, exceptions=(yaml.YAMLError, ValueError))
-
-
 class DrmasCLI(LightningCLI):
     """LightningCLI for ``MultiAgentRL`` + ``RolloutDataModule`` with a recipe's workflow as default."""
 
@@ -175,14 +74,14 @@ class DrmasCLI(LightningCLI):
                  **kwargs: Any) -> None:
         self._workflow = resolve_workflow(workflow)
         if args is None:  # rewritten in place: LightningCLI warns when given args and argv both
-            sys.argv[1:] = _resolve_argv_configs(_resolve_argv_workflow(sys.argv[1:]))
+            sys.argv[1:] = _resolve_argv_configs(resolve_argv_workflow(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = _resolve_argv_configs(_resolve_argv_workflow(list(args)))
+            args = _resolve_argv_configs(resolve_argv_workflow(list(args)))
         # The default config is read first; --config files and flags override it.
         fit: dict[str, Any] = {"parser_mode": PARSER_MODE}
         if default_config:
             fit["default_config_files"] = [default_config]
-        _active_recipe.append(name)
+        active_recipe.append(name)
         try:
             super().__init__(
                 MultiAgentRL,
@@ -195,7 +94,7 @@ class DrmasCLI(LightningCLI):
                 **kwargs,
             )
         finally:
-            _active_recipe.pop()
+            active_recipe.pop()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults({"data.workflow": {"class_path": self._workflow}})

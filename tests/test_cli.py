@@ -8,7 +8,7 @@ import pytest
 import yaml
 from forked import run_script
 
-from drmas.cli import _resolve_argv_workflow, merge_recipe_section, resolve_workflow
+from drmas.config_files import merge_recipe_section, resolve_argv_workflow, resolve_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def test_registered_names_resolve_to_import_paths():
     assert (resolve_workflow("math_reasoner_tool_user")
             == "drmas.workflows.math.reasoner_tool_user.ReasonerToolUserWorkflow")
     assert resolve_workflow("SearchWorkflow") == "SearchWorkflow"  # class names are jsonargparse's to resolve
-    assert _resolve_argv_workflow(["--data.workflow", "search",
+    assert resolve_argv_workflow(["--data.workflow", "search",
                                    "--data.workflow.class_path=math_solver_verifier",
                                    "--model.engine", "search"]) == [
         "--data.workflow", "drmas.workflows.search.workflow.SearchWorkflow",
