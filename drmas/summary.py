@@ -30,7 +30,8 @@ def format_summary(module: Any, trainer: Any = None) -> str:
             if isinstance(cb, HFCheckpoint):
                 lines.append(f"HF checkpoints:   {cb.resolve_dirpath(trainer)}")
             elif isinstance(cb, ModelCheckpoint):
-                if cb.monitor and cb.best_model_path:  # a top-k kept by a metric
+                # a top-k kept by a metric (a resumed run's before it ranks: the path, no score)
+                if cb.monitor and cb.best_model_path and cb.best_model_score is not None:
                     lines.append(f"best checkpoint:  {cb.best_model_path} ({cb.monitor} = "
                                  f"{float(cb.best_model_score):.3f})")
                 if cb.last_model_path:
