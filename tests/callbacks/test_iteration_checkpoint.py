@@ -1,5 +1,6 @@
-"""IterationCheckpoint's settings: refused where they cannot work, and a monitor no iteration
-logged said at the end (the best iterations kept by a metric: tests/recipes/test_search_recipe.py)."""
+"""IterationCheckpoint's settings: refused where they cannot work, a monitor no iteration logged
+said at the end, the summary's lines (the best iterations kept by a metric in a run:
+tests/recipes/test_search_recipe.py)."""
 
 from types import SimpleNamespace
 
@@ -34,3 +35,18 @@ def test_a_monitor_no_iteration_logged_is_said_at_the_end(capsys):
         "IterationCheckpoint: no iteration logged 'val/avg@8', so no best checkpoint was kept (the last "
         "iteration's validation metrics: ['val/avg@4']; validation runs every --data.validation.every "
         "iterations)\n")
+
+
+def test_the_summary_names_the_best_checkpoint_once_it_has_a_score(tmp_path):
+    from drmas.summary import format_summary
+
+    cb = IterationCheckpoint(dirpath=str(tmp_path), monitor="val/avg@4")
+    trainer = SimpleNamespace(log_dir=str(tmp_path), callbacks=[cb])
+    module = SimpleNamespace(history=[])
+    cb.last_model_path = str(tmp_path / "last.ckpt")
+    cb.best_model_path = "/earlier/version_0/checkpoints/best-iter0002.ckpt"  # a resumed run: no score yet
+    resume = f"resume with:      --ckpt_path {tmp_path}/last.ckpt"
+    assert format_summary(module, trainer).splitlines()[1:] == [resume]
+    cb.best_model_path, cb.best_model_score = str(tmp_path / "best-iter0004.ckpt"), torch.tensor(0.625)
+    assert format_summary(module, trainer).splitlines()[1:] == [
+        f"best checkpoint:  {tmp_path}/best-iter0004.ckpt (val/avg@4 = 0.625)", resume]
