@@ -42,7 +42,7 @@ from drmas.ranks import GATHER_ENV, TIMEOUT_ENV
 from drmas.summary import format_summary
 from drmas.watch import watch
 
-__all__ = ["ConfigurationError", "DrmasCLI", "format_summary", "run_recipe"]
+__all__ = ["ConfigurationError", "DrmasCLI", "exit_now", "format_summary", "run_recipe"]
 
 #: What a configuration found wrong at start raises (an unknown name, values that cannot work
 #: together, a missing file): the recipe prints it as one ``error:`` line and exits 2.
@@ -313,8 +313,25 @@ def run_recipe(workflow: str, name: str, default_config: str | None = None, args
         summary = format_summary(cli.model, cli.trainer)  # on every rank: trainer.log_dir is a collective
         if cli.trainer.is_global_zero:
             print(summary, flush=True)
+    cli.ranks_left = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     _leave_process_group()
     return cli
+
+
+def exit_now(code: int = 0) -> None:
+    """End a rank of a finished multi-rank run without the interpreter's teardown: its threads are
+    joined and its exit handlers run (engines closed, logs flushed), then the process exits. In the
+    teardown, torch's gloo process groups, still held by the policies' FSDP state, went down with
+    their threads: a rank of a finished run was seen to abort there ("terminate called without an
+    active exception", exit -6), which torchrun and schedulers read as a failed job (a restart)."""
+    import atexit
+    import threading
+
+    threading._shutdown()  # type: ignore[attr-defined] - non-daemon threads joined, as at exit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _leave_process_group() -> None:

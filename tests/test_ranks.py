@@ -243,3 +243,27 @@ def test_a_rank_that_stops_watching_exits_cleanly():
 
     proc = subprocess.run([sys.executable, "-c", _LEAVING], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]  # without the join: -6, six times in six
+
+
+_FINISHED = """
+import atexit, sys, threading, time
+from drmas.cli import exit_now
+out = sys.argv[1]
+atexit.register(lambda: open(out, "a").write("exit handler\\n"))
+threading.Thread(target=lambda: (time.sleep(0.5), open(out, "a").write("thread done\\n"))).start()
+print("printed, not yet flushed", end="")
+exit_now(0)
+"""
+
+
+@pytest.mark.integration  # a process of its own
+def test_a_finished_rank_ends_with_its_threads_joined_and_its_exit_handlers_run(tmp_path):
+    """drmas.cli.exit_now, how a rank of a finished multi-rank run ends (no interpreter teardown)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "order.txt"
+    proc = subprocess.run([sys.executable, "-c", _FINISHED, str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.read_text() == "thread done\nexit handler\n" and proc.stdout == "printed, not yet flushed"

@@ -20,8 +20,12 @@ DEFAULT_CONFIG = "smollm2_135m_cpu"
 
 
 def main(recipe: str, args: list[str] | None = None) -> Any:
-    """Run ``recipe``'s command line (``args``, else ``sys.argv``)."""
+    """Run ``recipe``'s command line (``args``, else ``sys.argv``). A rank of a multi-rank run ends
+    its process when the run is done (:func:`drmas.cli.exit_now`)."""
     from drmas.checkout import config_path
-    from drmas.cli import run_recipe
+    from drmas.cli import exit_now, run_recipe
 
-    return run_recipe(WORKFLOWS[recipe], recipe, config_path(DEFAULT_CONFIG), args)
+    cli = run_recipe(WORKFLOWS[recipe], recipe, config_path(DEFAULT_CONFIG), args)
+    if getattr(cli, "ranks_left", 1) > 1:
+        exit_now(0)
+    return cli
