@@ -17,6 +17,7 @@ import os
 from typing import Sequence
 
 from drmas.atomic import write_bytes
+from drmas.records import METRICS_FILE
 
 __all__ = ["plot_scalars", "read_scalars"]
 
@@ -25,7 +26,7 @@ def read_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar tag of the run as sorted ``(step, value)`` pairs: from the run's own
     ``metrics.jsonl`` (written whatever the logger), else from its TensorBoard event files (a run
     of an older drmas)."""
-    jsonl = os.path.join(run_dir, "metrics.jsonl")
+    jsonl = os.path.join(run_dir, METRICS_FILE)
     if os.path.isfile(jsonl):
         return _read_jsonl(jsonl)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -22,6 +22,7 @@ __all__ = [
     "EpisodeResult",
     "GenerateFn",
     "GenerationSettings",
+    "METRICS_FILE",
     "MicroBatch",
     "PackedRows",
     "PreparedIteration",
@@ -46,6 +47,12 @@ class Task(Protocol):
 
 EPISODES_DIR = "episodes"
 """The folder of a run's log dir that keeps its samples as records (:mod:`drmas.data.episodes`)."""
+
+METRICS_FILE = "metrics.jsonl"
+"""Every scalar a run logs, a line per call (``{"iteration": k, tag: value, ...}``), in its log folder
+whatever the logger (:mod:`drmas.modules.scalar_log` writes it): what ``drmas.report`` and
+``drmas.plots`` read, so a run with ``CSVLogger`` or ``WandbLogger`` (whose files they cannot read)
+has its report and plots too."""
 
 @dataclass(frozen=True)
 class ChatPrompt:

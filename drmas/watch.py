@@ -82,11 +82,13 @@ class Watch:
         self._thread = threading.Thread(target=self._run, name="drmas-rank-watch", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         """Stop watching: this rank is leaving or ending (its heartbeat stops, so it says so first).
-        Returns once the watch thread has ended: a daemon thread still inside a store request when
-        the interpreter exits aborts the process ("terminate called without an active exception",
-        exit -6) as that request returns, after a run that finished."""
+        ``wait``: return once the watch thread has ended (a rank that leaves normally): a daemon
+        thread still inside a store request when the interpreter exits aborts the process
+        ("terminate called without an active exception", exit -6) as that request returns, after a
+        run that finished. A rank that ends on a failure (:meth:`end`) goes by ``os._exit``, with no
+        teardown: it does not wait (a store gone silent would hold it up to the store's timeout)."""
         if self.store is not None and not self._stop.is_set():
             try:
                 self.store.set(f"{self._beat}/{self.rank}/left", "1")
@@ -94,7 +96,7 @@ class Watch:
                 pass
         self._stop.set()
         thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
+        if wait and thread is not None and thread is not threading.current_thread():
             thread.join(_STORE_S + _POLL_S)  # a request outlives the store's timeout by no more
 
     def _run(self) -> None:
@@ -188,7 +190,7 @@ class Watch:
         failure (and wait up to 10 s for the others to read it), acknowledge another's."""
         if not self._ending.acquire(blocking=False):  # the watch thread is ending the process
             time.sleep(60)
-        self.stop()  # said first: a rank ending with a line of its own is not a silent one
+        self.stop(wait=False)  # said first: a rank ending with a line of its own is not a silent one
         if self.store is None:  # not watching (yet): this rank as the process group knows it
             import torch.distributed as dist
 

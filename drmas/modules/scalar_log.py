@@ -10,12 +10,9 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["METRICS_FILE", "ScalarLog"]
+from drmas.records import METRICS_FILE
 
-METRICS_FILE = "metrics.jsonl"
-"""Every scalar a run logs, a line per call (``{"iteration": k, tag: value, ...}``), in its log folder
-whatever the logger: what ``drmas.report`` and ``drmas.plots`` read, so a run with ``CSVLogger`` or
-``WandbLogger`` (whose files they cannot read) has its report and plots too."""
+__all__ = ["ScalarLog"]
 
 
 class ScalarLog:

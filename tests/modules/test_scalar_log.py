@@ -1,7 +1,8 @@
 """ScalarLog: metrics.jsonl appended after a line a kill cut short keeps its next line whole, and
 callback_metrics holds the current iteration's scalars only."""
 
-from drmas.modules.scalar_log import METRICS_FILE, ScalarLog
+from drmas.modules.scalar_log import ScalarLog
+from drmas.records import METRICS_FILE
 from drmas.plots import read_scalars
 
 
